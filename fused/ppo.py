@@ -1,0 +1,212 @@
+"""PPO pieces as top-level pure functions: GAE, the clipped loss, one rollout step, one update.
+
+Everything here is plain JAX over explicit state; `fused.train.make_train` assembles it into the
+jitted chunk. Arrays are time-major `[T, N, ...]` as in PureJaxRL.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from fused.config import PPOConfig
+from fused.envs import VecEnv, VecEnvState
+
+
+class Transition(NamedTuple):
+    obs: jax.Array  # [T, N, D]
+    action: jax.Array  # [T, N] int32
+    log_prob: jax.Array  # [T, N]
+    value: jax.Array  # [T, N]
+    reward: jax.Array  # [T, N]
+    terminated: jax.Array  # [T, N] bool
+    truncated: jax.Array  # [T, N] bool
+    truncation_value: jax.Array  # [T, N] V(final obs) where truncated, else 0
+
+
+class EpisodeStats(NamedTuple):
+    """Sums over the episodes that ended in one update (host divides by `episodes`)."""
+
+    episodes: jax.Array  # []
+    return_sum: jax.Array  # []
+    length_sum: jax.Array  # []
+    achievement_sum: jax.Array  # [A]
+    reset_reuse: jax.Array  # []
+
+
+@struct.dataclass
+class RunnerState:
+    params: Any
+    opt_state: Any
+    env: VecEnvState
+    rng: jax.Array  # replicated across devices
+    update_step: jax.Array  # [] int32, updates done so far
+
+
+def gae(reward, value, terminated, truncated, truncation_value, last_value, gamma, lam):
+    """Generalised advantage estimation, bootstrapping through truncation.
+
+    All inputs [T, N] except last_value [N] (V of the obs after the last step). At a terminated
+    step the next value is 0; at a truncated step it is V(final obs); the trace is cut at both.
+    Returns (advantages, returns), each [T, N].
+    """
+    next_value = jnp.concatenate([value[1:], last_value[None]], axis=0)
+    next_value = jnp.where(truncated, truncation_value, next_value)
+    next_value = jnp.where(terminated, 0.0, next_value)
+    delta = reward + gamma * next_value - value
+    carry_on = 1.0 - (terminated | truncated).astype(jnp.float32)
+
+    def backward(acc, x):
+        d, c = x
+        acc = d + gamma * lam * c * acc
+        return acc, acc
+
+    _, adv = jax.lax.scan(backward, jnp.zeros_like(last_value), (delta, carry_on), reverse=True)
+    return adv, adv + value
+
+
+def categorical_log_prob(logits, action):
+    """logits: [B, A], action: [B] -> [B]."""
+    logp = jax.nn.log_softmax(logits)
+    return jnp.take_along_axis(logp, action[:, None], axis=-1)[:, 0]
+
+
+def categorical_entropy(logits):
+    logp = jax.nn.log_softmax(logits)
+    return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+
+
+def ppo_loss(logits, value, action, old_log_prob, old_value, advantage, target,
+             clip_eps, vf_coef, ent_coef):
+    """Clipped PPO objective with clipped value loss. Arrays [B]; advantage already normalised.
+    Returns (loss, metrics dict)."""
+    log_prob = categorical_log_prob(logits, action)
+    ratio = jnp.exp(log_prob - old_log_prob)
+    pg = -jnp.minimum(ratio * advantage, jnp.clip(ratio, 1 - clip_eps, 1 + clip_eps) * advantage)
+    v_clipped = old_value + jnp.clip(value - old_value, -clip_eps, clip_eps)
+    v_loss = 0.5 * jnp.maximum((value - target) ** 2, (v_clipped - target) ** 2)
+    entropy = categorical_entropy(logits)
+    loss = pg.mean() + vf_coef * v_loss.mean() - ent_coef * entropy.mean()
+    metrics = {
+        "loss/policy": pg.mean(), "loss/value": v_loss.mean(), "loss/entropy": entropy.mean(),
+        "loss/approx_kl": ((ratio - 1) - (log_prob - old_log_prob)).mean(),
+        "loss/clip_frac": (jnp.abs(ratio - 1) > clip_eps).mean(),
+    }
+    return loss, metrics
+
+
+class Ctx(NamedTuple):
+    """Static pieces the pure step/update functions close over."""
+
+    apply: Callable  # params, obs [B, D] -> (logits [B, A], value [B])
+    vec_env: VecEnv
+    tx: optax.GradientTransformation
+    cfg: PPOConfig
+    num_envs: int  # global
+    local_envs: int
+    axis_name: str | None  # set inside shard_map
+
+
+def _pmean(x, axis_name):
+    return jax.lax.pmean(x, axis_name) if axis_name else x
+
+
+def _psum(x, axis_name):
+    return jax.lax.psum(x, axis_name) if axis_name else x
+
+
+def local_keys(ctx: Ctx, key: jax.Array) -> jax.Array:
+    """This device's slice of one key per global env: sharding never changes any env's key."""
+    keys = jax.random.split(key, ctx.num_envs)
+    if ctx.axis_name is None:
+        return keys
+    offset = jax.lax.axis_index(ctx.axis_name) * ctx.local_envs
+    return jax.lax.dynamic_slice_in_dim(keys, offset, ctx.local_envs)
+
+
+def rollout_step(ctx: Ctx, params, carry, key):
+    """One env step for all local envs. carry: (VecEnvState); key: this step's key."""
+    env_state: VecEnvState = carry
+    k_act, k_env, k_pool = jax.random.split(key, 3)
+    logits, value = ctx.apply(params, env_state.obs)
+    action = jax.vmap(jax.random.categorical)(local_keys(ctx, k_act), logits)
+    log_prob = categorical_log_prob(logits, action)
+    if ctx.axis_name is not None:
+        k_pool = jax.random.fold_in(k_pool, jax.lax.axis_index(ctx.axis_name))
+    env_state, out = ctx.vec_env.step(local_keys(ctx, k_env), k_pool, env_state, action)
+    # V(final obs) is needed only where an episode was truncated: skip the pass otherwise.
+    trunc_value = jax.lax.cond(
+        out.truncated.any(),
+        lambda: jnp.where(out.truncated, ctx.apply(params, out.final_obs)[1], 0.0),
+        lambda: jnp.zeros_like(value))
+    tr = Transition(carry.obs, action, log_prob, value, out.reward,
+                    out.terminated, out.truncated, trunc_value)
+    done = out.terminated | out.truncated
+    stats = EpisodeStats(
+        done.sum(), jnp.sum(out.episode_return * done), jnp.sum(out.episode_length * done),
+        jnp.sum(out.achievements * done[:, None], axis=0), out.reset_reuse)
+    return env_state, (tr, stats)
+
+
+def minibatch_step(ctx: Ctx, carry, mb):
+    """One gradient step on one minibatch. carry: (params, opt_state); mb: dict of [B, ...]."""
+    params, opt_state = carry
+    adv = mb["advantage"]
+    if ctx.cfg.norm_adv:  # statistics of the global minibatch, across devices
+        mean = _pmean(adv.mean(), ctx.axis_name)
+        var = _pmean(((adv - mean) ** 2).mean(), ctx.axis_name)
+        adv = (adv - mean) / (jnp.sqrt(var) + 1e-8)
+
+    def loss_fn(p):
+        logits, value = ctx.apply(p, mb["obs"])
+        c = ctx.cfg
+        return ppo_loss(logits, value, mb["action"], mb["log_prob"], mb["value"], adv,
+                        mb["target"], c.clip_eps, c.vf_coef, c.ent_coef)
+
+    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    grads = _pmean(grads, ctx.axis_name)
+    updates, opt_state = ctx.tx.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    metrics["grad_norm"] = optax.global_norm(grads)
+    return (params, opt_state), metrics
+
+
+def epoch_step(ctx: Ctx, batch, carry, key):
+    """One pass over the local batch in shuffled minibatches. batch: dict of [T*N_local, ...]."""
+    if ctx.axis_name is not None:
+        key = jax.random.fold_in(key, jax.lax.axis_index(ctx.axis_name))
+    n = batch["action"].shape[0]
+    perm = jax.random.permutation(key, n)
+    k = ctx.cfg.num_minibatches
+    mbs = jax.tree.map(lambda x: x[perm].reshape((k, n // k) + x.shape[1:]), batch)
+    carry, metrics = jax.lax.scan(lambda c, mb: minibatch_step(ctx, c, mb), carry, mbs)
+    return carry, metrics
+
+
+def update_step(ctx: Ctx, rs: RunnerState) -> tuple[RunnerState, dict]:
+    """Collect `num_steps` of experience, compute GAE, run epochs x minibatches."""
+    cfg = ctx.cfg
+    rng, k_roll, k_epochs = jax.random.split(rs.rng, 3)
+    env_state, (traj, stats) = jax.lax.scan(
+        lambda c, k: rollout_step(ctx, rs.params, c, k), rs.env,
+        jax.random.split(k_roll, cfg.num_steps))
+    _, last_value = ctx.apply(rs.params, env_state.obs)
+    adv, target = gae(traj.reward, traj.value, traj.terminated, traj.truncated,
+                      traj.truncation_value, last_value, cfg.gamma, cfg.gae_lambda)
+    flat = lambda x: x.reshape((-1,) + x.shape[2:])
+    batch = {"obs": flat(traj.obs), "action": flat(traj.action), "log_prob": flat(traj.log_prob),
+             "value": flat(traj.value), "advantage": flat(adv), "target": flat(target)}
+    (params, opt_state), metrics = jax.lax.scan(
+        lambda c, k: epoch_step(ctx, batch, c, k), (rs.params, rs.opt_state),
+        jax.random.split(k_epochs, cfg.update_epochs))
+    metrics = _pmean(jax.tree.map(jnp.mean, metrics), ctx.axis_name)
+    ep = EpisodeStats(*[_psum(x.sum(0), ctx.axis_name) for x in stats])
+    metrics["value_mean"] = _pmean(traj.value.mean(), ctx.axis_name)
+    metrics["reward_mean"] = _pmean(traj.reward.mean(), ctx.axis_name)
+    rs = rs.replace(params=params, opt_state=opt_state, env=env_state, rng=rng,
+                    update_step=rs.update_step + 1)
+    return rs, {"ppo": metrics, "episodes": ep._asdict()}
