@@ -187,11 +187,11 @@ def _preset(**kw) -> TrainConfig:
 
 PRESETS: dict[str, tuple[str, TrainConfig]] = {
     "cpu": (
-        "Default: Craftax-Classic-Symbolic, 64 envs, ~1.2M steps; learns visibly in minutes on 2 cores.",
+        "Default: Craftax-Classic-Symbolic, 64 envs, 819k steps; learns visibly in minutes on 2 cores.",
         _preset(
             env=EnvConfig(name="Craftax-Classic-Symbolic-v1", num_envs=64, reset_pool=8),
             ppo=PPOConfig(num_steps=32, layer_width=256, num_minibatches=4, lr=5e-4, update_epochs=2),
-            total_timesteps=1_228_800, updates_per_chunk=50, checkpoint_every_updates=200,
+            total_timesteps=819_200, updates_per_chunk=50, checkpoint_every_updates=100,
         ),
     ),
     "smoke": (
@@ -215,3 +215,22 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
         _preset(env=EnvConfig(num_envs=128), total_timesteps=100_000_000, updates_per_chunk=10),
     ),
 }
+
+
+def config_to_dict(cfg: TrainConfig) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def config_from_dict(d: dict, cls=TrainConfig):
+    """Rebuild a (nested) config dataclass from `config_to_dict` output; unknown keys are errors."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(d) - set(fields)
+    if unknown:
+        raise ConfigError(f"saved config has unknown fields {sorted(unknown)}; was it written by "
+                          "another version of craftax-fused?")
+    kw = {}
+    for name, value in d.items():
+        default = getattr(cls(), name)
+        kw[name] = (config_from_dict(value, type(default))
+                    if dataclasses.is_dataclass(default) else value)
+    return cls(**kw)

@@ -153,8 +153,10 @@ class VecEnv:
     def _optimistic_reset(self, pool_key, done, res, pool: ResetPool):
         p, g = self.pool_size, self.worlds_per_step
         cursor = pool.cursor[0]
-        slot = (cursor + jnp.cumsum(done) - 1) % p  # k-th finished env takes slot cursor+k
-        reuse = jnp.sum(done & pool.used[slot]).astype(jnp.int32)
+        rank = jnp.cumsum(done) - 1
+        slot = (cursor + rank) % p  # the k-th finished env takes slot cursor+k
+        # A world is reused if handed out before, or to an earlier env in this very step.
+        reuse = jnp.sum(done & (pool.used[slot] | (rank >= p))).astype(jnp.int32)
         used = pool.used.at[slot].max(done)
 
         def take(_):

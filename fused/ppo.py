@@ -171,7 +171,7 @@ def minibatch_step(ctx: Ctx, carry, mb):
     grads = _pmean(grads, ctx.axis_name)
     updates, opt_state = ctx.tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
-    metrics["grad_norm"] = optax.global_norm(grads)
+    metrics["grad_norm"] = optax.tree.norm(grads)
     return (params, opt_state), metrics
 
 
