@@ -1,0 +1,121 @@
+"""The CLI end to end: bad values rejected before compiling; outputs; SIGKILL + resume gives the
+same final state as an uninterrupted run; damaged checkpoints are skipped."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import jax.numpy as jnp
+import pytest
+
+from conftest import ROOT, subprocess_env
+from fused.checkpoint import CheckpointError, Checkpointer, abstract_like
+
+SMOKE = ["smoke", "--total-timesteps", str(8 * 8 * 40), "--updates-per-chunk", "2",
+         "--checkpoint-every-updates", "2", "--keep-checkpoints", "50"]
+
+
+def train_cmd(*args):
+    return [sys.executable, str(ROOT / "train.py"), *args]
+
+
+def final_meta(run_dir: Path, step: int) -> dict:
+    return json.loads((run_dir / "checkpoints" / str(step) / "meta" / "metadata").read_text())
+
+
+def test_bad_value_is_one_line_error_before_compiling(tmp_path):
+    t = time.time()
+    p = subprocess.run(train_cmd("smoke", "--ppo.num-minibatches", "3", "--out-dir", str(tmp_path)),
+                       capture_output=True, text=True, env=subprocess_env(), timeout=120)
+    assert p.returncode != 0
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "ppo.num_minibatches=3" in lines[0], p.stderr
+    assert not list(tmp_path.iterdir())  # nothing written
+    assert time.time() - t < 60
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
+    env = subprocess_env()
+    a = tmp_path / "a"
+    subprocess.run(train_cmd(*SMOKE, "--out-dir", str(tmp_path), "--run-name", "a", "--plot"),
+                   check=True, env=env, timeout=600, capture_output=True)
+    assert (a / "curve.png").exists() and (a / "config.json").exists()
+    rows_a = [json.loads(x) for x in (a / "metrics.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in rows_a] == list(range(1, 41))
+
+    b = tmp_path / "b"
+    proc = subprocess.Popen(train_cmd(*SMOKE, "--out-dir", str(tmp_path), "--run-name", "b"),
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpts = b / "checkpoints"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if ckpts.exists() and any(p.name.isdigit() and int(p.name) >= 6 for p in ckpts.iterdir()):
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    killed_at = max(int(p.name) for p in ckpts.iterdir() if p.name.isdigit())
+    assert killed_at < 40, "run finished before it could be killed"
+
+    p = subprocess.run(train_cmd("--resume", str(b)), env=env, timeout=600,
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "resumed from checkpoint" in p.stdout
+    # Params, optimizer, env states, RNG and counters: bit-identical to the uninterrupted run.
+    assert final_meta(b, 40)["digest"] == final_meta(a, 40)["digest"]
+    rows_b = [json.loads(x) for x in (b / "metrics.jsonl").read_text().splitlines()]
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "steps_per_s"} for r in rows]
+    assert strip(rows_b) == strip(rows_a)
+
+
+def test_sigterm_checkpoints_and_exits_cleanly(tmp_path):
+    proc = subprocess.Popen(
+        train_cmd("smoke", "--total-timesteps", str(8 * 8 * 100000), "--checkpoint-every-updates",
+                  "0", "--checkpoint-every-minutes", "0", "--out-dir", str(tmp_path),
+                  "--run-name", "t"),
+        env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "t" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (metrics.exists() and metrics.stat().st_size):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    steps = Checkpointer(tmp_path / "t" / "checkpoints").steps()
+    assert len(steps) == 1 and 0 < steps[0] < 100000
+    assert f"--resume {tmp_path / 't'}" in out
+
+
+def test_corrupt_checkpoint_is_skipped_for_previous(tmp_path):
+    state = {"w": jnp.arange(1000.0), "n": jnp.int32(3)}
+    c = Checkpointer(tmp_path, keep=5)
+    c.save(1, state)
+    c.save(2, {"w": state["w"] * 2, "n": jnp.int32(4)})
+    # Damage every data file of step 2.
+    for f in (tmp_path / "2" / "state").rglob("*"):
+        if f.is_file() and f.parent.name == "d":
+            f.write_bytes(os.urandom(f.stat().st_size))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        step, restored, _ = c.restore_latest(abstract_like(state))
+    assert step == 1 and float(restored["w"][10]) == 10.0
+    assert any("step 2" in str(x.message) for x in w)
+    for f in (tmp_path / "1" / "state").rglob("*"):
+        if f.is_file() and f.parent.name == "d":
+            f.write_bytes(b"")
+    with pytest.raises(CheckpointError, match="corrupt"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            c.restore_latest(abstract_like(state))
+
+
+def test_resume_without_checkpoints_is_clear_error(tmp_path):
+    p = subprocess.run(train_cmd("--resume", str(tmp_path / "nope")), capture_output=True,
+                       text=True, env=subprocess_env(), timeout=120)
+    assert p.returncode != 0 and "no config.json" in p.stderr.strip().splitlines()[-1]
