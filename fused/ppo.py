@@ -103,6 +103,8 @@ class Ctx(NamedTuple):
     """Static pieces the pure step/update functions close over."""
 
     apply: Callable  # params, obs [B, D] -> (logits [B, A], value [B])
+    actor: Callable  # params, obs [B, D] -> logits [B, A]
+    critic: Callable  # params, obs [B, D] -> value [B]
     vec_env: VecEnv
     tx: optax.GradientTransformation
     cfg: PPOConfig
@@ -128,22 +130,21 @@ def local_keys(ctx: Ctx, key: jax.Array) -> jax.Array:
     return jax.lax.dynamic_slice_in_dim(keys, offset, ctx.local_envs)
 
 
-def rollout_step(ctx: Ctx, params, carry, key):
-    """One env step for all local envs. carry: (VecEnvState); key: this step's key."""
-    env_state: VecEnvState = carry
+def rollout_step(ctx: Ctx, params, carry: VecEnvState, key):
+    """One env step for all local envs (actor only; values are computed after the rollout)."""
     k_act, k_env, k_pool = jax.random.split(key, 3)
-    logits, value = ctx.apply(params, env_state.obs)
+    logits = ctx.actor(params, carry.obs)
     action = jax.vmap(jax.random.categorical)(local_keys(ctx, k_act), logits)
     log_prob = categorical_log_prob(logits, action)
     if ctx.axis_name is not None:
         k_pool = jax.random.fold_in(k_pool, jax.lax.axis_index(ctx.axis_name))
-    env_state, out = ctx.vec_env.step(local_keys(ctx, k_env), k_pool, env_state, action)
+    env_state, out = ctx.vec_env.step(local_keys(ctx, k_env), k_pool, carry, action)
     # V(final obs) is needed only where an episode was truncated: skip the pass otherwise.
     trunc_value = jax.lax.cond(
         out.truncated.any(),
-        lambda: jnp.where(out.truncated, ctx.apply(params, out.final_obs)[1], 0.0),
-        lambda: jnp.zeros_like(value))
-    tr = Transition(carry.obs, action, log_prob, value, out.reward,
+        lambda: jnp.where(out.truncated, ctx.critic(params, out.final_obs), 0.0),
+        lambda: jnp.zeros(out.reward.shape, jnp.float32))
+    tr = Transition(carry.obs, action, log_prob, jnp.zeros_like(log_prob), out.reward,
                     out.terminated, out.truncated, trunc_value)
     done = out.terminated | out.truncated
     stats = EpisodeStats(
@@ -194,7 +195,10 @@ def update_step(ctx: Ctx, rs: RunnerState) -> tuple[RunnerState, dict]:
     env_state, (traj, stats) = jax.lax.scan(
         lambda c, k: rollout_step(ctx, rs.params, c, k), rs.env,
         jax.random.split(k_roll, cfg.num_steps))
-    _, last_value = ctx.apply(rs.params, env_state.obs)
+    t, n = traj.action.shape
+    value = ctx.critic(rs.params, traj.obs.reshape((t * n,) + traj.obs.shape[2:])).reshape(t, n)
+    traj = traj._replace(value=value)
+    last_value = ctx.critic(rs.params, env_state.obs)
     adv, target = gae(traj.reward, traj.value, traj.terminated, traj.truncated,
                       traj.truncation_value, last_value, cfg.gamma, cfg.gae_lambda)
     flat = lambda x: x.reshape((-1,) + x.shape[2:])

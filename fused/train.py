@@ -9,6 +9,7 @@ function, for `jax.vmap` over seeds. With several devices, envs are split across
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, NamedTuple
 
 import jax
@@ -48,8 +49,9 @@ def make_train(cfg: TrainConfig, num_devices: int = 1) -> Trainer:
     network = ActorCritic(env.num_actions, cfg.ppo.layer_width, cfg.ppo.num_layers)
     tx = make_optimizer(cfg)
     axis = AXIS if num_devices > 1 else None
-    ctx = Ctx(network.apply, VecEnv(env, cfg.env), tx, cfg.ppo, cfg.env.num_envs,
-              cfg.env.num_envs // num_devices, axis)
+    ctx = Ctx(network.apply, partial(network.apply, method=ActorCritic.actor),
+              partial(network.apply, method=ActorCritic.critic), VecEnv(env, cfg.env), tx,
+              cfg.ppo, cfg.env.num_envs, cfg.env.num_envs // num_devices, axis)
 
     def init_local(key):
         k_net, k_env, k_pool, k_run = jax.random.split(key, 4)
@@ -86,8 +88,8 @@ def make_train(cfg: TrainConfig, num_devices: int = 1) -> Trainer:
 
 def init_local_unsharded(cfg, network, tx, env):
     """Init without collectives, used only for the state's structure."""
-    ctx = Ctx(network.apply, VecEnv(env, cfg.env), tx, cfg.ppo, cfg.env.num_envs,
-              cfg.env.num_envs, None)
+    ctx = Ctx(network.apply, None, None, VecEnv(env, cfg.env), tx, cfg.ppo,
+              cfg.env.num_envs, cfg.env.num_envs, None)
 
     def init(key):
         params = network.init(key, jnp.zeros((1, env.obs_dim)))

@@ -1,0 +1,149 @@
+"""Env-only ceiling vs our PPO, steps/s, in one process: `python bench/ppo_sps.py --out F.json`.
+
+Rows: name, env, num_envs, steps_per_s (median of repeats, timed with block_until_ready),
+compile_s (trace + compile of that function, reported apart). Env-only runs a vmapped step with
+random actions in a 64-step scan: `env_no_reset` never resets (the ceiling), `env_optimistic`
+and `env_auto` use the wrapper's reset modes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import tyro
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+@dataclasses.dataclass(frozen=True)
+class Args:
+    env: str = "Craftax-Symbolic-v1"
+    """Environment to measure."""
+    env_counts: tuple[int, ...] = (64, 256)
+    """Env counts for the env-only rows."""
+    ppo_env_counts: tuple[int, ...] = (64,)
+    """Env counts for the PPO rows (prior config otherwise: 64 steps, 4 epochs x 8 minibatches, width 512)."""
+    reset_pool: int = 16
+    """Optimistic reset pool per device."""
+    worlds_per_step: int = 1
+    """Optimistic reset: worlds generated on steps where an episode ended."""
+    repeats: int = 3
+    """Timed repeats (median reported)."""
+    ppo_updates: int = 2
+    """Updates per timed PPO chunk."""
+    skip_env: bool = False
+    """Only measure PPO."""
+    skip_ppo: bool = False
+    """Only measure the env."""
+    out: str | None = None
+    """Write the rows as a JSON list here."""
+
+
+def timed(fn, *args, repeats):
+    import jax
+
+    t = time.perf_counter()
+    out = jax.block_until_ready(fn(*args))
+    compile_s = time.perf_counter() - t
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t)
+    return out, compile_s, statistics.median(times)
+
+
+def env_rows(args: Args):
+    import jax
+    import jax.numpy as jnp
+
+    from fused.config import EnvConfig
+    from fused.envs import VecEnv, make_env
+
+    rows = []
+    for n in args.env_counts:
+        for mode in ("no_reset", "optimistic", "auto"):
+            cfg = EnvConfig(name=args.env, num_envs=n, reset="auto" if mode == "no_reset" else mode,
+                            reset_pool=args.reset_pool, worlds_per_step=args.worlds_per_step)
+            env = make_env(cfg)
+            venv = VecEnv(env, cfg)
+            state = jax.jit(venv.reset)(jax.random.split(jax.random.PRNGKey(0), n),
+                                        jax.random.PRNGKey(1))
+
+            def body(s, k, mode=mode, env=env, venv=venv, n=n):
+                ka, ks, kp = jax.random.split(k, 3)
+                a = jax.random.randint(ka, (n,), 0, env.num_actions)
+                keys = jax.random.split(ks, n)
+                if mode == "no_reset":
+                    res = jax.vmap(env.step)(keys, s.state, a)
+                    return s.replace(state=res.state, obs=res.obs), res.reward.sum()
+                s, out = venv.step(keys, kp, s, a)
+                return s, out.reward.sum()
+
+            run = jax.jit(lambda s, k: jax.lax.scan(body, s, jax.random.split(k, 64)))
+            _, compile_s, dt = timed(run, state, jax.random.PRNGKey(2), repeats=args.repeats)
+            rows.append({"name": f"env_{mode}", "env": args.env, "num_envs": n,
+                         "steps_per_s": 64 * n / dt, "compile_s": compile_s})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def ppo_rows(args: Args):
+    import jax
+
+    from fused.config import EnvConfig, PPOConfig, TrainConfig, validate
+    from fused.train import make_train
+
+    rows = []
+    for n in args.ppo_env_counts:
+        cfg = TrainConfig(env=EnvConfig(name=args.env, num_envs=n, reset_pool=args.reset_pool,
+                                        worlds_per_step=args.worlds_per_step),
+                          ppo=PPOConfig(), total_timesteps=n * 64 * 10_000,
+                          updates_per_chunk=args.ppo_updates)
+        validate(cfg)
+        tr = make_train(cfg)
+        t = time.perf_counter()
+        state = jax.block_until_ready(jax.jit(tr.init)(jax.random.PRNGKey(0)))
+        init_s = time.perf_counter() - t
+        chunk = jax.jit(tr.chunk)
+        t = time.perf_counter()
+        compiled = chunk.lower(state).compile()
+        compile_s = time.perf_counter() - t
+        state, _ = jax.block_until_ready(compiled(state))  # warm-up
+        times = []
+        for _ in range(args.repeats):
+            t = time.perf_counter()
+            state, _ = jax.block_until_ready(compiled(state))
+            times.append(time.perf_counter() - t)
+        dt = statistics.median(times)
+        rows.append({"name": "ppo", "env": args.env, "num_envs": n,
+                     "steps_per_s": args.ppo_updates * cfg.steps_per_update / dt,
+                     "compile_s": compile_s, "init_s": init_s})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main(args: Args):
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", os.environ.get(
+        "JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/.cache/craftax-fused/jax")))
+    print(f"# {platform.node()} {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} cpus, jax {jax.__version__}, {jax.devices()[0].device_kind}",
+          flush=True)
+    rows = [] if args.skip_env else env_rows(args)
+    rows += [] if args.skip_ppo else ppo_rows(args)
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
