@@ -20,6 +20,7 @@ from pathlib import Path
 import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,28 +37,18 @@ class Args:
     """Optimistic reset: worlds generated on steps where an episode ended."""
     repeats: int = 3
     """Timed repeats (median reported)."""
+    warmup_scans: int = 8
+    """Env-only: untimed 64-step scans first, so episodes are under way and ending."""
     ppo_updates: int = 2
     """Updates per timed PPO chunk."""
+    reference: bool = True
+    """Also time the prior system's PPO structure (bench/reference_ppo.py) for a same-run ratio."""
     skip_env: bool = False
     """Only measure PPO."""
     skip_ppo: bool = False
     """Only measure the env."""
     out: str | None = None
     """Write the rows as a JSON list here."""
-
-
-def timed(fn, *args, repeats):
-    import jax
-
-    t = time.perf_counter()
-    out = jax.block_until_ready(fn(*args))
-    compile_s = time.perf_counter() - t
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        out = jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t)
-    return out, compile_s, statistics.median(times)
 
 
 def env_rows(args: Args):
@@ -83,14 +74,27 @@ def env_rows(args: Args):
                 keys = jax.random.split(ks, n)
                 if mode == "no_reset":
                     res = jax.vmap(env.step)(keys, s.state, a)
-                    return s.replace(state=res.state, obs=res.obs), res.reward.sum()
+                    return s.replace(state=res.state, obs=res.obs), (res.terminated | res.truncated).sum()
                 s, out = venv.step(keys, kp, s, a)
-                return s, out.reward.sum()
+                return s, (out.terminated | out.truncated).sum()
 
             run = jax.jit(lambda s, k: jax.lax.scan(body, s, jax.random.split(k, 64)))
-            _, compile_s, dt = timed(run, state, jax.random.PRNGKey(2), repeats=args.repeats)
+            # Chain scans so episodes end at the random policy's natural rate (fresh episodes
+            # would hardly end within one 64-step scan and the resets would go unmeasured).
+            t = time.perf_counter()
+            state, _ = jax.block_until_ready(run(state, jax.random.PRNGKey(2)))
+            compile_s = time.perf_counter() - t
+            for i in range(args.warmup_scans):
+                state, _ = run(state, jax.random.PRNGKey(100 + i))
+            times, ends = [], 0
+            for i in range(args.repeats):
+                t = time.perf_counter()
+                state, done = jax.block_until_ready(run(state, jax.random.PRNGKey(200 + i)))
+                times.append(time.perf_counter() - t)
+                ends += int(done.sum())
             rows.append({"name": f"env_{mode}", "env": args.env, "num_envs": n,
-                         "steps_per_s": 64 * n / dt, "compile_s": compile_s})
+                         "steps_per_s": 64 * n / statistics.median(times), "compile_s": compile_s,
+                         "episode_ends_per_step": ends / (64 * args.repeats)})
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -127,7 +131,38 @@ def ppo_rows(args: Args):
                      "steps_per_s": args.ppo_updates * cfg.steps_per_update / dt,
                      "compile_s": compile_s, "init_s": init_s})
         print(json.dumps(rows[-1]), flush=True)
+        if args.reference:
+            rows.append(reference_row(args, cfg, n))
+            print(json.dumps(rows[-1]), flush=True)
+            rows[-2]["speedup_vs_reference"] = rows[-2]["steps_per_s"] / rows[-1]["steps_per_s"]
+            print(f"ppo / ppo_reference = {rows[-2]['speedup_vs_reference']:.2f}x", flush=True)
     return rows
+
+
+def reference_row(args: Args, cfg, n: int) -> dict:
+    """The prior PPO structure (bench/reference_ppo.py), same config, same process."""
+    import jax
+
+    from reference_ppo import make_reference_update
+
+    init, update = make_reference_update(cfg)
+    state = jax.block_until_ready(jax.jit(init)(jax.random.PRNGKey(0)))
+
+    def chunk(s):
+        return jax.lax.fori_loop(0, args.ppo_updates, lambda i, s: update(s), s)
+
+    t = time.perf_counter()
+    compiled = jax.jit(chunk).lower(state).compile()
+    compile_s = time.perf_counter() - t
+    state = jax.block_until_ready(compiled(state))
+    times = []
+    for _ in range(args.repeats):
+        t = time.perf_counter()
+        state = jax.block_until_ready(compiled(state))
+        times.append(time.perf_counter() - t)
+    return {"name": "ppo_reference", "env": args.env, "num_envs": n,
+            "steps_per_s": args.ppo_updates * cfg.steps_per_update / statistics.median(times),
+            "compile_s": compile_s}
 
 
 def main(args: Args):

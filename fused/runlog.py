@@ -89,8 +89,9 @@ class RunLog:
         names = [key for key in rows[-1] if key.startswith("achievements/")]
         top = sorted(names, key=lambda n: -np.mean([r.get(n, 0) for r in rows[-10:]]))[:8]
         for n in top:
-            ax2.plot(steps, [100 * r.get(n, 0) for r in rows], label=n.split("/", 1)[1])
-        ax2.set(xlabel="env steps", ylabel="% of episodes", title="Achievement unlock rate")
+            rate = np.convolve([100 * r.get(n, 0) for r in rows], np.ones(k) / k, mode="valid")
+            ax2.plot(steps[k - 1:], rate, label=n.split("/", 1)[1])
+        ax2.set(xlabel="env steps", ylabel="% of episodes (smoothed)", title="Achievement unlock rate")
         if top:
             ax2.legend(fontsize=7)
         fig.tight_layout()

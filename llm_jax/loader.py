@@ -1,0 +1,90 @@
+"""HF model folder (config.json + safetensors, single or sharded) -> (config, params).
+
+Host-only: reads with safetensors' numpy backend (memory-mapped), converts each tensor as
+`model.WEIGHTS` says, stacks layers, casts, and only then puts arrays on the device. No random
+init, no pickle, no network. Every missing, unexpected or mis-shaped tensor is reported at once.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+from safetensors import safe_open
+
+from llm_jax.config import Qwen3Config
+from llm_jax.model import IGNORED, LAYER_WEIGHTS, WEIGHTS
+
+
+class WeightsError(ValueError):
+    """The folder's tensors do not match the Qwen3 architecture its config.json describes."""
+
+
+def _tensor_files(folder: Path) -> dict[str, Path]:
+    """Map tensor name -> file, from the shard index or the single file."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        missing = sorted({f for f in weight_map.values() if not (folder / f).is_file()})
+        if missing:
+            raise WeightsError(f"{index} names shard files that are absent: {missing}; "
+                               "re-download the model")
+        return {name: folder / f for name, f in weight_map.items()}
+    single = folder / "model.safetensors"
+    if single.is_file():
+        with safe_open(single, framework="numpy") as f:
+            return {name: single for name in f.keys()}
+    found = sorted(p.name for p in folder.glob("*"))[:10]
+    raise WeightsError(f"{folder} has no model.safetensors or model.safetensors.index.json "
+                       f"(found {found}); pass a HuggingFace Qwen3 model folder")
+
+
+def expected_tensors(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
+    out = {s.hf_name: s.hf_shape(cfg) for s in WEIGHTS.values()}
+    for i in range(cfg.num_layers):
+        out.update({s.hf_name.format(i=i): s.hf_shape(cfg) for s in LAYER_WEIGHTS.values()})
+    return out
+
+
+def load_params(folder: str | Path, dtype=jnp.float32) -> tuple[Qwen3Config, dict]:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise WeightsError(f"{folder} is not a folder; --weights takes a HuggingFace model folder")
+    cfg = Qwen3Config.from_folder(folder)
+    files = _tensor_files(folder)
+    expected = expected_tensors(cfg)
+    handles: dict[Path, object] = {}
+
+    def handle(name):
+        path = files[name]
+        if path not in handles:
+            handles[path] = safe_open(path, framework="numpy")
+        return handles[path]
+
+    def shape_of(name):
+        return tuple(handle(name).get_slice(name).get_shape())
+
+    missing = sorted(set(expected) - set(files))
+    unexpected = sorted(n for n in set(files) - set(expected) if n not in IGNORED)
+    wrong = [f"{n}: {shape_of(n)} != {s}" for n, s in expected.items()
+             if n in files and shape_of(n) != s]
+    if missing or unexpected or wrong:
+        if any(re.match(r"model\.layers\.\d+\.mlp\.experts", n) for n in unexpected):
+            raise WeightsError(f"{folder} holds a mixture-of-experts model, not Qwen3 dense")
+        parts = [f"{len(missing)} missing: {missing[:8]}" if missing else "",
+                 f"{len(unexpected)} unexpected: {unexpected[:8]}" if unexpected else "",
+                 f"{len(wrong)} mis-shaped: {wrong[:8]}" if wrong else ""]
+        raise WeightsError(f"{folder} does not match its config.json ("
+                           + "; ".join(p for p in parts if p) + "); is it a Qwen3 checkpoint?")
+
+    def convert(spec, name):
+        return np.asarray(spec.to_ours(handle(name).get_tensor(name), cfg)).astype(dtype)
+
+    params = {k: jnp.asarray(convert(s, s.hf_name)) for k, s in WEIGHTS.items()}
+    params["layers"] = {
+        k: jnp.asarray(np.stack([convert(s, s.hf_name.format(i=i)) for i in range(cfg.num_layers)]))
+        for k, s in LAYER_WEIGHTS.items()}
+    return cfg, params

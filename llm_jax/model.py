@@ -1,0 +1,203 @@
+"""Qwen3 dense as pure functions over a params pytree, with a hidden-state API and prefix cache.
+
+Each weight is described once in `WEIGHTS` (HF name, HF shape, our shape, conversion); the loader,
+random init and shape checks derive from it. Per-layer weights are stacked `[L, ...]` and the
+layers run under `lax.scan`, so asking for layer L computes only the first L layers.
+
+Letters in einsums: b batch, t query positions, s key positions, p prefix positions, h hidden,
+n query heads, k kv heads, g query heads per kv head, d head dim, f MLP width, v vocab.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from llm_jax.config import Qwen3Config
+
+
+class WeightSpec(NamedTuple):
+    hf_name: str  # "{i}" is the layer index for per-layer weights
+    hf_shape: Callable[[Qwen3Config], tuple[int, ...]]
+    to_ours: Callable[[np.ndarray, Qwen3Config], np.ndarray]
+
+
+def _t_heads(heads_attr):
+    return lambda w, c: w.T.reshape(c.hidden_size, getattr(c, heads_attr), c.head_dim)
+
+
+_same = lambda w, c: w  # noqa: E731
+_t = lambda w, c: w.T  # noqa: E731
+LAYER = "model.layers.{i}."
+WEIGHTS: dict[str, WeightSpec] = {
+    "embed": WeightSpec("model.embed_tokens.weight", lambda c: (c.vocab_size, c.hidden_size), _same),
+    "final_norm": WeightSpec("model.norm.weight", lambda c: (c.hidden_size,), _same),
+}
+LAYER_WEIGHTS: dict[str, WeightSpec] = {
+    "attn_norm": WeightSpec(LAYER + "input_layernorm.weight", lambda c: (c.hidden_size,), _same),
+    "q": WeightSpec(LAYER + "self_attn.q_proj.weight",
+                    lambda c: (c.num_heads * c.head_dim, c.hidden_size), _t_heads("num_heads")),
+    "k": WeightSpec(LAYER + "self_attn.k_proj.weight",
+                    lambda c: (c.num_kv_heads * c.head_dim, c.hidden_size),
+                    _t_heads("num_kv_heads")),
+    "v": WeightSpec(LAYER + "self_attn.v_proj.weight",
+                    lambda c: (c.num_kv_heads * c.head_dim, c.hidden_size),
+                    _t_heads("num_kv_heads")),
+    "o": WeightSpec(LAYER + "self_attn.o_proj.weight",
+                    lambda c: (c.hidden_size, c.num_heads * c.head_dim),
+                    lambda w, c: w.T.reshape(c.num_heads, c.head_dim, c.hidden_size)),
+    "q_norm": WeightSpec(LAYER + "self_attn.q_norm.weight", lambda c: (c.head_dim,), _same),
+    "k_norm": WeightSpec(LAYER + "self_attn.k_norm.weight", lambda c: (c.head_dim,), _same),
+    "mlp_norm": WeightSpec(LAYER + "post_attention_layernorm.weight",
+                           lambda c: (c.hidden_size,), _same),
+    "gate": WeightSpec(LAYER + "mlp.gate_proj.weight",
+                       lambda c: (c.intermediate_size, c.hidden_size), _t),
+    "up": WeightSpec(LAYER + "mlp.up_proj.weight",
+                     lambda c: (c.intermediate_size, c.hidden_size), _t),
+    "down": WeightSpec(LAYER + "mlp.down_proj.weight",
+                       lambda c: (c.hidden_size, c.intermediate_size), _t),
+}
+# Read from a checkpoint but not needed for hidden states.
+IGNORED = ("lm_head.weight",)
+
+
+def init_params(cfg: Qwen3Config, key: jax.Array, dtype=jnp.float32) -> dict:
+    """Random weights (normal, std 0.02; norms near 1) for benchmarks and shape tests."""
+    def one(spec, k, lead=()):
+        shape = spec.to_ours(np.empty(spec.hf_shape(cfg), np.bool_), cfg).shape
+        if len(shape) == 1:
+            return (1.0 + 0.1 * jax.random.normal(k, lead + shape)).astype(dtype)
+        return (0.02 * jax.random.normal(k, lead + shape)).astype(dtype)
+
+    keys = iter(jax.random.split(key, len(WEIGHTS) + len(LAYER_WEIGHTS)))
+    params = {name: one(s, next(keys)) for name, s in WEIGHTS.items()}
+    params["layers"] = {name: one(s, next(keys), (cfg.num_layers,))
+                        for name, s in LAYER_WEIGHTS.items()}
+    return params
+
+
+def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    """As HF: normalise in float32, cast back, then scale by the weight as stored."""
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return w * y.astype(x.dtype)
+
+
+def rope(x: jax.Array, pos: jax.Array, theta: float) -> jax.Array:
+    """Rotate-half RoPE. x: [B, T, heads, D]; pos: [B, T] absolute positions."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+    ang = pos.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
+    emb = jnp.concatenate([ang, ang], axis=-1)[:, :, None, :]
+    cos, sin = jnp.cos(emb).astype(x.dtype), jnp.sin(emb).astype(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
+
+
+class PrefixCache(NamedTuple):
+    """Keys/values of a shared prompt prefix, one entry per computed layer."""
+
+    k: jax.Array  # [L, P, K, D] (after k-norm and RoPE)
+    v: jax.Array  # [L, P, K, D]
+
+
+def attention(q, k, v, mask, prefix_k=None, prefix_v=None):
+    """q: [B, T, N, D]; k, v: [B, S, K, D]; mask: [B, T, S] bool (True = attend).
+    prefix_k/v: [P, K, D] shared by the whole batch, visible to every query.
+
+    This is the one function a Pallas kernel can replace; without a prefix it is
+    `jax.nn.dot_product_attention`, with one a joint softmax over prefix and own keys that never
+    copies the prefix per batch row."""
+    if prefix_k is None:
+        return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None])
+    b, t, n, d = q.shape
+    kh = k.shape[2]
+    qg = q.reshape(b, t, kh, n // kh, d).astype(jnp.float32)
+    scale = d ** -0.5
+    s_pre = jnp.einsum("btkgd,pkd->bkgtp", qg, prefix_k.astype(jnp.float32)) * scale
+    s_own = jnp.einsum("btkgd,bskd->bkgts", qg, k.astype(jnp.float32)) * scale
+    s_own = jnp.where(mask[:, None, None], s_own, -jnp.inf)
+    p = jax.nn.softmax(jnp.concatenate([s_pre, s_own], axis=-1), axis=-1)
+    np_ = prefix_k.shape[0]
+    out = (jnp.einsum("bkgtp,pkd->btkgd", p[..., :np_], prefix_v.astype(jnp.float32))
+           + jnp.einsum("bkgts,bskd->btkgd", p[..., np_:], v.astype(jnp.float32)))
+    return out.reshape(b, t, n, d).astype(q.dtype)
+
+
+def decoder_layer(cfg: Qwen3Config, lp: dict, x, pos, mask, prefix_kv=None):
+    """One Qwen3 block. x: [B, T, H] -> (x, (k, v) of this block's own positions)."""
+    eps = cfg.rms_norm_eps
+    h = rms_norm(x, lp["attn_norm"], eps)
+    q = rms_norm(jnp.einsum("bth,hnd->btnd", h, lp["q"]), lp["q_norm"], eps)
+    k = rms_norm(jnp.einsum("bth,hkd->btkd", h, lp["k"]), lp["k_norm"], eps)
+    v = jnp.einsum("bth,hkd->btkd", h, lp["v"])
+    q, k = rope(q, pos, cfg.rope_theta), rope(k, pos, cfg.rope_theta)
+    a = attention(q, k, v, mask, *(prefix_kv or (None, None)))
+    x = x + jnp.einsum("btnd,ndh->bth", a, lp["o"])
+    h = rms_norm(x, lp["mlp_norm"], eps)
+    ff = jax.nn.silu(jnp.einsum("bth,hf->btf", h, lp["gate"])) * jnp.einsum("bth,hf->btf", h, lp["up"])
+    return x + jnp.einsum("btf,fh->bth", ff, lp["down"]), (k, v)
+
+
+def _first_layers(params: dict, n: int) -> dict:
+    return jax.tree.map(lambda a: a[:n], params["layers"])
+
+
+def hidden_states(params, cfg: Qwen3Config, tokens, lengths, layer: int,
+                  prefix: PrefixCache | None = None):
+    """Residual stream after `layer` blocks (0 = embeddings). tokens: [B, T] right-padded,
+    lengths: [B]. Returns ([B, T, H], per-layer (k, v) of the own positions)."""
+    if not 0 <= layer <= cfg.num_layers:
+        raise ValueError(f"layer={layer} must lie in 0..{cfg.num_layers}")
+    b, t = tokens.shape
+    x = params["embed"][tokens]
+    offset = 0 if prefix is None else prefix.k.shape[1]
+    pos = jnp.broadcast_to(offset + jnp.arange(t), (b, t))
+    own = jnp.arange(t)
+    # Causal; keys past a row's length are masked too (queries there are padding anyway).
+    mask = (own[None, :, None] >= own[None, None, :]) & (own[None, None, :] < lengths[:, None, None])
+    if layer == 0:
+        return x, None
+    if prefix is not None and prefix.k.shape[0] < layer:
+        raise ValueError(f"prefix cache holds {prefix.k.shape[0]} layers, layer={layer} asked")
+
+    def block(x, xs):
+        lp, pkv = xs
+        x, kv = decoder_layer(cfg, lp, x, pos, mask, pkv)
+        return x, kv
+
+    pkv = None if prefix is None else (prefix.k[:layer], prefix.v[:layer])
+    return jax.lax.scan(block, x, (_first_layers(params, layer), pkv))
+
+
+def encode(params, cfg: Qwen3Config, tokens, lengths, layer: int,
+           pool: Literal["last", "mean", "none"] = "last", post_norm: bool = False,
+           prefix: PrefixCache | None = None) -> jax.Array:
+    """Hidden state at `layer` (HF convention: 0 = embeddings, i = after block i, pre-norm;
+    `post_norm` applies the final RMSNorm, equal to HF's hidden_states[num_layers] at the last
+    layer). tokens: [B, T] right-padded; lengths: [B] (>= 1). With `prefix`, tokens continue the
+    cached prompt. Returns [B, H] for pool last/mean, [B, T, H] for none."""
+    x, _ = hidden_states(params, cfg, tokens, lengths, layer, prefix)
+    if post_norm:
+        x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
+    if pool == "none":
+        return x
+    if pool == "last":
+        return x[jnp.arange(x.shape[0]), lengths - 1]
+    if pool == "mean":
+        valid = (jnp.arange(x.shape[1])[None] < lengths[:, None]).astype(jnp.float32)
+        total = jnp.einsum("bth,bt->bh", x.astype(jnp.float32), valid)
+        return (total / lengths[:, None]).astype(x.dtype)
+    raise ValueError(f"pool={pool!r}; use last, mean or none")
+
+
+def prefill(params, cfg: Qwen3Config, prefix_tokens, num_layers: int | None = None) -> PrefixCache:
+    """Keys/values of a shared prefix for the first `num_layers` layers (default all).
+    prefix_tokens: [P]."""
+    n = cfg.num_layers if num_layers is None else num_layers
+    tokens = prefix_tokens[None]
+    _, (k, v) = hidden_states(params, cfg, tokens, jnp.array([tokens.shape[1]]), n)
+    return PrefixCache(k[:, 0], v[:, 0])

