@@ -1,0 +1,165 @@
+"""Prefill throughput: our JAX Qwen3 encoder vs HF transformers (torch) vs a vLLM server, same
+random-weight model and prompts, plus prefix-cache scaling. `python bench/llm_encode.py --out F.json`
+
+Rows: name (jax | hf_torch | vllm | jax_prefix | jax_full), model, params, batch, seq_len,
+tokens_per_s, compile_s (jax only). Hidden state: last layer, post-norm, every position computed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import tyro
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+MODELS = {
+    # name: (hidden, layers, heads, kv_heads, head_dim, intermediate, vocab)
+    "tiny-h64": (128, 2, 4, 2, 64, 256, 151_680),
+    "qwen3-134m": (640, 8, 10, 5, 64, 1792, 151_680),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Args:
+    models: tuple[str, ...] = ("tiny-h64", "qwen3-134m")
+    """Random-weight models to measure (see MODELS)."""
+    batches: tuple[int, ...] = (1, 8)
+    """Batch sizes."""
+    lengths: tuple[int, ...] = (128, 512)
+    """Sequence lengths (tokens per sequence)."""
+    prefix_len: int = 1024
+    """Prefix-cache rows: shared prefix length."""
+    suffix_lengths: tuple[int, ...] = (16, 64, 256)
+    """Prefix-cache rows: suffix lengths (batch 8)."""
+    vllm: bool = True
+    """Also measure a vLLM server (scripts/vllm_server.sh; skipped if it cannot start)."""
+    repeats: int = 3
+    """Timed repeats (median)."""
+    out: str | None = None
+    """JSON rows output."""
+
+
+def median_time(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def build(name, folder):
+    from qwen_fixtures import build_tiny_qwen3
+
+    h, layers, heads, kv, hd, inter, vocab = MODELS[name]
+    model = build_tiny_qwen3(folder, hidden=h, layers=layers, heads=heads, kv_heads=kv,
+                             head_dim=hd, vocab=vocab, tied=True)
+    # build_tiny_qwen3 sets intermediate = 2h+8; fine for throughput comparisons.
+    return model
+
+
+def start_vllm(folder, port):
+    log = open(Path(folder) / "vllm.log", "w")
+    proc = subprocess.Popen(["bash", str(ROOT / "scripts/vllm_server.sh"), "serve", str(folder),
+                             str(port)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    from llm_jax.vllm_client import VLLMClient, VLLMError
+
+    client = VLLMClient(f"http://127.0.0.1:{port}", retries=0, timeout=5)
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            client.health()
+            client.timeout = 600
+            return proc, client
+        except VLLMError:
+            time.sleep(3)
+    proc.kill()
+    return None, None
+
+
+def main(args: Args):
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    from llm_jax.loader import load_params
+    from llm_jax.model import encode, prefill
+
+    jax.config.update("jax_compilation_cache_dir", os.environ.get(
+        "JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/.cache/craftax-fused/jax")))
+    torch.set_num_threads(os.cpu_count())
+    rows = []
+
+    def emit(row):
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    rng = np.random.default_rng(0)
+    for name in args.models:
+        folder = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+        hf = build(name, folder)
+        cfg, params = load_params(folder)
+        n_params = cfg.num_params()
+        base = {"model": name, "params": n_params,
+                "non_embedding_params": n_params - cfg.vocab_size * cfg.hidden_size}
+        proc, client = start_vllm(folder, 8765) if args.vllm else (None, None)
+        for b in args.batches:
+            for t in args.lengths:
+                tokens = rng.integers(0, 150_000, (b, t)).astype(np.int32)
+                lengths = np.full(b, t, np.int32)
+                fn = jax.jit(lambda p, x, n: encode(p, cfg, x, n, cfg.num_layers, "none", True))
+                t0 = time.perf_counter()
+                jax.block_until_ready(fn(params, tokens, lengths))
+                compile_s = time.perf_counter() - t0
+                dt = median_time(lambda: jax.block_until_ready(fn(params, tokens, lengths)), args.repeats)
+                emit(dict(base, name="jax", batch=b, seq_len=t, tokens_per_s=b * t / dt,
+                          compile_s=compile_s))
+                ids = torch.tensor(tokens, dtype=torch.long)
+                with torch.no_grad():
+                    hf.model(input_ids=ids)
+                    dt = median_time(lambda: hf.model(input_ids=ids), args.repeats)
+                emit(dict(base, name="hf_torch", batch=b, seq_len=t, tokens_per_s=b * t / dt))
+                if client is not None:
+                    lst = tokens.tolist()
+                    client.token_states(lst)
+                    dt = median_time(lambda: client.token_states(lst), args.repeats)
+                    emit(dict(base, name="vllm", batch=b, seq_len=t, tokens_per_s=b * t / dt))
+        if proc is not None:
+            os.killpg(proc.pid, 9)
+        # Prefix cache: cost should follow the suffix, not prefix + suffix.
+        prefix = rng.integers(0, 150_000, args.prefix_len).astype(np.int32)
+        cache = jax.jit(lambda p, x: prefill(p, cfg, x))(params, prefix)
+        b = 8
+        for s in args.suffix_lengths:
+            suffix = rng.integers(0, 150_000, (b, s)).astype(np.int32)
+            lens = np.full(b, s, np.int32)
+            f_pre = jax.jit(lambda p, c, x, n: encode(p, cfg, x, n, cfg.num_layers, "last", True, prefix=c))
+            jax.block_until_ready(f_pre(params, cache, suffix, lens))
+            dt = median_time(lambda: jax.block_until_ready(f_pre(params, cache, suffix, lens)), args.repeats)
+            emit(dict(base, name="jax_prefix", batch=b, seq_len=s, prefix_len=args.prefix_len,
+                      seconds=dt, tokens_per_s=b * s / dt))
+            full = np.concatenate([np.broadcast_to(prefix, (b, args.prefix_len)), suffix], 1)
+            f_full = jax.jit(lambda p, x, n: encode(p, cfg, x, n, cfg.num_layers, "last", True))
+            jax.block_until_ready(f_full(params, full, lens + args.prefix_len))
+            dt = median_time(lambda: jax.block_until_ready(f_full(params, full, lens + args.prefix_len)),
+                             args.repeats)
+            emit(dict(base, name="jax_full", batch=b, seq_len=s, prefix_len=args.prefix_len,
+                      seconds=dt, tokens_per_s=b * s / dt))
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

