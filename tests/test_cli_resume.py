@@ -119,3 +119,19 @@ def test_resume_without_checkpoints_is_clear_error(tmp_path):
     p = subprocess.run(train_cmd("--resume", str(tmp_path / "nope")), capture_output=True,
                        text=True, env=subprocess_env(), timeout=120)
     assert p.returncode != 0 and "no config.json" in p.stderr.strip().splitlines()[-1]
+
+
+def test_profile_trace_and_offline_wandb_outputs(tmp_path):
+    env = subprocess_env()
+    env.pop("WANDB_MODE", None)
+    prof = tmp_path / "prof"
+    p = subprocess.run(train_cmd("smoke", "--out-dir", str(tmp_path), "--run-name", "pw",
+                                 "--profile-dir", str(prof), "--wandb.mode", "offline", "--plot"),
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert list(prof.rglob("*.xplane.pb")), "no jax.profiler trace written"
+    run = tmp_path / "pw"
+    assert list((run / "wandb").glob("offline-run-*")), "no offline wandb run"
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert all(r["steps_per_s"] > 0 and "loss/value" in r for r in rows)
