@@ -113,6 +113,7 @@ def test_corrupt_checkpoint_is_skipped_for_previous(tmp_path):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             c.restore_latest(abstract_like(state))
+    c.close()
 
 
 def test_resume_without_checkpoints_is_clear_error(tmp_path):
