@@ -127,9 +127,10 @@ def run(cfg: TrainConfig, run_dir: Path, resuming: bool, num_devices: int) -> Pa
     stop = StopFlag()
     update = int(state.update_step)
     last_ckpt_update, last_ckpt_time = update, time.time()
-    first = True
+    first, profiled = True, False
     while update < cfg.num_updates:
-        profiling = cfg.profile_dir is not None and not first and not getattr(run, "_profiled", 0)
+        # Trace the second chunk: the first one includes compilation.
+        profiling = cfg.profile_dir is not None and not first and not profiled
         if profiling:
             jax.profiler.start_trace(cfg.profile_dir)
         tc = time.time()
@@ -138,7 +139,7 @@ def run(cfg: TrainConfig, run_dir: Path, resuming: bool, num_devices: int) -> Pa
         dt = time.time() - tc
         if profiling:
             jax.profiler.stop_trace()
-            run._profiled = 1
+            profiled = True
             console.print(f"profile of one chunk written to {cfg.profile_dir}")
         new_update = min(update + cfg.updates_per_chunk, cfg.num_updates)
         rows = chunk_rows(metrics, cfg.steps_per_update, trainer.env.achievement_names, update,
@@ -152,8 +153,11 @@ def run(cfg: TrainConfig, run_dir: Path, resuming: bool, num_devices: int) -> Pa
                 wandb_run.log(r, step=r["env_steps"])
         report(console, cfg, rows, sps, dt if first else None, t0)
         update, first = new_update, False
-        due = (cfg.checkpoint_every_updates and update - last_ckpt_update >= cfg.checkpoint_every_updates) or (
-            cfg.checkpoint_every_minutes and time.time() - last_ckpt_time >= 60 * cfg.checkpoint_every_minutes)
+        due_updates = (cfg.checkpoint_every_updates
+                       and update - last_ckpt_update >= cfg.checkpoint_every_updates)
+        due_time = (cfg.checkpoint_every_minutes
+                    and time.time() - last_ckpt_time >= 60 * cfg.checkpoint_every_minutes)
+        due = due_updates or due_time
         if due or stop.requested or update >= cfg.num_updates:
             ckpt.save(update, state, {"update": update, "env_steps": update * cfg.steps_per_update})
             last_ckpt_update, last_ckpt_time = update, time.time()

@@ -87,7 +87,7 @@ def run_encode(a: Encode) -> Path:
 def run_truncate(a: Truncate) -> Path:
     from safetensors.numpy import save_file
 
-    from llm_jax.loader import _tensor_files, load_params  # noqa: F401  (validates the folder)
+    from llm_jax.loader import _tensor_files, load_params
     from llm_jax.model import LAYER_WEIGHTS, WEIGHTS
 
     src, out = Path(a.weights), Path(a.out)

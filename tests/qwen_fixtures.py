@@ -7,6 +7,7 @@ from pathlib import Path
 
 def build_tiny_qwen3(folder: Path, *, tied: bool = True, head_dim: int = 16, hidden: int = 48,
                      heads: int = 4, kv_heads: int = 2, layers: int = 3, vocab: int = 320,
+                     intermediate: int | None = None,
                      seed: int = 0, rope_layout: str = "top", shard: bool = False):
     """A random Qwen3 whose heads*head_dim != hidden and whose norm weights are random."""
     import json
@@ -15,7 +16,7 @@ def build_tiny_qwen3(folder: Path, *, tied: bool = True, head_dim: int = 16, hid
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden + 8,
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate or 2 * hidden + 8,
                       num_hidden_layers=layers, num_attention_heads=heads,
                       num_key_value_heads=kv_heads, head_dim=head_dim, tie_word_embeddings=tied,
                       max_position_embeddings=4096, rms_norm_eps=1e-6)
