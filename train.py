@@ -117,7 +117,7 @@ def run(cfg: TrainConfig, run_dir: Path, resuming: bool, num_devices: int) -> Pa
     init = trainer.init if trainer.mesh is not None else jax.jit(trainer.init)
     chunk = trainer.chunk if trainer.mesh is not None else jax.jit(trainer.chunk, donate_argnums=0)
     t0 = time.time()
-    state = init(jax.random.PRNGKey(cfg.seed))
+    state = init(jax.random.PRNGKey(cfg.seed), trainer.frozen)
     if resuming:
         step, state, _ = ckpt.restore_latest(abstract_like(state, state_shardings(trainer, state)))
         log.truncate_after(step)
@@ -134,7 +134,7 @@ def run(cfg: TrainConfig, run_dir: Path, resuming: bool, num_devices: int) -> Pa
         if profiling:
             jax.profiler.start_trace(cfg.profile_dir)
         tc = time.time()
-        state, metrics = chunk(state)
+        state, metrics = chunk(state, trainer.frozen)
         metrics = jax.device_get(metrics)  # waits for the chunk
         dt = time.time() - tc
         if profiling:

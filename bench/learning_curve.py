@@ -47,7 +47,7 @@ def main(args: Args):
     t = time.time()
     per_seed = []
     for s in args.seeds:
-        _, metrics = jax.block_until_ready(train(jax.random.PRNGKey(s)))
+        _, metrics = jax.block_until_ready(train(jax.random.PRNGKey(s), None))
         per_seed.append(jax.device_get(metrics["episodes"]))
         print(f"seed {s} done at {time.time() - t:.0f}s", flush=True)
     wall = time.time() - t

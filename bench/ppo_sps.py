@@ -114,17 +114,17 @@ def ppo_rows(args: Args):
         validate(cfg)
         tr = make_train(cfg)
         t = time.perf_counter()
-        state = jax.block_until_ready(jax.jit(tr.init)(jax.random.PRNGKey(0)))
+        state = jax.block_until_ready(jax.jit(tr.init)(jax.random.PRNGKey(0), None))
         init_s = time.perf_counter() - t
         chunk = jax.jit(tr.chunk)
         t = time.perf_counter()
-        compiled = chunk.lower(state).compile()
+        compiled = chunk.lower(state, None).compile()
         compile_s = time.perf_counter() - t
-        state, _ = jax.block_until_ready(compiled(state))  # warm-up
+        state, _ = jax.block_until_ready(compiled(state, None))  # warm-up
         times = []
         for _ in range(args.repeats):
             t = time.perf_counter()
-            state, _ = jax.block_until_ready(compiled(state))
+            state, _ = jax.block_until_ready(compiled(state, None))
             times.append(time.perf_counter() - t)
         dt = statistics.median(times)
         rows.append({"name": "ppo", "env": args.env, "num_envs": n,

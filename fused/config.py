@@ -80,6 +80,51 @@ class PPOConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class LLMConfig:
+    backend: Literal["none", "jax", "vllm"] = "none"
+    """`none`: plain PPO. `jax`: the Flax Qwen3 runs inside the jitted chunk (render -> encode
+    against the cached prompt prefix). `vllm`: observations go to the host every call, are
+    rendered there and sent to the vLLM server at --llm.url (the prior architecture, for parity
+    and comparison). Giving --llm.weights with backend none means jax."""
+    weights: str | None = None
+    """HuggingFace Qwen3 folder; None with backend jax uses a built-in tiny RANDOM Qwen3 whose
+    hidden states carry no meaning (for tests and speed measurements)."""
+    url: str = "http://127.0.0.1:8000"
+    """vLLM server (backend vllm)."""
+    layer: int | None = None
+    """Hidden state after this many layers (HF convention, 0 = embeddings); None = the last.
+    Later layers are not computed. The vllm backend serves only the last layer (truncate the
+    checkpoint with `python -m llm_jax truncate` for another)."""
+    pool: Literal["last", "mean"] = "last"
+    """Last prompt token, or mean over the observation and instruction tokens."""
+    post_norm: bool = False
+    """Apply the final RMSNorm (always on for the vllm backend, whose states are post-norm)."""
+    skip_n: int = 25
+    """Call the LLM every skip_n env steps (any value >= 1); 0 = never (hidden state stays 0,
+    for measuring the overhead of the augmented network alone)."""
+    refresh_on_reset: bool = True
+    """Re-encode an env as soon as its episode ends instead of keeping the previous episode's
+    hidden state until the next call (the prior system's staleness bug)."""
+    refresh_batch: int = 8
+    """Envs re-encoded per step after resets (more wait a step); bounds the cost of refreshes."""
+    microbatch: int = 0
+    """Envs encoded at once in one LLM call (0 = all): bounds activation memory."""
+    hidden: Literal["real", "zero", "shuffle", "garbage-prompt"] = "real"
+    """Ablation: the real hidden state, zeros, hidden states shuffled across envs at each call,
+    or states of a prompt whose prefix tokens are shuffled into nonsense."""
+    normalize: bool = True
+    """Normalise hidden states by running mean/std (saved in checkpoints) before the policy."""
+    projection: Literal["dense", "layernorm"] = "dense"
+    """Policy's hidden-state branch: Dense+tanh (prior), or LayerNorm then Dense+tanh."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """LLM compute dtype (jax backend)."""
+
+    @property
+    def active_backend(self) -> str:
+        return "jax" if self.backend == "none" and self.weights is not None else self.backend
+
+
+@dataclasses.dataclass(frozen=True)
 class WandbConfig:
     mode: Literal["offline", "online", "disabled"] = "offline"
     """wandb mode: offline by default (sync later with `wandb sync`), online, or disabled."""
@@ -95,6 +140,8 @@ class TrainConfig:
     """Environment settings."""
     ppo: PPOConfig = PPOConfig()
     """PPO hyperparameters."""
+    llm: LLMConfig = LLMConfig()
+    """LLM hidden-state augmentation (off by default)."""
     wandb: WandbConfig = WandbConfig()
     """Weights & Biases logging."""
     seed: int = 0
@@ -179,6 +226,40 @@ def validate(cfg: TrainConfig, num_devices: int = 1) -> None:
             f"({cfg.steps_per_update} = num_envs x num_steps); raise it")
     if cfg.checkpoint_every_updates < 0 or cfg.checkpoint_every_minutes < 0:
         raise ConfigError("checkpoint_every_updates and checkpoint_every_minutes must be >= 0")
+    validate_llm(cfg, num_devices)
+
+
+def validate_llm(cfg: TrainConfig, num_devices: int) -> None:
+    m = cfg.llm
+    if m.active_backend == "none":
+        return
+    from fused.text_format import LAYOUTS
+
+    if cfg.env.name not in LAYOUTS:
+        raise ConfigError(f"--llm needs a text renderer; env.name={cfg.env.name!r} has none "
+                          f"(use one of {', '.join(LAYOUTS)})")
+    if m.skip_n < 0:
+        raise ConfigError(f"llm.skip_n={m.skip_n} must be >= 1, or 0 for never")
+    if m.refresh_batch <= 0 or m.microbatch < 0:
+        raise ConfigError("llm.refresh_batch must be positive and llm.microbatch >= 0")
+    local = cfg.env.num_envs // num_devices
+    if m.microbatch and local % m.microbatch:
+        raise ConfigError(f"llm.microbatch={m.microbatch} must divide the {local} envs per "
+                          "device")
+    if m.layer is not None and m.layer < 0:
+        raise ConfigError(f"llm.layer={m.layer} must be >= 0 (0 = embeddings) or None")
+    if m.active_backend == "vllm":
+        if m.layer is not None:
+            raise ConfigError("llm.layer cannot be chosen with backend vllm (it serves the last "
+                              "layer); truncate the checkpoint with `python -m llm_jax truncate`")
+        if num_devices > 1:
+            raise ConfigError("llm.backend vllm runs on one device; pass --num-devices 1")
+    if m.weights is not None:
+        from pathlib import Path
+
+        if not (Path(m.weights) / "config.json").is_file():
+            raise ConfigError(f"llm.weights={m.weights!r} has no config.json; pass a "
+                              "HuggingFace Qwen3 model folder")
 
 
 def _preset(**kw) -> TrainConfig:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -50,3 +51,49 @@ class ActorCritic(nn.Module):
 
     def critic(self, obs: jax.Array) -> jax.Array:
         return self.critic_mlp(obs)[:, 0]
+
+
+class AugmentedMLP(nn.Module):
+    """obs -> Dense+tanh, hidden state -> [LayerNorm] Dense+tanh, concatenated, then
+    `num_layers - 1` Dense+tanh layers and a linear head (BRIEF section 4)."""
+
+    width: int
+    num_layers: int
+    out: int
+    out_gain: float
+    layernorm: bool
+
+    @nn.compact
+    def __call__(self, obs: jax.Array, hidden: jax.Array) -> jax.Array:
+        x = nn.tanh(dense(self.width, np.sqrt(2), "obs_proj")(obs))
+        if self.layernorm:
+            hidden = nn.LayerNorm(name="hidden_norm")(hidden)
+        h = nn.tanh(dense(self.width, np.sqrt(2), "hidden_proj")(hidden))
+        x = jnp.concatenate([x, h], axis=-1)
+        for i in range(self.num_layers - 1):
+            x = nn.tanh(dense(self.width, np.sqrt(2), f"hidden_{i}")(x))
+        return dense(self.out, self.out_gain, "head")(x)
+
+
+class AugmentedActorCritic(nn.Module):
+    """Separate actor and critic over (symbolic obs, LLM hidden state). Inputs are dicts
+    {"obs": [B, D], "hidden": [B, H]} so PPO code handles them like plain observations."""
+
+    num_actions: int
+    width: int = 512
+    num_layers: int = 3
+    layernorm: bool = False
+
+    def setup(self):
+        self.actor_mlp = AugmentedMLP(self.width, self.num_layers, self.num_actions, 0.01,
+                                      self.layernorm)
+        self.critic_mlp = AugmentedMLP(self.width, self.num_layers, 1, 1.0, self.layernorm)
+
+    def __call__(self, inp: dict) -> tuple[jax.Array, jax.Array]:
+        return self.actor(inp), self.critic(inp)
+
+    def actor(self, inp: dict) -> jax.Array:
+        return self.actor_mlp(inp["obs"], inp["hidden"])
+
+    def critic(self, inp: dict) -> jax.Array:
+        return self.critic_mlp(inp["obs"], inp["hidden"])[:, 0]

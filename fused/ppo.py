@@ -18,7 +18,7 @@ from fused.envs import VecEnv, VecEnvState
 
 
 class Transition(NamedTuple):
-    obs: jax.Array  # [T, N, D]
+    obs: Any  # [T, N, D], or {"obs": [T, N, D], "hidden": [T, N, H]} with an LLM
     action: jax.Array  # [T, N] int32
     log_prob: jax.Array  # [T, N]
     value: jax.Array  # [T, N]
@@ -45,6 +45,7 @@ class RunnerState:
     env: VecEnvState
     rng: jax.Array  # replicated across devices
     update_step: jax.Array  # [] int32, updates done so far
+    llm: Any = None  # fused.llm.LLMState when the policy sees LLM hidden states
 
 
 def gae(reward, value, terminated, truncated, truncation_value, last_value, gamma, lam):
@@ -111,6 +112,8 @@ class Ctx(NamedTuple):
     num_envs: int  # global
     local_envs: int
     axis_name: str | None  # set inside shard_map
+    llm: Any = None  # fused.llm.LLM (static parts) or None
+    llm_microbatch: int = 0
 
 
 def _pmean(x, axis_name):
@@ -130,27 +133,48 @@ def local_keys(ctx: Ctx, key: jax.Array) -> jax.Array:
     return jax.lax.dynamic_slice_in_dim(keys, offset, ctx.local_envs)
 
 
-def rollout_step(ctx: Ctx, params, carry: VecEnvState, key):
-    """One env step for all local envs (actor only; values are computed after the rollout)."""
-    k_act, k_env, k_pool = jax.random.split(key, 3)
-    logits = ctx.actor(params, carry.obs)
+def policy_input(ctx: Ctx, obs, llm_state):
+    """The network's input: the observation, or it with the policy's view of the hidden state."""
+    if ctx.llm is None:
+        return obs
+    from fused.llm import policy_hidden
+
+    return {"obs": obs, "hidden": policy_hidden(ctx.llm, llm_state)}
+
+
+def rollout_step(ctx: Ctx, params, frozen, carry, xs):
+    """One env step for all local envs (actor only; values are computed after the rollout).
+    carry: (VecEnvState, LLMState | None); xs: (key, global env step of this step)."""
+    env, llm_state = carry
+    key, step = xs
+    k_act, k_env, k_pool, k_llm = jax.random.split(key, 4)
+    inp = policy_input(ctx, env.obs, llm_state)
+    logits = ctx.actor(params, inp)
     action = jax.vmap(jax.random.categorical)(local_keys(ctx, k_act), logits)
     log_prob = categorical_log_prob(logits, action)
     if ctx.axis_name is not None:
         k_pool = jax.random.fold_in(k_pool, jax.lax.axis_index(ctx.axis_name))
-    env_state, out = ctx.vec_env.step(local_keys(ctx, k_env), k_pool, carry, action)
+        k_llm = jax.random.fold_in(k_llm, jax.lax.axis_index(ctx.axis_name))
+    env_state, out = ctx.vec_env.step(local_keys(ctx, k_env), k_pool, env, action)
     # V(final obs) is needed only where an episode was truncated: skip the pass otherwise.
+    final_inp = policy_input(ctx, out.final_obs, llm_state)
     trunc_value = jax.lax.cond(
         out.truncated.any(),
-        lambda: jnp.where(out.truncated, ctx.critic(params, out.final_obs), 0.0),
+        lambda: jnp.where(out.truncated, ctx.critic(params, final_inp), 0.0),
         lambda: jnp.zeros(out.reward.shape, jnp.float32))
-    tr = Transition(carry.obs, action, log_prob, jnp.zeros_like(log_prob), out.reward,
+    tr = Transition(inp, action, log_prob, jnp.zeros_like(log_prob), out.reward,
                     out.terminated, out.truncated, trunc_value)
     done = out.terminated | out.truncated
     stats = EpisodeStats(
         done.sum(), jnp.sum(out.episode_return * done), jnp.sum(out.episode_length * done),
         jnp.sum(out.achievements * done[:, None], axis=0), out.reset_reuse)
-    return env_state, (tr, stats)
+    llm_metrics = {}
+    if ctx.llm is not None:  # hidden states for the next observations
+        from fused.llm import llm_step
+
+        llm_state, llm_metrics = llm_step(ctx.llm, frozen, llm_state, env_state.obs, done,
+                                          step + 1, k_llm, ctx.llm_microbatch, ctx.axis_name)
+    return (env_state, llm_state), (tr, stats, llm_metrics)
 
 
 def minibatch_step(ctx: Ctx, carry, mb):
@@ -188,22 +212,25 @@ def epoch_step(ctx: Ctx, batch, carry, key):
     return carry, metrics
 
 
-def update_step(ctx: Ctx, rs: RunnerState) -> tuple[RunnerState, dict]:
-    """Collect `num_steps` of experience, compute GAE, run epochs x minibatches."""
+def update_step(ctx: Ctx, rs: RunnerState, frozen=None) -> tuple[RunnerState, dict]:
+    """Collect `num_steps` of experience, compute GAE, run epochs x minibatches.
+    frozen: the LLM's device arrays (fused.llm.FrozenLLM) or None."""
     cfg = ctx.cfg
     rng, k_roll, k_epochs = jax.random.split(rs.rng, 3)
-    env_state, (traj, stats) = jax.lax.scan(
-        lambda c, k: rollout_step(ctx, rs.params, c, k), rs.env,
-        jax.random.split(k_roll, cfg.num_steps))
+    steps = rs.update_step * cfg.num_steps + jnp.arange(cfg.num_steps)
+    (env_state, llm_state), (traj, stats, llm_metrics) = jax.lax.scan(
+        lambda c, x: rollout_step(ctx, rs.params, frozen, c, x), (rs.env, rs.llm),
+        (jax.random.split(k_roll, cfg.num_steps), steps))
     t, n = traj.action.shape
-    value = ctx.critic(rs.params, traj.obs.reshape((t * n,) + traj.obs.shape[2:])).reshape(t, n)
+    flat = lambda x: x.reshape((-1,) + x.shape[2:])
+    value = ctx.critic(rs.params, jax.tree.map(flat, traj.obs)).reshape(t, n)
     traj = traj._replace(value=value)
-    last_value = ctx.critic(rs.params, env_state.obs)
+    last_value = ctx.critic(rs.params, policy_input(ctx, env_state.obs, llm_state))
     adv, target = gae(traj.reward, traj.value, traj.terminated, traj.truncated,
                       traj.truncation_value, last_value, cfg.gamma, cfg.gae_lambda)
-    flat = lambda x: x.reshape((-1,) + x.shape[2:])
-    batch = {"obs": flat(traj.obs), "action": flat(traj.action), "log_prob": flat(traj.log_prob),
-             "value": flat(traj.value), "advantage": flat(adv), "target": flat(target)}
+    batch = {"obs": jax.tree.map(flat, traj.obs), "action": flat(traj.action),
+             "log_prob": flat(traj.log_prob), "value": flat(traj.value), "advantage": flat(adv),
+             "target": flat(target)}
     (params, opt_state), metrics = jax.lax.scan(
         lambda c, k: epoch_step(ctx, batch, c, k), (rs.params, rs.opt_state),
         jax.random.split(k_epochs, cfg.update_epochs))
@@ -211,6 +238,12 @@ def update_step(ctx: Ctx, rs: RunnerState) -> tuple[RunnerState, dict]:
     ep = EpisodeStats(*[_psum(x.sum(0), ctx.axis_name) for x in stats])
     metrics["value_mean"] = _pmean(traj.value.mean(), ctx.axis_name)
     metrics["reward_mean"] = _pmean(traj.reward.mean(), ctx.axis_name)
+    if ctx.llm is not None:
+        from fused.llm import hidden_metrics
+
+        metrics.update({k: _psum(v.sum(), ctx.axis_name) for k, v in llm_metrics.items()})
+        metrics.update({k: _pmean(v, ctx.axis_name)
+                        for k, v in hidden_metrics(llm_state.hidden).items()})
     rs = rs.replace(params=params, opt_state=opt_state, env=env_state, rng=rng,
-                    update_step=rs.update_step + 1)
+                    update_step=rs.update_step + 1, llm=llm_state)
     return rs, {"ppo": metrics, "episodes": ep._asdict()}

@@ -1,16 +1,18 @@
 """Assemble PPO into jitted, optionally sharded functions: `make_train(cfg)`.
 
-`Trainer.init(key)` builds the full `RunnerState`; `Trainer.chunk(state)` runs
+`Trainer.init(key, frozen)` builds the full `RunnerState`; `Trainer.chunk(state, frozen)` runs
 `updates_per_chunk` updates in one compiled program (updates past the end of the run are
-skipped, so the last chunk needs no recompile); `Trainer.train(key)` is the whole run as one pure
-function, for `jax.vmap` over seeds. With several devices, envs are split across them
+skipped, so the last chunk needs no recompile); `Trainer.train(key, frozen)` is the whole run as
+one pure function, for `jax.vmap` over seeds. `frozen` is `Trainer.frozen`: the LLM's weights and
+prefix cache (None without an LLM), an argument rather than a closure so XLA never folds a
+model into the program as constants. With several devices, envs are split across them
 (`shard_map` over a 1-D mesh), params are replicated and gradients averaged.
 """
 
 from __future__ import annotations
 
 from functools import partial
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -20,19 +22,21 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fused.config import TrainConfig
 from fused.envs import VecEnv, make_env
-from fused.networks import ActorCritic
+from fused.networks import ActorCritic, AugmentedActorCritic
 from fused.ppo import Ctx, RunnerState, local_keys, update_step
 
 AXIS = "data"
 
 
 class Trainer(NamedTuple):
-    init: Callable  # key -> RunnerState
-    chunk: Callable  # RunnerState -> (RunnerState, metrics with leading axis updates_per_chunk)
-    train: Callable  # key -> (RunnerState, metrics with leading axis num_updates)
+    init: Callable  # (key, frozen) -> RunnerState
+    chunk: Callable  # (RunnerState, frozen) -> (RunnerState, metrics, leading axis updates_per_chunk)
+    train: Callable  # (key, frozen) -> (RunnerState, metrics with leading axis num_updates)
     env: object
     network: ActorCritic
     mesh: Mesh | None
+    frozen: Any = None  # device arrays of the LLM (fused.llm.FrozenLLM) to pass to init/chunk
+    llm: Any = None  # fused.llm.LLM or None
 
 
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
@@ -42,67 +46,108 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(p.max_grad_norm), optax.adam(lr, eps=p.adam_eps))
 
 
+def make_network(cfg: TrainConfig, env, llm):
+    if llm is None:
+        return ActorCritic(env.num_actions, cfg.ppo.layer_width, cfg.ppo.num_layers)
+    return AugmentedActorCritic(env.num_actions, cfg.ppo.layer_width, cfg.ppo.num_layers,
+                                cfg.llm.projection == "layernorm")
+
+
+def dummy_input(env, llm):
+    obs = jnp.zeros((1, env.obs_dim))
+    return obs if llm is None else {"obs": obs, "hidden": jnp.zeros((1, llm.hidden_size))}
+
+
 def make_train(cfg: TrainConfig, num_devices: int = 1) -> Trainer:
     """Pure functions for training; jit them at the entry point (`chunk`/`init` come jitted when
-    sharded, since shard_map needs its mesh)."""
+    sharded, since shard_map needs its mesh). With an LLM (cfg.llm), the host loads it here and
+    `Trainer.frozen` holds its device arrays, passed to `init` and `chunk` as an argument."""
     env = make_env(cfg.env)
-    network = ActorCritic(env.num_actions, cfg.ppo.layer_width, cfg.ppo.num_layers)
+    llm = None
+    if cfg.llm.active_backend != "none":
+        from fused.llm import make_llm
+
+        llm = make_llm(cfg.llm, cfg.env.name, cfg.seed)
+    network = make_network(cfg, env, llm)
     tx = make_optimizer(cfg)
     axis = AXIS if num_devices > 1 else None
-    ctx = Ctx(network.apply, partial(network.apply, method=ActorCritic.actor),
-              partial(network.apply, method=ActorCritic.critic), VecEnv(env, cfg.env), tx,
-              cfg.ppo, cfg.env.num_envs, cfg.env.num_envs // num_devices, axis)
+    local_envs = cfg.env.num_envs // num_devices
+    microbatch = 0
+    if llm is not None:
+        from fused.llm import default_microbatch
 
-    def init_local(key):
+        microbatch = cfg.llm.microbatch or default_microbatch(local_envs)
+    ctx = Ctx(network.apply, partial(network.apply, method=type(network).actor),
+              partial(network.apply, method=type(network).critic), VecEnv(env, cfg.env), tx,
+              cfg.ppo, cfg.env.num_envs, local_envs, axis, llm, microbatch)
+    frozen = None if llm is None else llm.frozen
+
+    def init_local(key, frozen):
         k_net, k_env, k_pool, k_run = jax.random.split(key, 4)
-        params = network.init(k_net, jnp.zeros((1, env.obs_dim)))
+        params = network.init(k_net, dummy_input(env, llm))
         if axis is not None:
             k_pool = jax.random.fold_in(k_pool, jax.lax.axis_index(axis))
         env_state = ctx.vec_env.reset(local_keys(ctx, k_env), k_pool)
-        return RunnerState(params, tx.init(params), env_state, k_run, jnp.int32(0))
+        llm_state = None
+        if llm is not None:
+            from fused.llm import init_llm_state, llm_step
 
-    def chunk_local(rs: RunnerState):
+            k_run, k_llm = jax.random.split(k_run)
+            llm_state, _ = llm_step(llm, frozen, init_llm_state(llm, local_envs), env_state.obs,
+                                    jnp.zeros(local_envs, bool), jnp.int32(0), k_llm, microbatch,
+                                    axis)
+        return RunnerState(params, tx.init(params), env_state, k_run, jnp.int32(0), llm_state)
+
+    def chunk_local(rs: RunnerState, frozen):
         def body(rs, _):
-            skipped = jax.tree.map(jnp.zeros_like, jax.eval_shape(lambda r: update_step(ctx, r), rs)[1])
+            skipped = jax.tree.map(jnp.zeros_like,
+                                   jax.eval_shape(lambda r: update_step(ctx, r, frozen), rs)[1])
             return jax.lax.cond(rs.update_step < cfg.num_updates,
-                                lambda r: update_step(ctx, r), lambda r: (r, skipped), rs)
+                                lambda r: update_step(ctx, r, frozen), lambda r: (r, skipped), rs)
 
         rs, metrics = jax.lax.scan(body, rs, None, length=cfg.updates_per_chunk)
         return rs, metrics
 
-    def train_full(key):
-        rs = init_local(key)
-        return jax.lax.scan(lambda r, _: update_step(ctx, r), rs, None, length=cfg.num_updates)
+    def train_full(key, frozen):
+        rs = init_local(key, frozen)
+        return jax.lax.scan(lambda r, _: update_step(ctx, r, frozen), rs, None,
+                            length=cfg.num_updates)
 
     if axis is None:
-        return Trainer(init_local, chunk_local, train_full, env, network, None)
+        return Trainer(init_local, chunk_local, train_full, env, network, None, frozen, llm)
 
     mesh = Mesh(np.array(jax.devices()[:num_devices]), (AXIS,))
-    specs = state_specs(jax.eval_shape(init_local_unsharded(cfg, network, tx, env), jax.random.PRNGKey(0)))
-    init = jax.jit(jax.shard_map(init_local, mesh=mesh, in_specs=P(), out_specs=specs,
+    specs = state_specs(jax.eval_shape(partial(shape_only_init, cfg, network, tx, env, llm, local_envs),
+                                       jax.random.PRNGKey(0)))
+    init = jax.jit(jax.shard_map(init_local, mesh=mesh, in_specs=(P(), P()), out_specs=specs,
                                  check_vma=False))
-    chunk = jax.jit(jax.shard_map(chunk_local, mesh=mesh, in_specs=(specs,),
+    chunk = jax.jit(jax.shard_map(chunk_local, mesh=mesh, in_specs=(specs, P()),
                                   out_specs=(specs, P()), check_vma=False), donate_argnums=0)
-    return Trainer(init, chunk, None, env, network, mesh)
+    return Trainer(init, chunk, None, env, network, mesh, frozen, llm)
 
 
-def init_local_unsharded(cfg, network, tx, env):
-    """Init without collectives, used only for the state's structure."""
+def shape_only_init(cfg, network, tx, env, llm, local_envs, key):
+    """The state's structure without collectives or LLM calls (for sharding specs)."""
     ctx = Ctx(network.apply, None, None, VecEnv(env, cfg.env), tx, cfg.ppo,
               cfg.env.num_envs, cfg.env.num_envs, None)
+    params = network.init(key, dummy_input(env, llm))
+    env_state = ctx.vec_env.reset(local_keys(ctx, key), key)
+    llm_state = None
+    if llm is not None:
+        from fused.llm import init_llm_state
 
-    def init(key):
-        params = network.init(key, jnp.zeros((1, env.obs_dim)))
-        env_state = ctx.vec_env.reset(local_keys(ctx, key), key)
-        return RunnerState(params, tx.init(params), env_state, key, jnp.int32(0))
-
-    return init
+        llm_state = init_llm_state(llm, cfg.env.num_envs)
+    return RunnerState(params, tx.init(params), env_state, key, jnp.int32(0), llm_state)
 
 
 def state_specs(state: RunnerState) -> RunnerState:
-    """Env state (and per-device reset pools) split on the leading axis; the rest replicated."""
+    """Env state (and per-device reset pools) and per-env LLM state split on the leading axis;
+    the rest (params, optimizer, hidden-state normaliser) replicated."""
     rep = jax.tree.map(lambda _: P(), state)
-    return rep.replace(env=jax.tree.map(lambda _: P(AXIS), state.env))
+    rep = rep.replace(env=jax.tree.map(lambda _: P(AXIS), state.env))
+    if state.llm is not None:
+        rep = rep.replace(llm=rep.llm.replace(hidden=P(AXIS), stale=P(AXIS)))
+    return rep
 
 
 def state_shardings(trainer: Trainer, state: RunnerState):

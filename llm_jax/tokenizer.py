@@ -51,6 +51,11 @@ class Qwen3Tokenizer:
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def pad_id(self) -> int:
+        """`<|endoftext|>`, Qwen3's padding token."""
+        return self.tokenizer.token_to_id("<|endoftext|>")
+
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` (no special tokens added, as Qwen3's tokenizer does)."""
         return self.tokenizer.encode(text, add_special_tokens=False).ids

@@ -26,7 +26,7 @@ def probe_config(name: str, updates: int = 150, **env_kw) -> TrainConfig:
 
 def train_probe(cfg):
     trainer = make_train(cfg)
-    state, _ = jax.jit(trainer.train)(jax.random.PRNGKey(0))
+    state, _ = jax.jit(trainer.train)(jax.random.PRNGKey(0), None)
     apply = lambda obs: trainer.network.apply(state.params, jnp.asarray(obs, jnp.float32))
     return apply
 

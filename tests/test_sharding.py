@@ -14,10 +14,10 @@ def run(cfg: TrainConfig, devices: int):
     tr = make_train(cfg, devices)
     init = tr.init if tr.mesh is not None else jax.jit(tr.init)
     chunk = tr.chunk if tr.mesh is not None else jax.jit(tr.chunk)
-    state = init(jax.random.PRNGKey(1))
+    state = init(jax.random.PRNGKey(1), tr.frozen)
     rows = []
     for _ in range(cfg.num_chunks):
-        state, m = chunk(state)
+        state, m = chunk(state, tr.frozen)
         rows.append(jax.device_get(m))
     return jax.device_get(state), rows
 

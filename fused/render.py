@@ -1,0 +1,276 @@
+"""On-device text -> token rendering of Craftax symbolic observations, and the prompt around it.
+
+`make_renderer(env_name, tokenizer)` pre-tokenizes every fragment the text format can contain
+(`fused.text_format`): the map header, each `r, c` coordinate, each tile word with its leading
+`:` or ` on`, each `, Label` and `:value` of the inventory line. Fragments are cut where Qwen3's
+pre-tokenizer splits the full text anyway (its regex never joins a letter run to a following
+digit, comma or space, digits are single tokens), so the concatenated fragment tokens equal
+`tokenizer.encode(reference_text)`; `python -m fused.render check` and the property tests verify
+this on real rollouts. `render_tokens(renderer, obs)` is pure jnp: per env it picks a fragment id
+for each of a fixed number of slots, then packs the fragments' tokens left-aligned into `[L_max]`.
+
+L_max is a hard bound, not an estimate: the sum over slots of the longest fragment each slot can
+take (every tile interesting, with the longest mob + item + block names, and the widest values),
+so no reachable observation is ever cut.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fused.text_format import (BACKGROUND, DIRECTIONS, MAP_EMPTY, MAP_HEADER, MAX_VALUE,
+                               ObsLayout, format_value, get_layout, render_text)
+
+SLOTS_PER_CELL = 5  # ",", " r, c", ":head", " on x", " on y"
+
+
+class Renderer(NamedTuple):
+    """Fragment tables (numpy, become jit constants) and slot ids for one env's layout."""
+
+    layout: ObsLayout
+    frag_tokens: np.ndarray  # [F, W] int32
+    frag_lengths: np.ndarray  # [F] int32, fragment 0 is empty
+    ids: dict  # name -> fragment id (fixed fragments) or base id (families)
+    max_tokens: int  # L_max
+    pad_id: int
+
+
+class _Tables:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.texts: list[str] = [""]
+
+    def add(self, text: str) -> int:
+        self.texts.append(text)
+        return len(self.texts) - 1
+
+    def family(self, texts) -> int:
+        ids = [self.add(t) for t in texts]
+        return ids[0]
+
+
+def make_renderer(env_name: str, tokenizer) -> Renderer:
+    """Build the fragment tables for `env_name` with the (host) Qwen3 tokenizer."""
+    layout = get_layout(env_name)
+    t = _Tables(tokenizer)
+    ids = {
+        "comma": t.add(","),
+        "header": t.add(MAP_HEADER),
+        "empty_map": t.add(MAP_EMPTY),
+        "blank": t.add("\n\n"),
+        "inventory": t.add("Inventory:"),
+        "darkness": t.add(":darkness"),
+    }
+    ids["coord"] = t.family(f" {r - layout.rows // 2}, {c - layout.cols // 2}"
+                            for r in range(layout.rows) for c in range(layout.cols))
+    ids["block_head"] = t.family(":" + b for b in layout.blocks)
+    ids["block_on"] = t.family(" on " + b for b in layout.blocks)
+    if layout.items:
+        ids["item_head"] = t.family(":" + i for i in layout.items)
+        ids["item_on"] = t.family(" on " + i for i in layout.items)
+    ids["mob_head"] = t.family(":" + (m or "unknown_mob") for m in layout.mobs)
+    ids["labels"] = t.family((" " if i == 0 else ", ") + f.label for i, f in enumerate(layout.aux))
+    for kind, count in (("count", MAX_VALUE + 1), ("tenths", MAX_VALUE + 1),
+                        ("thousandths", 1001), ("bool", 2), ("direction", len(DIRECTIONS))):
+        ids[kind] = t.family(":" + format_value(v, kind) for v in range(count))
+    ids["sqrt_count"] = ids["count"]
+
+    encoded = [tokenizer.encode(s) for s in t.texts]
+    width = max(len(e) for e in encoded)
+    tokens = np.full((len(encoded), width), tokenizer.pad_id, np.int32)
+    lengths = np.array([len(e) for e in encoded], np.int32)
+    for i, e in enumerate(encoded):
+        tokens[i, :len(e)] = e
+
+    def longest(base, n):
+        return int(lengths[base:base + n].max())
+
+    cell = (lengths[ids["comma"]] + longest(ids["coord"], layout.rows * layout.cols)
+            + max(longest(ids["mob_head"], len(layout.mobs)),
+                  longest(ids["block_head"], len(layout.blocks)),
+                  lengths[ids["darkness"]])
+            + (longest(ids["item_on"], len(layout.items)) if layout.items else 0)
+            + longest(ids["block_on"], len(layout.blocks)))
+    aux = sum(lengths[ids["labels"] + i] + longest(ids[f.kind], {"bool": 2, "direction": 4,
+                                                                 "thousandths": 1001}.get(
+        f.kind, MAX_VALUE + 1)) for i, f in enumerate(layout.aux))
+    max_tokens = int(max(lengths[ids["header"]] + layout.rows * layout.cols * cell,
+                         lengths[ids["empty_map"]])
+                     + lengths[ids["blank"]] + lengths[ids["inventory"]] + aux)
+    return Renderer(layout, tokens, lengths, ids, max_tokens, tokenizer.pad_id)
+
+
+def _value_ids(r: Renderer, aux: jax.Array) -> jax.Array:
+    """Fragment id of each `:value` of the inventory line. aux: [A] -> [len(layout.aux)]."""
+    out = []
+    for f in r.layout.aux:
+        x = aux[f.index]
+        if f.kind == "direction":
+            v = jnp.argmax(aux[f.index:f.index + 4])
+        elif f.kind == "sqrt_count":
+            y = x * jnp.float32(f.scale)
+            v = jnp.rint(y * y)
+        elif f.kind == "count":
+            v = jnp.rint(x * jnp.float32(f.scale))
+        elif f.kind == "tenths":
+            v = jnp.rint(x * jnp.float32(f.scale * 10))
+        elif f.kind == "thousandths":
+            v = jnp.rint(x * jnp.float32(1000))
+        else:  # bool
+            v = x > 0.5
+        hi = {"bool": 1, "direction": 3, "thousandths": 1000}.get(f.kind, MAX_VALUE)
+        out.append(r.ids[f.kind] + jnp.clip(v.astype(jnp.int32), 0, hi))
+    return jnp.stack(out)
+
+
+def fragment_ids(r: Renderer, obs: jax.Array) -> jax.Array:
+    """Fragment id per slot for one observation [D] -> [S] (0 = empty slot)."""
+    lay = r.layout
+    nb, ni, nm = len(lay.blocks), len(lay.items), len(lay.mobs)
+    grid = obs[:lay.map_size].reshape(lay.rows * lay.cols, lay.channels)
+    lit = grid[:, -1] > 0.5 if lay.has_light else jnp.ones(grid.shape[0], bool)
+    block = jnp.argmax(grid[:, :nb], axis=-1)
+    item = jnp.argmax(grid[:, nb:nb + ni], axis=-1) if ni else jnp.zeros_like(block)
+    mobs = grid[:, nb + ni:nb + ni + nm]
+    has_mob = mobs.max(axis=-1) > 0.5
+    mob = jnp.argmax(mobs, axis=-1)
+    has_item = item > 0
+    background = jnp.isin(block, jnp.array([i for i, b in enumerate(lay.blocks) if b in BACKGROUND]))
+    shown = ~lit | has_mob | has_item | ~background
+    any_shown = shown.any()
+
+    head = jnp.where(has_mob, r.ids["mob_head"] + mob,
+                     jnp.where(has_item, r.ids.get("item_head", 0) + item, r.ids["block_head"] + block))
+    head = jnp.where(lit, head, r.ids["darkness"])
+    item_on = r.ids.get("item_on", 0) + item
+    block_on = r.ids["block_on"] + block
+    # ":mob on item on block", ":mob on block", ":item on block" or ":block"
+    on1 = jnp.where(has_mob & has_item, item_on, jnp.where(has_mob | has_item, block_on, 0))
+    on2 = jnp.where(has_mob & has_item, block_on, 0)
+    on1, on2 = jnp.where(lit, on1, 0), jnp.where(lit, on2, 0)
+    earlier = jnp.cumsum(shown) - shown
+    comma = jnp.where(earlier > 0, r.ids["comma"], 0)
+    coord = r.ids["coord"] + jnp.arange(grid.shape[0])
+    cells = jnp.stack([comma, coord, head, on1, on2], axis=-1)  # [C, 5]
+    cells = jnp.where(shown[:, None], cells, 0).reshape(-1)
+
+    values = _value_ids(r, obs[lay.map_size:])
+    labels = r.ids["labels"] + jnp.arange(len(lay.aux))
+    inventory = jnp.stack([labels, values], axis=-1).reshape(-1)
+    first = jnp.where(any_shown, r.ids["header"], r.ids["empty_map"])[None]
+    fixed = jnp.array([r.ids["blank"], r.ids["inventory"]])
+    return jnp.concatenate([first, cells, fixed, inventory]).astype(jnp.int32)
+
+
+def pack_fragments(frag_tokens, frag_lengths, ids, max_tokens: int, pad_id: int):
+    """Concatenate the tokens of fragments `ids` [S] left-aligned into [max_tokens];
+    returns (tokens [max_tokens], length [])."""
+    lengths = jnp.asarray(frag_lengths)[ids]  # [S]
+    start = jnp.cumsum(lengths) - lengths
+    toks = jnp.asarray(frag_tokens)[ids]  # [S, W]
+    col = jnp.arange(toks.shape[1])
+    dest = jnp.where(col[None] < lengths[:, None], start[:, None] + col[None], max_tokens)
+    out = jnp.full((max_tokens,), pad_id, jnp.int32).at[dest.reshape(-1)].set(
+        toks.reshape(-1), mode="drop")
+    return out, lengths.sum()
+
+
+def render_tokens(r: Renderer, obs: jax.Array):
+    """obs: [B, D] symbolic observations -> (tokens [B, L_max] int32 right-padded, lengths [B]).
+    Pure jnp, no host call: tokens equal `tokenizer.encode(render_text(layout, obs[b]))`."""
+    def one(o):
+        return pack_fragments(r.frag_tokens, r.frag_lengths, fragment_ids(r, o), r.max_tokens,
+                              r.pad_id)
+    return jax.vmap(one)(obs)
+
+
+# --- check CLI ------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """Compare device tokens with tokenizer.encode(reference text) on random-policy states."""
+
+    env: str = "Craftax-Symbolic-v1"
+    """Environment whose symbolic observations are rendered."""
+    states: int = 1000
+    """Number of states to compare."""
+    seed: int = 0
+    """PRNG seed of the rollouts."""
+    num_envs: int = 16
+    """Parallel envs in the rollout (states are taken from every step of every env)."""
+    weights: str | None = None
+    """Model folder whose tokenizer to use; default the packaged Qwen3 tokenizer."""
+
+
+def rollout_observations(env_name: str, num_states: int, seed: int, num_envs: int) -> np.ndarray:
+    """Observations of real states from uniform-random-action rollouts: [N, D].
+
+    Envs are reset once and never again (ended episodes keep stepping; world generation is what
+    makes Craftax slow to compile). For Craftax-Symbolic every other observation views the same
+    state from a random floor (all 9 are generated at reset), so darkness, ladders, torches and
+    the deeper floors' blocks and mobs appear, which a random policy on floor 0 rarely sees."""
+    from fused.envs import Env
+
+    env = Env(env_name)
+    steps = -(-num_states // (2 * num_envs))
+    full = "Classic" not in env_name
+
+    def observe(state, key):
+        obs = env._env.get_obs(state)
+        if not full:
+            return jnp.stack([obs, obs])
+        level = jax.random.randint(key, (), 0, state.map.shape[0])
+        return jnp.stack([obs, env._env.get_obs(state.replace(player_level=level))])
+
+    def run(key):
+        k_reset, k_roll = jax.random.split(key)
+        _, state = jax.vmap(env.reset)(jax.random.split(k_reset, num_envs))
+
+        def step(s, k):
+            k_act, k_env, k_floor = jax.random.split(k, 3)
+            action = jax.random.randint(k_act, (num_envs,), 0, env.num_actions)
+            res = jax.vmap(env.step)(jax.random.split(k_env, num_envs), s, action)
+            return res.state, jax.vmap(observe)(s, jax.random.split(k_floor, num_envs))
+
+        _, obs = jax.lax.scan(step, state, jax.random.split(k_roll, steps))
+        return obs.reshape(-1, obs.shape[-1])
+
+    obs = np.asarray(jax.jit(run)(jax.random.PRNGKey(seed)))
+    if not full:
+        obs = obs[::2]
+    return obs[:num_states]
+
+
+def check(a: Check) -> int:
+    from llm_jax.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(a.weights)
+    r = make_renderer(a.env, tok)
+    obs = rollout_observations(a.env, a.states, a.seed, a.num_envs)
+    tokens, lengths = jax.jit(lambda o: render_tokens(r, o))(obs)
+    tokens, lengths = np.asarray(tokens), np.asarray(lengths)
+    longest = 0
+    for i in range(len(obs)):
+        text = render_text(r.layout, obs[i])
+        want = tok.encode(text)
+        got = tokens[i, :lengths[i]].tolist()
+        longest = max(longest, len(want))
+        if got != want:
+            print(f"MISMATCH at state {i} ({a.env}, seed {a.seed})\nreference text:\n{text}\n"
+                  f"device tokens decode to:\n{tok.decode(got)}", file=sys.stderr)
+            return 1
+    print(f"ok: {len(obs)} states of {a.env} (seed {a.seed}) render to identical tokens; "
+          f"longest {longest} tokens, L_max {r.max_tokens}")
+    return 0
+
+
+if __name__ == "__main__":
+    import tyro
+
+    sys.exit(check(tyro.extras.subcommand_cli_from_dict({"check": Check})))
