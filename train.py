@@ -123,6 +123,7 @@ def run(cfg: TrainConfig, run_dir: Path, resuming: bool, num_devices: int) -> Pa
         log.truncate_after(step)
         console.print(f"resumed from checkpoint at update {step}")
     wandb_run = start_wandb(cfg, run_dir)
+    llm_call_s = calibrate_llm(trainer, state) if trainer.llm is not None else None
 
     stop = StopFlag()
     update = int(state.update_step)
@@ -147,6 +148,12 @@ def run(cfg: TrainConfig, run_dir: Path, resuming: bool, num_devices: int) -> Pa
         sps = (new_update - update) * cfg.steps_per_update / dt
         for r in rows:
             r["steps_per_s"] = sps
+            if "llm/calls" in r:
+                encodes = r["llm/calls"] * cfg.env.num_envs + r["llm/refreshed"]
+                r["llm/tokens_per_encode"] = r["llm/tokens"] / max(encodes, 1.0)
+                if llm_call_s is not None:
+                    r["llm/time_share_est"] = min(1.0, encodes / cfg.env.num_envs * llm_call_s
+                                                  * len(rows) / dt)
         log.write(rows)
         if wandb_run is not None:
             for r in rows:
@@ -174,6 +181,25 @@ def run(cfg: TrainConfig, run_dir: Path, resuming: bool, num_devices: int) -> Pa
                   f"Outputs in {run_dir}: config.json, metrics.jsonl"
                   f"{', curve.png' if png else ''}, checkpoints/ (steps {ckpt.steps()})")
     return run_dir
+
+
+def calibrate_llm(trainer, state) -> float | None:
+    """Seconds of one LLM call over all envs (the jitted encoder alone, after warm-up): the
+    `llm/time_share_est` metric is calls x this / chunk time (XLA gives no per-op clock inside
+    a compiled chunk). None for the vllm backend, which times its host calls itself."""
+    import jax
+
+    from fused.llm import encode_observations
+
+    llm = trainer.llm
+    if llm.backend != "jax":
+        return None
+    obs = jax.device_get(state.env.obs)
+    f = jax.jit(lambda o, fr: encode_observations(llm, fr, o, trainer.llm_microbatch))
+    jax.block_until_ready(f(obs, trainer.frozen))
+    t = time.perf_counter()
+    jax.block_until_ready(f(obs, trainer.frozen))
+    return time.perf_counter() - t
 
 
 def report(console, cfg, rows, sps, compile_s, t0):

@@ -62,7 +62,8 @@ def make_renderer(env_name: str, tokenizer) -> Renderer:
     ids = {
         "comma": t.add(","),
         "header": t.add(MAP_HEADER),
-        "empty_map": t.add(MAP_EMPTY),
+        # "]" and the blank line after it form one pre-token ("]\n\n"): one fragment
+        "empty_map": t.add(MAP_EMPTY + "\n\n"),
         "blank": t.add("\n\n"),
         "inventory": t.add("Inventory:"),
         "darkness": t.add(":darkness"),
@@ -164,8 +165,9 @@ def fragment_ids(r: Renderer, obs: jax.Array) -> jax.Array:
     labels = r.ids["labels"] + jnp.arange(len(lay.aux))
     inventory = jnp.stack([labels, values], axis=-1).reshape(-1)
     first = jnp.where(any_shown, r.ids["header"], r.ids["empty_map"])[None]
-    fixed = jnp.array([r.ids["blank"], r.ids["inventory"]])
-    return jnp.concatenate([first, cells, fixed, inventory]).astype(jnp.int32)
+    blank = jnp.where(any_shown, r.ids["blank"], 0)[None]
+    fixed = jnp.array([r.ids["inventory"]])
+    return jnp.concatenate([first, cells, blank, fixed, inventory]).astype(jnp.int32)
 
 
 def pack_fragments(frag_tokens, frag_lengths, ids, max_tokens: int, pad_id: int):
@@ -218,13 +220,13 @@ def rollout_observations(env_name: str, num_states: int, seed: int, num_envs: in
     from fused.envs import Env
 
     env = Env(env_name)
-    steps = -(-num_states // (2 * num_envs))
     full = "Classic" not in env_name
+    steps = -(-num_states // (2 * num_envs)) if full else -(-num_states // num_envs)
 
     def observe(state, key):
         obs = env._env.get_obs(state)
         if not full:
-            return jnp.stack([obs, obs])
+            return obs[None]
         level = jax.random.randint(key, (), 0, state.map.shape[0])
         return jnp.stack([obs, env._env.get_obs(state.replace(player_level=level))])
 
@@ -241,10 +243,7 @@ def rollout_observations(env_name: str, num_states: int, seed: int, num_envs: in
         _, obs = jax.lax.scan(step, state, jax.random.split(k_roll, steps))
         return obs.reshape(-1, obs.shape[-1])
 
-    obs = np.asarray(jax.jit(run)(jax.random.PRNGKey(seed)))
-    if not full:
-        obs = obs[::2]
-    return obs[:num_states]
+    return np.asarray(jax.jit(run)(jax.random.PRNGKey(seed)))[:num_states]
 
 
 def check(a: Check) -> int:

@@ -37,6 +37,7 @@ class Trainer(NamedTuple):
     mesh: Mesh | None
     frozen: Any = None  # device arrays of the LLM (fused.llm.FrozenLLM) to pass to init/chunk
     llm: Any = None  # fused.llm.LLM or None
+    llm_microbatch: int = 0  # envs per LLM microbatch (per device)
 
 
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
@@ -114,7 +115,8 @@ def make_train(cfg: TrainConfig, num_devices: int = 1) -> Trainer:
                             length=cfg.num_updates)
 
     if axis is None:
-        return Trainer(init_local, chunk_local, train_full, env, network, None, frozen, llm)
+        return Trainer(init_local, chunk_local, train_full, env, network, None, frozen, llm,
+                       microbatch)
 
     mesh = Mesh(np.array(jax.devices()[:num_devices]), (AXIS,))
     specs = state_specs(jax.eval_shape(partial(shape_only_init, cfg, network, tx, env, llm, local_envs),
@@ -123,7 +125,7 @@ def make_train(cfg: TrainConfig, num_devices: int = 1) -> Trainer:
                                  check_vma=False))
     chunk = jax.jit(jax.shard_map(chunk_local, mesh=mesh, in_specs=(specs, P()),
                                   out_specs=(specs, P()), check_vma=False), donate_argnums=0)
-    return Trainer(init, chunk, None, env, network, mesh, frozen, llm)
+    return Trainer(init, chunk, None, env, network, mesh, frozen, llm, microbatch)
 
 
 def shape_only_init(cfg, network, tx, env, llm, local_envs, key):

@@ -1,0 +1,175 @@
+"""LLM-augmented PPO on the jax backend: the in-jit encoder equals encoding the whole prompt text
+from scratch; refresh-on-reset and skip_n semantics; ablations; checkpoint/resume of the LLM
+state; the CLI end to end."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import ROOT, subprocess_env
+from fused.config import EnvConfig, LLMConfig, PPOConfig, TrainConfig, WandbConfig, validate
+from fused.llm import encode_observations, init_llm_state, llm_step, make_llm
+from fused.prompt import full_prompt
+from fused.render import rollout_observations
+from fused.text_format import get_layout, render_text
+from llm_jax.model import encode
+
+ENV = "Craftax-Classic-Symbolic-v1"
+
+
+@pytest.fixture(scope="module")
+def obs():
+    return rollout_observations(ENV, 64, 3, 16)[::4]  # 16 varied states
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return make_llm(LLMConfig(backend="jax", skip_n=3, refresh_batch=2), ENV)
+
+
+def test_encoder_equals_full_prompt_from_scratch(llm, obs):
+    """Device render + tail + prefix cache + length buckets + sorted microbatches must give the
+    hidden state of the last token of tokenizer.encode(full prompt text), encoded without cache."""
+    got, tokens = jax.jit(lambda o: encode_observations(llm, llm.frozen, o, 4))(obs)
+    layout = get_layout(ENV)
+    texts = [full_prompt(llm.tokenizer, ENV, render_text(layout, o)) for o in obs]
+    ids = [llm.tokenizer.encode(t) for t in texts]
+    width = max(map(len, ids))
+    batch = np.zeros((len(ids), width), np.int32)
+    for i, x in enumerate(ids):
+        batch[i, :len(x)] = x
+    want = encode(llm.frozen.params, llm.qcfg, jnp.asarray(batch),
+                  jnp.array([len(x) for x in ids]), llm.layer, "last")
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-4, rtol=1e-4)
+    prefix = len(llm.frozen.prefix.k[0])
+    assert int(tokens) == sum(len(x) - prefix for x in ids)  # observation + tail tokens
+
+
+def test_refresh_on_reset_and_skip(llm, obs):
+    n = obs.shape[0]
+    step = jax.jit(lambda s, d, t: llm_step(llm, llm.frozen, s, jnp.asarray(obs), d, t,
+                                            jax.random.PRNGKey(0), 4))
+    s0, m = step(init_llm_state(llm, n), jnp.zeros(n, bool), jnp.int32(0))  # 0 % 3: full call
+    assert float(m["llm/calls"]) == 1 and not bool(s0.stale.any())
+    base = np.asarray(s0.hidden)
+    # Step 1 is no call; envs 2, 5, 9 ended: two are refreshed now (refresh_batch 2), one waits.
+    changed = s0.replace(hidden=s0.hidden + 1.0)
+    done = jnp.zeros(n, bool).at[jnp.array([2, 5, 9])].set(True)
+    s1, m1 = step(changed, done, jnp.int32(1))
+    h1 = np.asarray(s1.hidden)
+    assert float(m1["llm/refreshed"]) == 2 and float(m1["llm/calls"]) == 0
+    np.testing.assert_allclose(h1[[2, 5]], base[[2, 5]], atol=1e-5)  # re-encoded
+    np.testing.assert_allclose(h1[9], base[9] + 1.0, atol=1e-5)  # waits for the next step
+    assert np.asarray(s1.stale).tolist() == [i == 9 for i in range(n)]
+    s2, m2 = step(s1, jnp.zeros(n, bool), jnp.int32(2))
+    assert float(m2["llm/refreshed"]) == 1 and not bool(s2.stale.any())
+    np.testing.assert_allclose(np.asarray(s2.hidden)[9], base[9], atol=1e-5)
+    others = [i for i in range(n) if i not in (2, 5, 9)]
+    np.testing.assert_allclose(np.asarray(s2.hidden)[others], base[others] + 1.0, atol=1e-5)
+
+
+def test_no_refresh_keeps_stale_hidden(obs):
+    llm = make_llm(LLMConfig(backend="jax", skip_n=3, refresh_on_reset=False), ENV)
+    n = obs.shape[0]
+    s = init_llm_state(llm, n).replace(hidden=jnp.ones((n, llm.hidden_size)),
+                                       stale=jnp.zeros(n, bool))
+    s1, m = jax.jit(lambda s: llm_step(llm, llm.frozen, s, jnp.asarray(obs), jnp.ones(n, bool),
+                                       jnp.int32(1), jax.random.PRNGKey(0), 4))(s)
+    assert float(m["llm/refreshed"]) == 0 and np.all(np.asarray(s1.hidden) == 1.0)
+
+
+def smoke_cfg(**llm_kw) -> TrainConfig:
+    return TrainConfig(
+        env=EnvConfig(name=ENV, num_envs=8, reset_pool=2, max_episode_steps=12),
+        ppo=PPOConfig(num_steps=8, layer_width=32, num_minibatches=2, update_epochs=1),
+        llm=LLMConfig(backend="jax", skip_n=5, microbatch=4, **llm_kw),
+        total_timesteps=8 * 8 * 4, updates_per_chunk=2, wandb=WandbConfig(mode="disabled"),
+        plot=False)
+
+
+@pytest.fixture(scope="module")
+def trained():
+    from fused.train import make_train
+
+    cfg = smoke_cfg()
+    validate(cfg)
+    tr = make_train(cfg)
+    init, chunk = jax.jit(tr.init), jax.jit(tr.chunk)
+    s0 = init(jax.random.PRNGKey(0), tr.frozen)
+    s1, m1 = chunk(s0, tr.frozen)
+    s2, m2 = chunk(s1, tr.frozen)
+    return tr, chunk, s1, s2, (jax.device_get(m1), jax.device_get(m2))
+
+
+def test_training_calls_llm_every_skip_n_and_on_resets(trained):
+    tr, _, _, s2, (m1, m2) = trained
+    calls = np.concatenate([m1["ppo"]["llm/calls"], m2["ppo"]["llm/calls"]])
+    # global steps 1..32 (hidden for the obs after each step); skip 5 -> 5,10,...,30: 6 calls
+    assert calls.sum() == 6
+    refreshed = np.concatenate([m1["ppo"]["llm/refreshed"], m2["ppo"]["llm/refreshed"]])
+    episodes = np.concatenate([m1["episodes"]["episodes"], m2["episodes"]["episodes"]])
+    assert episodes.sum() > 0 and refreshed.sum() > 0  # 12-step episodes end and get refreshed
+    assert refreshed.sum() <= episodes.sum()
+    assert float(s2.llm.norm.count) > 8
+    assert np.isfinite(m2["ppo"]["hidden/mean_cosine"]).all()
+
+
+def test_resume_from_checkpoint_is_exact(trained, tmp_path):
+    from fused.checkpoint import Checkpointer, abstract_like
+
+    tr, chunk, s1, s2, _ = trained
+    ck = Checkpointer(tmp_path / "ck")
+    ck.save(2, s1)
+    _, restored, _ = ck.restore_latest(abstract_like(s1))
+    ck.close()
+    s2b, _ = chunk(restored, tr.frozen)
+    for a, b in zip(jax.tree.leaves(s2), jax.tree.leaves(s2b)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("mode", ["zero", "shuffle", "garbage-prompt"])
+def test_ablations(mode, obs):
+    llm = make_llm(LLMConfig(backend="jax", hidden=mode), ENV)
+    real = make_llm(LLMConfig(backend="jax"), ENV)
+    n = obs.shape[0]
+    run = lambda m: np.asarray(jax.jit(lambda s: llm_step(
+        m, m.frozen, s, jnp.asarray(obs), jnp.zeros(n, bool), jnp.int32(0),
+        jax.random.PRNGKey(1), 4))(init_llm_state(m, n))[0].hidden)
+    h, h_real = run(llm), run(real)
+    if mode == "zero":
+        assert np.all(h == 0)
+    elif mode == "shuffle":  # the same rows, handed to other envs
+        assert not np.allclose(h, h_real)
+        np.testing.assert_allclose(np.sort(h, axis=0), np.sort(h_real, axis=0), atol=1e-5)
+    else:
+        assert np.abs(h - h_real).max() > 1e-3
+
+
+def test_cli_llm_smoke(tmp_path):
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "smoke", "--llm.backend", "jax",
+         "--llm.skip-n", "3", "--llm.projection", "layernorm", "--out-dir", str(tmp_path),
+         "--run-name", "r"], capture_output=True, text=True, env=subprocess_env(), timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "tiny RANDOM Qwen3" in run.stdout
+    rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert sum(r["llm/calls"] for r in rows) == 384 // 8 // 3  # steps 3, 6, ..., 48
+    assert all("hidden/norm" in r and "llm/tokens_per_encode" in r for r in rows)
+
+
+def test_llm_config_errors():
+    from fused.config import ConfigError
+
+    bad = [dataclasses.replace(smoke_cfg(), llm=LLMConfig(backend="jax", microbatch=3)),
+           dataclasses.replace(smoke_cfg(), llm=LLMConfig(backend="jax", skip_n=-1)),
+           dataclasses.replace(smoke_cfg(), llm=LLMConfig(weights="/nonexistent")),
+           dataclasses.replace(smoke_cfg(), env=EnvConfig(name="probe-constant"))]
+    for cfg in bad:
+        with pytest.raises(ConfigError):
+            validate(cfg)
