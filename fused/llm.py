@@ -73,10 +73,11 @@ class LLM(NamedTuple):
 
 
 def _buckets(length: int) -> tuple[int, ...]:
+    """Padded lengths a microbatch may take: steps of 64 up to 512, then doubling, then L."""
     out, b = [], 64
     while b < length:
         out.append(b)
-        b *= 2
+        b = b + 64 if b < 512 else b * 2
     return tuple(out) + (length,)
 
 
