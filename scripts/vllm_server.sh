@@ -29,7 +29,7 @@ serve() {
   # On CPU, --gpu-memory-utilization is the share of RAM vLLM reserves (KV cache included).
   VLLM_TARGET_DEVICE=cpu exec "$VENV/bin/python" -c "import sys; from vllm.entrypoints.cli.main import main; sys.argv=['vllm']+sys.argv[1:]; main()" \
     serve "$model" --runner pooling --convert embed --pooler-config '{"task":"token_embed"}' \
-    --dtype float32 --max-model-len 2048 --host 127.0.0.1 --port "$port" \
+    --dtype float32 --max-model-len "${VLLM_MAX_MODEL_LEN:-4096}" --host 127.0.0.1 --port "$port" \
     --gpu-memory-utilization "${VLLM_MEM_FRACTION:-0.25}"
 }
 

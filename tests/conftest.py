@@ -16,6 +16,11 @@ import jax  # noqa: E402
 jax.config.update("jax_compilation_cache_dir", CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
+import os  # noqa: E402,F811
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+
 import pytest  # noqa: E402
 
 
@@ -29,3 +34,44 @@ def subprocess_env() -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_COMPILATION_CACHE_DIR=CACHE)
     env["XLA_FLAGS"] = env["XLA_FLAGS"].replace("--xla_force_host_platform_device_count=2", "")
     return env
+
+
+VLLM_VENV = ROOT / ".vllm-venv" / "bin" / "python"
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory):
+    pytest.importorskip("torch")
+    if not VLLM_VENV.exists():
+        if os.environ.get("CI"):
+            pytest.fail("CI must run `scripts/vllm_server.sh install` before the tests")
+        pytest.skip("vLLM venv absent: run scripts/vllm_server.sh install")
+    from llm_jax.vllm_client import VLLMClient, VLLMError
+    from qwen_fixtures import build_tiny_qwen3
+
+    folder = tmp_path_factory.mktemp("vllm-model")
+    build_tiny_qwen3(folder, tied=True, head_dim=64, hidden=128, heads=4, kv_heads=2, layers=2,
+                     vocab=151_680, seed=3)
+    port = 8700 + os.getpid() % 200
+    log = open(folder / "server.log", "w")
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
+    proc = subprocess.Popen(["bash", str(ROOT / "scripts/vllm_server.sh"), "serve", str(folder),
+                             str(port)], stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+    client = VLLMClient(f"http://127.0.0.1:{port}", retries=0, timeout=5)
+    deadline = time.time() + 600
+    try:
+        while True:
+            try:
+                client.health()
+                break
+            except VLLMError:
+                if proc.poll() is not None or time.time() > deadline:
+                    tail = (folder / "server.log").read_text()[-3000:]
+                    pytest.fail(f"vLLM server did not start:\n{tail}")
+                time.sleep(2)
+        client.timeout = 300
+        yield folder, client
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
