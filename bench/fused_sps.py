@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -152,33 +151,10 @@ def render_rows(a: Args, weights: str) -> list[dict]:
     return rows
 
 
-def start_vllm(folder: Path):
-    from llm_jax.vllm_client import VLLMClient, VLLMError
-
-    port = 8600 + os.getpid() % 300
-    log = open(folder / "server.log", "w")
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
-    proc = subprocess.Popen(["bash", str(ROOT / "scripts/vllm_server.sh"), "serve", str(folder),
-                             str(port)], stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
-    client = VLLMClient(f"http://127.0.0.1:{port}", retries=0, timeout=5)
-    deadline = time.time() + 600
-    while True:
-        try:
-            client.health()
-            return proc, f"http://127.0.0.1:{port}"
-        except VLLMError:
-            if proc.poll() is not None or time.time() > deadline:
-                raise SystemExit("vLLM server did not start:\n"
-                                 + (folder / "server.log").read_text()[-2000:])
-            time.sleep(2)
-
-
 def main(a: Args) -> list[dict]:
     import jax
 
     from fused.config import LLMConfig
-    from fused.text_format import get_layout  # noqa: F401  (fail early on a bad env)
     from llm_jax.config import Qwen3Config
 
     jax.config.update("jax_compilation_cache_dir", os.environ.get(
@@ -207,7 +183,11 @@ def main(a: Args) -> list[dict]:
             row["llm_flop_bound_steps_per_s"] = peak * skip / per_seq
         rows.append(row)
     if a.vllm:
-        proc, url = start_vllm(weights)
+        from llm_jax.vllm_client import launch_server
+
+        proc, client = launch_server(ROOT / "scripts/vllm_server.sh", weights,
+                                     8600 + os.getpid() % 300)
+        url = client.url
         try:
             for skip in a.vllm_skip_n:
                 llm = LLMConfig(backend="vllm", weights=str(weights), url=url, skip_n=skip)

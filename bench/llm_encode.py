@@ -90,7 +90,6 @@ def start_vllm(folder, port):
 
 def main(args: Args):
     import jax
-    import jax.numpy as jnp
     import torch
 
     from llm_jax.loader import load_params

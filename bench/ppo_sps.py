@@ -53,7 +53,6 @@ class Args:
 
 def env_rows(args: Args):
     import jax
-    import jax.numpy as jnp
 
     from fused.config import EnvConfig
     from fused.envs import VecEnv, make_env

@@ -64,12 +64,15 @@ class LLM(NamedTuple):
     backend: str  # "jax" or "vllm"
     qcfg: Qwen3Config
     layer: int
-    hidden_size: int
     renderer: Renderer
     frozen: FrozenLLM | None  # jax backend
     host: Any  # vllm backend: HostEncoder
     buckets: tuple[int, ...]
     tokenizer: Any
+
+    @property
+    def hidden_size(self) -> int:
+        return self.qcfg.hidden_size
 
 
 def _buckets(length: int) -> tuple[int, ...]:
@@ -118,13 +121,16 @@ def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0) -> LLM:
         prefix_ids = parts.prefix
         if cfg.hidden == "garbage-prompt":
             prefix_ids = garbage_prefix(parts, tok, seed)
-        cache = jax.jit(partial(prefill, cfg=qcfg, num_layers=layer))(params, prefix_tokens=jnp.asarray(prefix_ids)) \
-            if layer > 0 else PrefixCache(jnp.zeros((0, len(prefix_ids), qcfg.num_kv_heads, qcfg.head_dim), dtype),
-                                          jnp.zeros((0, len(prefix_ids), qcfg.num_kv_heads, qcfg.head_dim), dtype))
+        if layer > 0:
+            cache = jax.jit(partial(prefill, cfg=qcfg, num_layers=layer))(
+                params, prefix_tokens=jnp.asarray(prefix_ids))
+        else:  # embeddings only: no attention, an empty cache
+            empty = jnp.zeros((0, len(prefix_ids), qcfg.num_kv_heads, qcfg.head_dim), dtype)
+            cache = PrefixCache(empty, empty)
         frozen = FrozenLLM(params, cache, jnp.asarray(parts.tail))
     else:
-        host = HostEncoder(cfg, env_name, tok, parts)
-    return LLM(cfg, backend, qcfg, layer, qcfg.hidden_size, renderer, frozen, host,
+        host = HostEncoder(cfg, env_name, tok, parts, qcfg.hidden_size)
+    return LLM(cfg, backend, qcfg, layer, renderer, frozen, host,
                _buckets(total), tok)
 
 
@@ -280,7 +286,7 @@ def hidden_metrics(h: jax.Array) -> dict:
 class HostEncoder:
     """Host side of the vllm backend, called through `jax.experimental.io_callback`."""
 
-    def __init__(self, cfg: LLMConfig, env_name: str, tokenizer, parts):
+    def __init__(self, cfg: LLMConfig, env_name: str, tokenizer, parts, hidden_size: int):
         from fused.text_format import get_layout
         from llm_jax.vllm_client import VLLMClient
 
@@ -290,9 +296,8 @@ class HostEncoder:
         self.parts = parts
         self.client = VLLMClient(cfg.url, model=cfg.weights)
         self.client.health()
-        self.hidden_size = Qwen3Config.from_folder(cfg.weights).hidden_size
+        self.hidden_size = hidden_size
         self.seconds = 0.0  # host time spent, for the time-share metric
-        self.calls = 0
 
     def encode_numpy(self, obs: np.ndarray) -> tuple[np.ndarray, np.int32]:
         t0 = time.perf_counter()
@@ -308,7 +313,6 @@ class HostEncoder:
         else:
             out = np.stack([s[-k:].mean(0) for s, k in zip(states, own)])
         self.seconds += time.perf_counter() - t0
-        self.calls += 1
         return out.astype(np.float32), np.int32(sum(own))
 
     def callback(self, obs):

@@ -119,7 +119,7 @@ def make_train(cfg: TrainConfig, num_devices: int = 1) -> Trainer:
                        microbatch)
 
     mesh = Mesh(np.array(jax.devices()[:num_devices]), (AXIS,))
-    specs = state_specs(jax.eval_shape(partial(shape_only_init, cfg, network, tx, env, llm, local_envs),
+    specs = state_specs(jax.eval_shape(partial(shape_only_init, cfg, network, tx, env, llm),
                                        jax.random.PRNGKey(0)))
     init = jax.jit(jax.shard_map(init_local, mesh=mesh, in_specs=(P(), P()), out_specs=specs,
                                  check_vma=False))
@@ -128,7 +128,7 @@ def make_train(cfg: TrainConfig, num_devices: int = 1) -> Trainer:
     return Trainer(init, chunk, None, env, network, mesh, frozen, llm, microbatch)
 
 
-def shape_only_init(cfg, network, tx, env, llm, local_envs, key):
+def shape_only_init(cfg, network, tx, env, llm, key):
     """The state's structure without collectives or LLM calls (for sharding specs)."""
     ctx = Ctx(network.apply, None, None, VecEnv(env, cfg.env), tx, cfg.ppo,
               cfg.env.num_envs, cfg.env.num_envs, None)

@@ -8,7 +8,10 @@ Failures raise `VLLMError` naming the server and the fix; zeros are never return
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
+from pathlib import Path
 
 import numpy as np
 import requests
@@ -86,3 +89,30 @@ class VLLMClient:
                                 f"values) for {len(ids)} tokens; is the server started with "
                                 "--pooler-config '{\"task\":\"token_embed\"}'?")
         return out
+
+
+def launch_server(script: str | Path, model_dir: str | Path, port: int,
+                  timeout: float = 600.0) -> tuple[subprocess.Popen, VLLMClient]:
+    """Start `script serve MODEL_DIR PORT` (scripts/vllm_server.sh) in its own session, logging to
+    MODEL_DIR/server.log, and wait until it answers. Returns (process, client); the caller stops
+    it with os.killpg(proc.pid, ...). Raises VLLMError with the log's tail if it never comes up."""
+    model_dir = Path(model_dir)
+    log_path = model_dir / "server.log"
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(["bash", str(script), "serve", str(model_dir), str(port)],
+                                stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    client = VLLMClient(f"http://127.0.0.1:{port}", retries=0, timeout=5)
+    deadline = time.time() + timeout
+    while True:
+        try:
+            client.health()
+            return proc, client
+        except VLLMError:
+            if proc.poll() is not None or time.time() > deadline:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, 9)
+                raise VLLMError("vLLM server did not start:\n"
+                                + log_path.read_text()[-3000:]) from None
+            time.sleep(2)

@@ -18,8 +18,6 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 import os  # noqa: E402,F811
 import signal  # noqa: E402
-import subprocess  # noqa: E402
-import time  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -46,30 +44,18 @@ def vllm_server(tmp_path_factory):
         if os.environ.get("CI"):
             pytest.fail("CI must run `scripts/vllm_server.sh install` before the tests")
         pytest.skip("vLLM venv absent: run scripts/vllm_server.sh install")
-    from llm_jax.vllm_client import VLLMClient, VLLMError
+    from llm_jax.vllm_client import VLLMError, launch_server
     from qwen_fixtures import build_tiny_qwen3
 
     folder = tmp_path_factory.mktemp("vllm-model")
     build_tiny_qwen3(folder, tied=True, head_dim=64, hidden=128, heads=4, kv_heads=2, layers=2,
                      vocab=151_680, seed=3)
-    port = 8700 + os.getpid() % 200
-    log = open(folder / "server.log", "w")
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
-    proc = subprocess.Popen(["bash", str(ROOT / "scripts/vllm_server.sh"), "serve", str(folder),
-                             str(port)], stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
-    client = VLLMClient(f"http://127.0.0.1:{port}", retries=0, timeout=5)
-    deadline = time.time() + 600
     try:
-        while True:
-            try:
-                client.health()
-                break
-            except VLLMError:
-                if proc.poll() is not None or time.time() > deadline:
-                    tail = (folder / "server.log").read_text()[-3000:]
-                    pytest.fail(f"vLLM server did not start:\n{tail}")
-                time.sleep(2)
+        proc, client = launch_server(ROOT / "scripts/vllm_server.sh", folder,
+                                     8700 + os.getpid() % 200)
+    except VLLMError as e:
+        pytest.fail(str(e))
+    try:
         client.timeout = 300
         yield folder, client
     finally:

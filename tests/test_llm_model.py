@@ -1,6 +1,5 @@
 """Qwen3 in JAX vs HF transformers (torch CPU) on tiny random checkpoints the tests build."""
 
-import json
 
 import jax
 import jax.numpy as jnp

@@ -1,6 +1,5 @@
 """PPO must solve each probe environment (known values / policies) in seconds."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
