@@ -72,8 +72,30 @@ class Qwen3Config:
         except KeyError as e:
             raise Qwen3ConfigError(f"{path} lacks required field {e}") from None
 
+    @classmethod
+    def shape(cls, name: str) -> "Qwen3Config":
+        """The published architecture of a Qwen3 size (for random-weight speed measurements)."""
+        if name not in SHAPES:
+            raise Qwen3ConfigError(f"unknown Qwen3 shape {name!r}; known: {', '.join(SHAPES)}")
+        return SHAPES[name]
+
     def num_params(self) -> int:
         h, f, n, k, d = (self.hidden_size, self.intermediate_size, self.num_heads,
                          self.num_kv_heads, self.head_dim)
         per_layer = h * d * (2 * n + 2 * k) + 3 * h * f + 2 * h + 2 * d
         return self.vocab_size * h + self.num_layers * per_layer + h
+
+
+def _released(hidden, inter, layers, heads, tied) -> Qwen3Config:
+    return Qwen3Config(vocab_size=151_936, hidden_size=hidden, intermediate_size=inter,
+                       num_layers=layers, num_heads=heads, num_kv_heads=8, head_dim=128,
+                       rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=tied)
+
+
+# The config.json values of the released dense checkpoints (Qwen/Qwen3-*B on the HF hub).
+SHAPES: dict[str, Qwen3Config] = {
+    "qwen3-0.6b": _released(1024, 3072, 28, 16, True),
+    "qwen3-1.7b": _released(2048, 6144, 28, 16, True),
+    "qwen3-4b": _released(2560, 9728, 36, 32, True),
+    "qwen3-8b": _released(4096, 12288, 36, 32, False),
+}

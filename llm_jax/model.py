@@ -115,7 +115,8 @@ def attention(q, k, v, mask, prefix_k=None, prefix_v=None):
     `jax.nn.dot_product_attention` on blocks of QUERY_BLOCK queries, each against only the keys
     up to its own end (causal: later keys are masked anyway), which halves the work at 512 tokens
     and is exact. With a prefix, a joint softmax over prefix and own keys that never copies the
-    prefix per batch row."""
+    prefix per batch row (products in the input dtype, accumulated in float32); on CPU, row by
+    row instead (see `_prefix_attention_by_row`)."""
     if prefix_k is None:
         t = q.shape[1]
         outs = [jax.nn.dot_product_attention(q[:, i:i + QUERY_BLOCK], k[:, :i + QUERY_BLOCK],
@@ -123,18 +124,38 @@ def attention(q, k, v, mask, prefix_k=None, prefix_v=None):
                                              mask=mask[:, None, i:i + QUERY_BLOCK, :i + QUERY_BLOCK])
                 for i in range(0, t, QUERY_BLOCK)]
         return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
+    if jax.default_backend() == "cpu":
+        return _prefix_attention_by_row(q, k, v, mask, prefix_k, prefix_v)
     b, t, n, d = q.shape
     kh = k.shape[2]
-    qg = q.reshape(b, t, kh, n // kh, d).astype(jnp.float32)
+    f32 = jnp.float32
+    # Products in the input dtype (bf16 on tensor cores), accumulated and softmaxed in float32.
+    qg = q.reshape(b, t, kh, n // kh, d)
     scale = d ** -0.5
-    s_pre = jnp.einsum("btkgd,pkd->bkgtp", qg, prefix_k.astype(jnp.float32)) * scale
-    s_own = jnp.einsum("btkgd,bskd->bkgts", qg, k.astype(jnp.float32)) * scale
+    s_pre = jnp.einsum("btkgd,pkd->bkgtp", qg, prefix_k, preferred_element_type=f32) * scale
+    s_own = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=f32) * scale
     s_own = jnp.where(mask[:, None, None], s_own, -jnp.inf)
-    p = jax.nn.softmax(jnp.concatenate([s_pre, s_own], axis=-1), axis=-1)
+    p = jax.nn.softmax(jnp.concatenate([s_pre, s_own], axis=-1), axis=-1).astype(v.dtype)
     np_ = prefix_k.shape[0]
-    out = (jnp.einsum("bkgtp,pkd->btkgd", p[..., :np_], prefix_v.astype(jnp.float32))
-           + jnp.einsum("bkgts,bskd->btkgd", p[..., np_:], v.astype(jnp.float32)))
+    out = (jnp.einsum("bkgtp,pkd->btkgd", p[..., :np_], prefix_v, preferred_element_type=f32)
+           + jnp.einsum("bkgts,bskd->btkgd", p[..., np_:], v, preferred_element_type=f32))
     return out.reshape(b, t, n, d).astype(q.dtype)
+
+
+def _prefix_attention_by_row(q, k, v, mask, prefix_k, prefix_v):
+    """CPU path: one batch row at a time, its own keys appended to the prefix's, so the scores
+    of a row ([heads, T, P + T]) stay in cache; measured 5x faster than the batched form on
+    XLA:CPU (32 rows x 320 tokens after a 790-token prefix: 0.09 s vs 0.44 s per layer)."""
+    p, t = prefix_k.shape[0], q.shape[1]
+
+    def row(x):
+        qr, kr, vr, mr = x
+        kk = jnp.concatenate([prefix_k, kr], axis=0)[None]
+        vv = jnp.concatenate([prefix_v, vr], axis=0)[None]
+        m = jnp.concatenate([jnp.ones((t, p), bool), mr], axis=-1)
+        return jax.nn.dot_product_attention(qr[None], kk, vv, mask=m[None, None])[0]
+
+    return jax.lax.map(row, (q, k, v, mask))
 
 
 def decoder_layer(cfg: Qwen3Config, lp: dict, x, pos, mask, prefix_kv=None):
