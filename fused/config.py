@@ -87,8 +87,11 @@ class LLMConfig:
     rendered there and sent to the vLLM server at --llm.url (the prior architecture, for parity
     and comparison). Giving --llm.weights with backend none means jax."""
     weights: str | None = None
-    """HuggingFace Qwen3 folder; None with backend jax uses a built-in tiny RANDOM Qwen3 whose
-    hidden states carry no meaning (for tests and speed measurements)."""
+    """HuggingFace Qwen3 folder; None with backend jax uses a built-in RANDOM Qwen3 (see
+    --llm.random-model) whose hidden states carry no meaning (for tests and speed measurements)."""
+    random_model: Literal["tiny", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"] = "tiny"
+    """Shape of the random Qwen3 used when --llm.weights is not given: the built-in tiny one, or
+    a released size's architecture with random weights (speed and memory measurements)."""
     url: str = "http://127.0.0.1:8000"
     """vLLM server (backend vllm)."""
     layer: int | None = None
@@ -103,10 +106,13 @@ class LLMConfig:
     """Call the LLM every skip_n env steps (any value >= 1); 0 = never (hidden state stays 0,
     for measuring the overhead of the augmented network alone)."""
     refresh_on_reset: bool = True
-    """Re-encode an env as soon as its episode ends instead of keeping the previous episode's
-    hidden state until the next call (the prior system's staleness bug)."""
+    """Re-encode an env within --llm.refresh-wait steps of its episode's end instead of keeping
+    the previous episode's hidden state until the next call (the prior system's staleness bug)."""
     refresh_batch: int = 8
-    """Envs re-encoded per step after resets (more wait a step); bounds the cost of refreshes."""
+    """Envs re-encoded at once after resets; bounds the cost of one refresh."""
+    refresh_wait: int = 4
+    """A refresh runs once refresh_batch envs are waiting or one has waited this many steps
+    (1 = at the first step after the reset): fewer refreshes padded with rows that need none."""
     microbatch: int = 0
     """Envs encoded at once in one LLM call (0 = all): bounds activation memory."""
     hidden: Literal["real", "zero", "shuffle", "garbage-prompt"] = "real"
@@ -240,8 +246,9 @@ def validate_llm(cfg: TrainConfig, num_devices: int) -> None:
                           f"(use one of {', '.join(LAYOUTS)})")
     if m.skip_n < 0:
         raise ConfigError(f"llm.skip_n={m.skip_n} must be >= 1, or 0 for never")
-    if m.refresh_batch <= 0 or m.microbatch < 0:
-        raise ConfigError("llm.refresh_batch must be positive and llm.microbatch >= 0")
+    if m.refresh_batch <= 0 or m.refresh_wait <= 0 or m.microbatch < 0:
+        raise ConfigError("llm.refresh_batch and llm.refresh_wait must be positive and "
+                          "llm.microbatch >= 0")
     local = cfg.env.num_envs // num_devices
     if m.microbatch and local % m.microbatch:
         raise ConfigError(f"llm.microbatch={m.microbatch} must divide the {local} envs per "

@@ -54,6 +54,7 @@ class RunningNorm:
 class LLMState:
     hidden: jax.Array  # [N, H] float32, raw (un-normalised) hidden state per env
     stale: jax.Array  # [N] bool: episode ended since the env was last encoded
+    age: jax.Array  # [N] int32: steps an env has been stale (0 when fresh)
     norm: RunningNorm
 
 
@@ -99,9 +100,9 @@ def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0) -> LLM:
     else:
         if backend == "vllm":
             raise ValueError("llm.backend vllm needs --llm.weights (the folder the server serves)")
-        qcfg = TINY
-        print("notice: --llm.weights not given: using a built-in tiny RANDOM Qwen3 "
-              f"({qcfg.num_layers} layers, hidden {qcfg.hidden_size}); its hidden states carry no "
+        qcfg = TINY if cfg.random_model == "tiny" else Qwen3Config.shape(cfg.random_model)
+        print(f"notice: --llm.weights not given: using a RANDOM Qwen3 ({cfg.random_model}: "
+              f"{qcfg.num_layers} layers, hidden {qcfg.hidden_size}); its hidden states carry no "
               "meaning (for tests and speed only)", flush=True)
     layer = qcfg.num_layers if cfg.layer is None else cfg.layer
     if layer > qcfg.num_layers:
@@ -214,7 +215,8 @@ def policy_hidden(llm: LLM, s: LLMState) -> jax.Array:
 
 def init_llm_state(llm: LLM, num_envs: int) -> LLMState:
     return LLMState(jnp.zeros((num_envs, llm.hidden_size), jnp.float32),
-                    jnp.ones(num_envs, bool), init_norm(llm.hidden_size))
+                    jnp.ones(num_envs, bool), jnp.zeros(num_envs, jnp.int32),
+                    init_norm(llm.hidden_size))
 
 
 def _ablate(llm: LLM, hidden, key):
@@ -227,44 +229,49 @@ def llm_step(llm: LLM, frozen, s: LLMState, obs, done, step, key, microbatch, ax
     """Hidden states for the observations `obs` [N, D] about to be acted on.
 
     `done` [N]: the episode of the env ended on the previous step (so `obs` starts a new one);
-    `step`: global env-step counter. Returns (state, metrics dict of scalars)."""
+    `step`: global env-step counter. Returns (state, metrics dict of scalars).
+
+    Envs whose episode ended are re-encoded in batches of `refresh_batch`, oldest first: as soon
+    as that many are waiting, or when one has waited `refresh_wait` steps (so a refresh rarely
+    encodes padding rows, and no env keeps a previous episode's state longer than that)."""
     c = llm.cfg
     n = obs.shape[0]
     stale = s.stale | (done & c.refresh_on_reset)
+    age = jnp.where(stale, s.age + 1, 0)
     zero = jnp.zeros((), jnp.float32)
     if c.skip_n == 0 or c.hidden == "zero":
-        return s.replace(stale=jnp.zeros_like(stale)), {"llm/calls": zero, "llm/refreshed": zero,
-                                                        "llm/tokens": zero}
+        return s.replace(stale=jnp.zeros_like(stale), age=jnp.zeros_like(age)), {
+            "llm/calls": zero, "llm/refreshed": zero, "llm/tokens": zero}
     k_full, k_part = jax.random.split(key)
 
     def full(s):
         h, tokens = encode_observations(llm, frozen, obs, microbatch)
         h = _ablate(llm, h, k_full)
         norm = update_norm(s.norm, h, jnp.ones(n), axis_name)
-        return (LLMState(h, jnp.zeros_like(stale), norm),
+        return (LLMState(h, jnp.zeros_like(stale), jnp.zeros_like(age), norm),
                 {"llm/calls": jnp.float32(1), "llm/refreshed": zero,
                  "llm/tokens": tokens.astype(jnp.float32)})
 
     def refresh(s):
         r = min(c.refresh_batch, n)
-        idx = jnp.argsort(~stale, stable=True)[:r]  # stale envs first
+        idx = jnp.argsort(-age, stable=True)[:r]  # longest-waiting stale envs first
         valid = stale[idx]
         h, tokens = encode_observations(llm, frozen, obs[idx], None)
         h = _ablate(llm, h, k_part)
         hidden = s.hidden.at[idx].set(jnp.where(valid[:, None], h, s.hidden[idx]))
         norm = update_norm(s.norm, h, valid, axis_name)
-        return (LLMState(hidden, stale.at[idx].set(False), norm),
+        return (LLMState(hidden, stale.at[idx].set(False), age.at[idx].set(0), norm),
                 {"llm/calls": zero, "llm/refreshed": valid.sum().astype(jnp.float32),
                  "llm/tokens": tokens.astype(jnp.float32)})
 
     def keep(s):
-        return s.replace(stale=stale), {"llm/calls": zero, "llm/refreshed": zero,
-                                        "llm/tokens": zero}
+        return s.replace(stale=stale, age=age), {"llm/calls": zero, "llm/refreshed": zero,
+                                                 "llm/tokens": zero}
 
-    any_stale = stale.any()
+    due = (stale.sum() >= min(c.refresh_batch, n)) | (age.max() >= c.refresh_wait)
     if axis_name is not None:  # every device must take the same branch (collectives inside)
-        any_stale = jax.lax.psum(any_stale.astype(jnp.int32), axis_name) > 0
-    branch = jnp.where(step % c.skip_n == 0, 0, jnp.where(any_stale, 1, 2))
+        due = jax.lax.psum(due.astype(jnp.int32), axis_name) > 0
+    branch = jnp.where(step % c.skip_n == 0, 0, jnp.where(due, 1, 2))
     return jax.lax.switch(branch, [full, refresh, keep], s)
 
 

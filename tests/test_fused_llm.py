@@ -58,20 +58,25 @@ def test_refresh_on_reset_and_skip(llm, obs):
     s0, m = step(init_llm_state(llm, n), jnp.zeros(n, bool), jnp.int32(0))  # 0 % 3: full call
     assert float(m["llm/calls"]) == 1 and not bool(s0.stale.any())
     base = np.asarray(s0.hidden)
-    # Step 1 is no call; envs 2, 5, 9 ended: two are refreshed now (refresh_batch 2), one waits.
+    # Step 1 is no call; envs 2, 5, 9 ended: a full refresh batch (2) is waiting, so the two
+    # are re-encoded now; env 9 waits until refresh_wait (4) steps have passed.
     changed = s0.replace(hidden=s0.hidden + 1.0)
     done = jnp.zeros(n, bool).at[jnp.array([2, 5, 9])].set(True)
     s1, m1 = step(changed, done, jnp.int32(1))
     h1 = np.asarray(s1.hidden)
     assert float(m1["llm/refreshed"]) == 2 and float(m1["llm/calls"]) == 0
     np.testing.assert_allclose(h1[[2, 5]], base[[2, 5]], atol=1e-5)  # re-encoded
-    np.testing.assert_allclose(h1[9], base[9] + 1.0, atol=1e-5)  # waits for the next step
+    np.testing.assert_allclose(h1[9], base[9] + 1.0, atol=1e-5)  # waits
     assert np.asarray(s1.stale).tolist() == [i == 9 for i in range(n)]
-    s2, m2 = step(s1, jnp.zeros(n, bool), jnp.int32(2))
-    assert float(m2["llm/refreshed"]) == 1 and not bool(s2.stale.any())
-    np.testing.assert_allclose(np.asarray(s2.hidden)[9], base[9], atol=1e-5)
+    s = s1
+    for t, waited in ((2, 2), (4, 3)):  # step 3 would be a full call (3 % 3 == 0)
+        s, m = step(s, jnp.zeros(n, bool), jnp.int32(t))
+        assert float(m["llm/refreshed"]) == 0 and int(s.age[9]) == waited and bool(s.stale[9])
+    s5, m5 = step(s, jnp.zeros(n, bool), jnp.int32(5))  # waited 4 steps: refreshed alone
+    assert float(m5["llm/refreshed"]) == 1 and not bool(s5.stale.any()) and int(s5.age.max()) == 0
+    np.testing.assert_allclose(np.asarray(s5.hidden)[9], base[9], atol=1e-5)
     others = [i for i in range(n) if i not in (2, 5, 9)]
-    np.testing.assert_allclose(np.asarray(s2.hidden)[others], base[others] + 1.0, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(s5.hidden)[others], base[others] + 1.0, atol=1e-5)
 
 
 def test_no_refresh_keeps_stale_hidden(obs):
@@ -157,7 +162,7 @@ def test_cli_llm_smoke(tmp_path):
          "--llm.skip-n", "3", "--llm.projection", "layernorm", "--out-dir", str(tmp_path),
          "--run-name", "r"], capture_output=True, text=True, env=subprocess_env(), timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "tiny RANDOM Qwen3" in run.stdout
+    assert "RANDOM Qwen3 (tiny" in run.stdout
     rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert sum(r["llm/calls"] for r in rows) == 384 // 8 // 3  # steps 3, 6, ..., 48
     assert all("hidden/norm" in r and "llm/tokens_per_encode" in r for r in rows)
@@ -168,6 +173,7 @@ def test_llm_config_errors():
 
     bad = [dataclasses.replace(smoke_cfg(), llm=LLMConfig(backend="jax", microbatch=3)),
            dataclasses.replace(smoke_cfg(), llm=LLMConfig(backend="jax", skip_n=-1)),
+           dataclasses.replace(smoke_cfg(), llm=LLMConfig(backend="jax", refresh_wait=0)),
            dataclasses.replace(smoke_cfg(), llm=LLMConfig(weights="/nonexistent")),
            dataclasses.replace(smoke_cfg(), env=EnvConfig(name="probe-constant"))]
     for cfg in bad:
