@@ -37,16 +37,36 @@ class Args:
     """Parallel envs."""
     num_steps: int = 32
     """Rollout length per update."""
+    width: int = 256
+    """Actor/critic MLP width (the prior used 512)."""
     skip_n: tuple[int, ...] = (1, 5, 25, 100, 0)
     """LLM call intervals to measure (0 = never)."""
     updates: int = 2
     """Updates per timed chunk."""
+    repeats: int = 5
+    """Timed chunks per configuration; fewer once --min-seconds have been spent."""
+    min_seconds: float = 10.0
+    """Stop repeating a configuration after this much timed time."""
     vllm: bool = False
     """Also measure the vLLM fallback (starts a server from scripts/vllm_server.sh)."""
     vllm_skip_n: tuple[int, ...] = (25,)
     """skip_n values for the vLLM fallback."""
     render_states: int = 512
     """States for the renderer comparison."""
+    model: str = "tiny"
+    """`tiny` (a tiny random checkpoint written with HF transformers, served by vLLM too) or a
+    released Qwen3 shape with random weights made on the device: qwen3-0.6b, qwen3-4b, ... (jax
+    backend only)."""
+    layer: int | None = None
+    """LLM layer (None = last)."""
+    dtype: str = "float32"
+    """LLM compute dtype: float32 or bfloat16."""
+    microbatch: int = 0
+    """Envs per LLM microbatch (0 = the default, the largest divisor <= 32)."""
+    plain: bool = True
+    """Also time plain PPO."""
+    refresh_on_reset: bool = True
+    """Re-encode envs whose episode ended (as in training); off isolates the periodic calls."""
 
 
 def build_checkpoint(folder: Path) -> None:
@@ -60,7 +80,7 @@ def train_cfg(a: Args, llm=None):
     from fused.config import EnvConfig, LLMConfig, PPOConfig, TrainConfig, WandbConfig
 
     return TrainConfig(env=EnvConfig(name=a.env, num_envs=a.num_envs, reset_pool=8),
-                       ppo=PPOConfig(num_steps=a.num_steps, layer_width=256, num_minibatches=4,
+                       ppo=PPOConfig(num_steps=a.num_steps, layer_width=a.width, num_minibatches=4,
                                      update_epochs=2),
                        llm=llm or LLMConfig(), total_timesteps=a.num_envs * a.num_steps * 1000,
                        updates_per_chunk=a.updates, wandb=WandbConfig(mode="disabled"), plot=False)
@@ -80,43 +100,54 @@ def time_config(a: Args, cfg, name: str, **extra) -> dict:
     compile_s = time.perf_counter() - t
     state, _ = jax.block_until_ready(compiled(state, tr.frozen))  # warm-up
     host0 = tr.llm.host.seconds if tr.llm is not None and tr.llm.host is not None else 0.0
-    t = time.perf_counter()
-    state, m = jax.block_until_ready(compiled(state, tr.frozen))
-    dt = time.perf_counter() - t
+    # Up to `repeats` chunks (fewer once `min_seconds` have been spent); rates are totals over
+    # all of them, since chunks differ in how many LLM calls fall inside them.
+    times, ms = [], []
+    while len(times) < a.repeats and sum(times) < a.min_seconds:
+        t = time.perf_counter()
+        state, m = jax.block_until_ready(compiled(state, tr.frozen))
+        times.append(time.perf_counter() - t)
+        ms.append(jax.device_get(m))
+    dt = sum(times)
     row = {"name": name, "env": a.env, "num_envs": a.num_envs,
-           "steps_per_s": a.updates * cfg.steps_per_update / dt, "compile_s": compile_s,
+           "steps_per_s": len(times) * a.updates * cfg.steps_per_update / dt,
+           "compile_s": compile_s, "chunk_seconds": [round(x, 3) for x in times],
            "seconds": dt, **extra}
     if tr.llm is not None:
-        m = jax.device_get(m)["ppo"]
-        row["llm_calls"] = float(m["llm/calls"].sum())
-        row["llm_refreshed"] = float(m["llm/refreshed"].sum())
-        row["llm_tokens"] = float(m["llm/tokens"].sum())
+        for k in ("calls", "refreshed", "tokens"):  # totals over the timed chunks
+            row[f"llm_{k}"] = float(sum(x["ppo"][f"llm/{k}"].sum() for x in ms))
         if tr.llm.host is not None:
             row["llm_host_share"] = (tr.llm.host.seconds - host0) / dt
     print(json.dumps(row), flush=True)
     return row
 
 
-def matmul_flops() -> float:
-    """FLOP/s of a large float32 matmul here: the practical compute ceiling."""
+def matmul_flops(dtype: str) -> float:
+    """FLOP/s of a large matmul in `dtype` on random data here: the practical compute ceiling."""
     import jax
     import jax.numpy as jnp
 
-    x = jnp.ones((2048, 2048), jnp.float32)
+    n = 8192 if jax.default_backend() == "gpu" else 2048
+    x = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32).astype(dtype)
     f = jax.jit(lambda a: a @ a)
     jax.block_until_ready(f(x))
     t = time.perf_counter()
-    for _ in range(5):
+    for _ in range(10):
         jax.block_until_ready(f(x))
-    return 5 * 2 * 2048 ** 3 / (time.perf_counter() - t)
+    return 10 * 2 * n ** 3 / (time.perf_counter() - t)
 
 
 def llm_flops_per_sequence(qcfg, layers: int, prefix: int, tokens: float) -> float:
     """Matmul FLOPs to encode `tokens` new tokens after a cached `prefix` (per sequence)."""
+    return tokens * llm_flops_per_token(qcfg, layers, prefix, tokens)
+
+
+def llm_flops_per_token(qcfg, layers: int, prefix: int, seq_tokens: float) -> float:
+    """Matmul FLOPs per encoded token of a sequence of `seq_tokens` after a cached `prefix`."""
     h, f, n, k, d = (qcfg.hidden_size, qcfg.intermediate_size, qcfg.num_heads,
                      qcfg.num_kv_heads, qcfg.head_dim)
-    dense = 2 * tokens * (h * d * (2 * n + 2 * k) + 3 * h * f)
-    attn = 4 * n * d * (tokens * prefix + tokens * (tokens + 1) / 2)
+    dense = 2 * (h * d * (2 * n + 2 * k) + 3 * h * f)
+    attn = 4 * n * d * (prefix + (seq_tokens + 1) / 2)
     return layers * (dense + attn)
 
 
@@ -128,7 +159,7 @@ def render_rows(a: Args, weights: str) -> list[dict]:
     from fused.text_format import get_layout, render_text
     from llm_jax.tokenizer import load_tokenizer
 
-    tok = load_tokenizer(weights)
+    tok = load_tokenizer(weights)  # weights None: the packaged Qwen3 tokenizer
     r = make_renderer(a.env, tok)
     obs_host = rollout_observations(a.env, a.render_states, 0, 16)
     obs = jax.device_put(obs_host)  # in training the observations are already on the device
@@ -155,32 +186,48 @@ def main(a: Args) -> list[dict]:
     import jax
 
     from fused.config import LLMConfig
+    from fused.prompt import prompt_parts
     from llm_jax.config import Qwen3Config
+    from llm_jax.tokenizer import load_tokenizer
 
     jax.config.update("jax_compilation_cache_dir", os.environ.get(
         "JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/.cache/craftax-fused/jax")))
-    tmp = Path(tempfile.mkdtemp(prefix="fused-bench-"))
-    weights = tmp / "tiny-qwen3"
-    build_checkpoint(weights)
-    qcfg = Qwen3Config.from_folder(weights)
-    rows = render_rows(a, str(weights))
+    if a.model == "tiny":
+        weights = Path(tempfile.mkdtemp(prefix="fused-bench-")) / "tiny-qwen3"
+        build_checkpoint(weights)
+        qcfg, weights = Qwen3Config.from_folder(weights), str(weights)
+        model_kw = {"weights": weights}
+    else:
+        if a.vllm:
+            raise SystemExit("--vllm needs --model tiny (a checkpoint the server can load)")
+        qcfg, weights = Qwen3Config.shape(a.model), None
+        model_kw = {"random_model": a.model}
+    layer = qcfg.num_layers if a.layer is None else a.layer
+    rows = render_rows(a, weights)
     mean_tokens = rows[1]["mean_tokens"]
-    rows.append(time_config(a, train_cfg(a), "ppo", skip_n=None, backend="none"))
-    base = rows[-1]["steps_per_s"]
-    peak = matmul_flops()
-    from fused.prompt import prompt_parts
-    from llm_jax.tokenizer import load_tokenizer
-
+    base = None
+    if a.plain:
+        rows.append(time_config(a, train_cfg(a), "ppo", skip_n=None, backend="none"))
+        base = rows[-1]["steps_per_s"]
+    peak = matmul_flops(a.dtype)
     parts = prompt_parts(load_tokenizer(weights), a.env)
-    per_seq = llm_flops_per_sequence(qcfg, qcfg.num_layers, len(parts.prefix),
-                                     mean_tokens + len(parts.tail))
+    seq = mean_tokens + len(parts.tail)
+    per_seq = llm_flops_per_sequence(qcfg, layer, len(parts.prefix), seq)
+    per_token = llm_flops_per_token(qcfg, layer, len(parts.prefix), seq)
     for skip in a.skip_n:
-        llm = LLMConfig(backend="jax", weights=str(weights), skip_n=skip, post_norm=True)
-        row = time_config(a, train_cfg(a, llm), "fused", skip_n=skip, backend="jax")
-        row["vs_ppo"] = row["steps_per_s"] / base
+        llm = LLMConfig(backend="jax", skip_n=skip, post_norm=True, layer=a.layer, dtype=a.dtype,
+                        microbatch=a.microbatch, refresh_on_reset=a.refresh_on_reset, **model_kw)
+        row = time_config(a, train_cfg(a, llm), "fused", skip_n=skip, backend="jax",
+                          model=a.model, layer=layer, dtype=a.dtype,
+                          refresh_on_reset=a.refresh_on_reset)
+        if base:
+            row["vs_ppo"] = row["steps_per_s"] / base
         if skip:
             row["llm_flops_per_step"] = per_seq / skip
             row["llm_flop_bound_steps_per_s"] = peak * skip / per_seq
+            row["fraction_of_flop_bound"] = row["steps_per_s"] / row["llm_flop_bound_steps_per_s"]
+            # LLM FLOPs actually executed (full calls + refreshes, from the token count) / time.
+            row["llm_mfu"] = row["llm_tokens"] * per_token / row["seconds"] / peak
         rows.append(row)
     if a.vllm:
         from llm_jax.vllm_client import launch_server
@@ -199,7 +246,8 @@ def main(a: Args) -> list[dict]:
                 rows.append(row)
         finally:
             os.killpg(proc.pid, 15)
-    rows.append({"name": "machine", "matmul_flops_per_s": peak, "devices": str(jax.devices()),
+    rows.append({"name": "machine", "matmul_flops_per_s": peak, "matmul_dtype": a.dtype,
+                 "devices": str(jax.devices()),
                  "cpu_count": os.cpu_count(), "prefix_tokens": len(parts.prefix),
                  "tail_tokens": len(parts.tail), "model": qcfg.__dict__})
     if a.out:

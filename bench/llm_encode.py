@@ -3,6 +3,8 @@ random-weight model and prompts, plus prefix-cache scaling. `python bench/llm_en
 
 Rows: name (jax | hf_torch | vllm | jax_prefix | jax_full), model, params, batch, seq_len,
 tokens_per_s, compile_s (jax only). Hidden state: last layer, post-norm, every position computed.
+With `--shapes qwen3-0.6b qwen3-4b` (GPU sessions): ours only, released shapes with random bf16
+weights, plus `mfu` against a bf16 matmul measured in the same process.
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ class Args:
     """Timed repeats (median)."""
     out: str | None = None
     """JSON rows output."""
+    shapes: tuple[str, ...] = ()
+    """Released Qwen3 shapes (qwen3-0.6b, qwen3-4b, ...) with random weights made on the device,
+    ours only (bf16), with MFU against a bf16 matmul measured here; replaces --models when given
+    (for GPU sessions)."""
 
 
 def median_time(fn, repeats):
@@ -88,22 +94,90 @@ def start_vllm(folder, port):
     return None, None
 
 
+def flops_per_token(cfg, seq_len: int) -> float:
+    """Matmul FLOPs per token of a full causal encode of seq_len tokens (all layers)."""
+    h, f, n, k, d = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
+                     cfg.head_dim)
+    return cfg.num_layers * (2 * (h * d * (2 * n + 2 * k) + 3 * h * f) + 4 * n * d * (seq_len + 1) / 2)
+
+
+def shape_rows(args: Args, emit) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    from llm_jax.config import Qwen3Config
+    from llm_jax.model import encode, init_params, prefill
+
+    n = 8192
+    x = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32).astype(jnp.bfloat16)
+    mm = jax.jit(lambda a: a @ a)
+    jax.block_until_ready(mm(x))
+    peak = 2 * n ** 3 / median_time(lambda: jax.block_until_ready(mm(x)), 10)
+    emit({"name": "machine", "devices": str(jax.devices()), "bf16_matmul_flops_per_s": peak})
+    rng = np.random.default_rng(0)
+    for name in args.shapes:
+        cfg = Qwen3Config.shape(name)
+        params = jax.jit(lambda k: init_params(cfg, k, jnp.bfloat16))(jax.random.PRNGKey(0))
+        base = {"model": name, "params": cfg.num_params(), "dtype": "bfloat16"}
+        fn = jax.jit(lambda p, x, n: encode(p, cfg, x, n, cfg.num_layers, "last", True))
+        for b in args.batches:
+            for t in args.lengths:
+                tokens = rng.integers(0, 150_000, (b, t)).astype(np.int32)
+                lengths = np.full(b, t, np.int32)
+                t0 = time.perf_counter()
+                jax.block_until_ready(fn(params, tokens, lengths))
+                compile_s = time.perf_counter() - t0
+                dt = median_time(lambda: jax.block_until_ready(fn(params, tokens, lengths)),
+                                 args.repeats)
+                emit(dict(base, name="jax", batch=b, seq_len=t, tokens_per_s=b * t / dt,
+                          compile_s=compile_s,
+                          mfu=b * t * flops_per_token(cfg, t) / dt / peak))
+        prefix = rng.integers(0, 150_000, args.prefix_len).astype(np.int32)
+        cache = jax.jit(lambda p, x: prefill(p, cfg, x))(params, prefix)
+        f_pre = jax.jit(lambda p, c, x, n: encode(p, cfg, x, n, cfg.num_layers, "last", True,
+                                                  prefix=c))
+        for b in args.batches:
+            for s in args.suffix_lengths:
+                suffix = rng.integers(0, 150_000, (b, s)).astype(np.int32)
+                lens = np.full(b, s, np.int32)
+                jax.block_until_ready(f_pre(params, cache, suffix, lens))
+                dt = median_time(lambda: jax.block_until_ready(f_pre(params, cache, suffix, lens)),
+                                 args.repeats)
+                # Each suffix token also attends to the whole prefix.
+                flops = b * s * (flops_per_token(cfg, s)
+                                 + cfg.num_layers * 4 * cfg.num_heads * cfg.head_dim * args.prefix_len)
+                emit(dict(base, name="jax_prefix", batch=b, seq_len=s, prefix_len=args.prefix_len,
+                          seconds=dt, tokens_per_s=b * s / dt, mfu=flops / dt / peak))
+        del params, cache
+
+
 def main(args: Args):
     import jax
-    import torch
-
-    from llm_jax.loader import load_params
-    from llm_jax.model import encode, prefill
 
     jax.config.update("jax_compilation_cache_dir", os.environ.get(
         "JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/.cache/craftax-fused/jax")))
-    torch.set_num_threads(os.cpu_count())
     rows = []
 
     def emit(row):
         rows.append(row)
         print(json.dumps(row), flush=True)
 
+    if args.shapes:
+        shape_rows(args, emit)
+    else:
+        cpu_rows(args, emit)
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+
+
+def cpu_rows(args: Args, emit):
+    import jax
+    import torch
+
+    from llm_jax.loader import load_params
+    from llm_jax.model import encode, prefill
+
+    torch.set_num_threads(os.cpu_count())
     rng = np.random.default_rng(0)
     for name in args.models:
         folder = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
@@ -155,8 +229,6 @@ def main(args: Args):
                              args.repeats)
             emit(dict(base, name="jax_full", batch=b, seq_len=s, prefix_len=args.prefix_len,
                       seconds=dt, tokens_per_s=b * s / dt))
-    if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":
