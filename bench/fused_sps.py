@@ -137,20 +137,6 @@ def matmul_flops(dtype: str) -> float:
     return 10 * 2 * n ** 3 / (time.perf_counter() - t)
 
 
-def llm_flops_per_sequence(qcfg, layers: int, prefix: int, tokens: float) -> float:
-    """Matmul FLOPs to encode `tokens` new tokens after a cached `prefix` (per sequence)."""
-    return tokens * llm_flops_per_token(qcfg, layers, prefix, tokens)
-
-
-def llm_flops_per_token(qcfg, layers: int, prefix: int, seq_tokens: float) -> float:
-    """Matmul FLOPs per encoded token of a sequence of `seq_tokens` after a cached `prefix`."""
-    h, f, n, k, d = (qcfg.hidden_size, qcfg.intermediate_size, qcfg.num_heads,
-                     qcfg.num_kv_heads, qcfg.head_dim)
-    dense = 2 * (h * d * (2 * n + 2 * k) + 3 * h * f)
-    attn = 4 * n * d * (prefix + (seq_tokens + 1) / 2)
-    return layers * (dense + attn)
-
-
 def render_rows(a: Args, weights: str) -> list[dict]:
     import jax
     import numpy as np
@@ -212,8 +198,8 @@ def main(a: Args) -> list[dict]:
     peak = matmul_flops(a.dtype)
     parts = prompt_parts(load_tokenizer(weights), a.env)
     seq = mean_tokens + len(parts.tail)
-    per_seq = llm_flops_per_sequence(qcfg, layer, len(parts.prefix), seq)
-    per_token = llm_flops_per_token(qcfg, layer, len(parts.prefix), seq)
+    per_token = qcfg.flops_per_token(layer, len(parts.prefix), seq)
+    per_seq = seq * per_token
     for skip in a.skip_n:
         llm = LLMConfig(backend="jax", skip_n=skip, post_norm=True, layer=a.layer, dtype=a.dtype,
                         microbatch=a.microbatch, refresh_on_reset=a.refresh_on_reset, **model_kw)

@@ -94,13 +94,6 @@ def start_vllm(folder, port):
     return None, None
 
 
-def flops_per_token(cfg, seq_len: int) -> float:
-    """Matmul FLOPs per token of a full causal encode of seq_len tokens (all layers)."""
-    h, f, n, k, d = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
-                     cfg.head_dim)
-    return cfg.num_layers * (2 * (h * d * (2 * n + 2 * k) + 3 * h * f) + 4 * n * d * (seq_len + 1) / 2)
-
-
 def shape_rows(args: Args, emit) -> None:
     import jax
     import jax.numpy as jnp
@@ -108,11 +101,9 @@ def shape_rows(args: Args, emit) -> None:
     from llm_jax.config import Qwen3Config
     from llm_jax.model import encode, init_params, prefill
 
-    n = 8192
-    x = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32).astype(jnp.bfloat16)
-    mm = jax.jit(lambda a: a @ a)
-    jax.block_until_ready(mm(x))
-    peak = 2 * n ** 3 / median_time(lambda: jax.block_until_ready(mm(x)), 10)
+    from fused_sps import matmul_flops
+
+    peak = matmul_flops("bfloat16")
     emit({"name": "machine", "devices": str(jax.devices()), "bf16_matmul_flops_per_s": peak})
     rng = np.random.default_rng(0)
     for name in args.shapes:
@@ -131,7 +122,7 @@ def shape_rows(args: Args, emit) -> None:
                                  args.repeats)
                 emit(dict(base, name="jax", batch=b, seq_len=t, tokens_per_s=b * t / dt,
                           compile_s=compile_s,
-                          mfu=b * t * flops_per_token(cfg, t) / dt / peak))
+                          mfu=b * t * cfg.flops_per_token(cfg.num_layers, 0, t) / dt / peak))
         prefix = rng.integers(0, 150_000, args.prefix_len).astype(np.int32)
         cache = jax.jit(lambda p, x: prefill(p, cfg, x))(params, prefix)
         f_pre = jax.jit(lambda p, c, x, n: encode(p, cfg, x, n, cfg.num_layers, "last", True,
@@ -143,9 +134,7 @@ def shape_rows(args: Args, emit) -> None:
                 jax.block_until_ready(f_pre(params, cache, suffix, lens))
                 dt = median_time(lambda: jax.block_until_ready(f_pre(params, cache, suffix, lens)),
                                  args.repeats)
-                # Each suffix token also attends to the whole prefix.
-                flops = b * s * (flops_per_token(cfg, s)
-                                 + cfg.num_layers * 4 * cfg.num_heads * cfg.head_dim * args.prefix_len)
+                flops = b * s * cfg.flops_per_token(cfg.num_layers, args.prefix_len, s)
                 emit(dict(base, name="jax_prefix", batch=b, seq_len=s, prefix_len=args.prefix_len,
                           seconds=dt, tokens_per_s=b * s / dt, mfu=flops / dt / peak))
         del params, cache

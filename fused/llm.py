@@ -53,8 +53,7 @@ class RunningNorm:
 @struct.dataclass
 class LLMState:
     hidden: jax.Array  # [N, H] float32, raw (un-normalised) hidden state per env
-    stale: jax.Array  # [N] bool: episode ended since the env was last encoded
-    age: jax.Array  # [N] int32: steps an env has been stale (0 when fresh)
+    age: jax.Array  # [N] int32: steps since the env's episode ended unencoded (0 = up to date)
     norm: RunningNorm
 
 
@@ -215,7 +214,7 @@ def policy_hidden(llm: LLM, s: LLMState) -> jax.Array:
 
 def init_llm_state(llm: LLM, num_envs: int) -> LLMState:
     return LLMState(jnp.zeros((num_envs, llm.hidden_size), jnp.float32),
-                    jnp.ones(num_envs, bool), jnp.zeros(num_envs, jnp.int32),
+                    jnp.ones(num_envs, jnp.int32),  # never encoded yet: waiting
                     init_norm(llm.hidden_size))
 
 
@@ -236,11 +235,11 @@ def llm_step(llm: LLM, frozen, s: LLMState, obs, done, step, key, microbatch, ax
     encodes padding rows, and no env keeps a previous episode's state longer than that)."""
     c = llm.cfg
     n = obs.shape[0]
-    stale = s.stale | (done & c.refresh_on_reset)
+    stale = (s.age > 0) | (done & c.refresh_on_reset)
     age = jnp.where(stale, s.age + 1, 0)
     zero = jnp.zeros((), jnp.float32)
     if c.skip_n == 0 or c.hidden == "zero":
-        return s.replace(stale=jnp.zeros_like(stale), age=jnp.zeros_like(age)), {
+        return s.replace(age=jnp.zeros_like(age)), {
             "llm/calls": zero, "llm/refreshed": zero, "llm/tokens": zero}
     k_full, k_part = jax.random.split(key)
 
@@ -248,7 +247,7 @@ def llm_step(llm: LLM, frozen, s: LLMState, obs, done, step, key, microbatch, ax
         h, tokens = encode_observations(llm, frozen, obs, microbatch)
         h = _ablate(llm, h, k_full)
         norm = update_norm(s.norm, h, jnp.ones(n), axis_name)
-        return (LLMState(h, jnp.zeros_like(stale), jnp.zeros_like(age), norm),
+        return (LLMState(h, jnp.zeros_like(age), norm),
                 {"llm/calls": jnp.float32(1), "llm/refreshed": zero,
                  "llm/tokens": tokens.astype(jnp.float32)})
 
@@ -260,13 +259,13 @@ def llm_step(llm: LLM, frozen, s: LLMState, obs, done, step, key, microbatch, ax
         h = _ablate(llm, h, k_part)
         hidden = s.hidden.at[idx].set(jnp.where(valid[:, None], h, s.hidden[idx]))
         norm = update_norm(s.norm, h, valid, axis_name)
-        return (LLMState(hidden, stale.at[idx].set(False), age.at[idx].set(0), norm),
+        return (LLMState(hidden, age.at[idx].set(0), norm),
                 {"llm/calls": zero, "llm/refreshed": valid.sum().astype(jnp.float32),
                  "llm/tokens": tokens.astype(jnp.float32)})
 
     def keep(s):
-        return s.replace(stale=stale, age=age), {"llm/calls": zero, "llm/refreshed": zero,
-                                                 "llm/tokens": zero}
+        return s.replace(age=age), {"llm/calls": zero, "llm/refreshed": zero,
+                                    "llm/tokens": zero}
 
     due = (stale.sum() >= min(c.refresh_batch, n)) | (age.max() >= c.refresh_wait)
     if axis_name is not None:  # every device must take the same branch (collectives inside)

@@ -148,7 +148,7 @@ def state_specs(state: RunnerState) -> RunnerState:
     rep = jax.tree.map(lambda _: P(), state)
     rep = rep.replace(env=jax.tree.map(lambda _: P(AXIS), state.env))
     if state.llm is not None:
-        rep = rep.replace(llm=rep.llm.replace(hidden=P(AXIS), stale=P(AXIS), age=P(AXIS)))
+        rep = rep.replace(llm=rep.llm.replace(hidden=P(AXIS), age=P(AXIS)))
     return rep
 
 

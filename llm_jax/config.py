@@ -79,6 +79,15 @@ class Qwen3Config:
             raise Qwen3ConfigError(f"unknown Qwen3 shape {name!r}; known: {', '.join(SHAPES)}")
         return SHAPES[name]
 
+    def flops_per_token(self, layers: int, context: float, seq_len: float) -> float:
+        """Matmul FLOPs per token of encoding a `seq_len`-token sequence through `layers` layers
+        after `context` cached tokens (projections, MLP, causal attention counted once)."""
+        h, f, n, k, d = (self.hidden_size, self.intermediate_size, self.num_heads,
+                         self.num_kv_heads, self.head_dim)
+        dense = 2 * (h * d * (2 * n + 2 * k) + 3 * h * f)
+        attn = 4 * n * d * (context + (seq_len + 1) / 2)
+        return layers * (dense + attn)
+
     def num_params(self) -> int:
         h, f, n, k, d = (self.hidden_size, self.intermediate_size, self.num_heads,
                          self.num_kv_heads, self.head_dim)

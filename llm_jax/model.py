@@ -124,7 +124,7 @@ def attention(q, k, v, mask, prefix_k=None, prefix_v=None):
                                              mask=mask[:, None, i:i + QUERY_BLOCK, :i + QUERY_BLOCK])
                 for i in range(0, t, QUERY_BLOCK)]
         return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
-    if jax.default_backend() == "cpu":
+    if prefix_attention_by_row():
         return _prefix_attention_by_row(q, k, v, mask, prefix_k, prefix_v)
     b, t, n, d = q.shape
     kh = k.shape[2]
@@ -140,6 +140,12 @@ def attention(q, k, v, mask, prefix_k=None, prefix_v=None):
     out = (jnp.einsum("bkgtp,pkd->btkgd", p[..., :np_], prefix_v, preferred_element_type=f32)
            + jnp.einsum("bkgts,bskd->btkgd", p[..., np_:], v, preferred_element_type=f32))
     return out.reshape(b, t, n, d).astype(q.dtype)
+
+
+def prefix_attention_by_row() -> bool:
+    """Which prefix-attention form to trace: row by row on CPU, batched elsewhere (tests patch
+    this to check both forms against encoding without a cache)."""
+    return jax.default_backend() == "cpu"
 
 
 def _prefix_attention_by_row(q, k, v, mask, prefix_k, prefix_v):

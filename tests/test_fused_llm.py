@@ -56,7 +56,7 @@ def test_refresh_on_reset_and_skip(llm, obs):
     step = jax.jit(lambda s, d, t: llm_step(llm, llm.frozen, s, jnp.asarray(obs), d, t,
                                             jax.random.PRNGKey(0), 4))
     s0, m = step(init_llm_state(llm, n), jnp.zeros(n, bool), jnp.int32(0))  # 0 % 3: full call
-    assert float(m["llm/calls"]) == 1 and not bool(s0.stale.any())
+    assert float(m["llm/calls"]) == 1 and int(s0.age.max()) == 0
     base = np.asarray(s0.hidden)
     # Step 1 is no call; envs 2, 5, 9 ended: a full refresh batch (2) is waiting, so the two
     # are re-encoded now; env 9 waits until refresh_wait (4) steps have passed.
@@ -67,13 +67,13 @@ def test_refresh_on_reset_and_skip(llm, obs):
     assert float(m1["llm/refreshed"]) == 2 and float(m1["llm/calls"]) == 0
     np.testing.assert_allclose(h1[[2, 5]], base[[2, 5]], atol=1e-5)  # re-encoded
     np.testing.assert_allclose(h1[9], base[9] + 1.0, atol=1e-5)  # waits
-    assert np.asarray(s1.stale).tolist() == [i == 9 for i in range(n)]
+    assert np.asarray(s1.age).tolist() == [int(i == 9) for i in range(n)]
     s = s1
     for t, waited in ((2, 2), (4, 3)):  # step 3 would be a full call (3 % 3 == 0)
         s, m = step(s, jnp.zeros(n, bool), jnp.int32(t))
-        assert float(m["llm/refreshed"]) == 0 and int(s.age[9]) == waited and bool(s.stale[9])
+        assert float(m["llm/refreshed"]) == 0 and int(s.age[9]) == waited
     s5, m5 = step(s, jnp.zeros(n, bool), jnp.int32(5))  # waited 4 steps: refreshed alone
-    assert float(m5["llm/refreshed"]) == 1 and not bool(s5.stale.any()) and int(s5.age.max()) == 0
+    assert float(m5["llm/refreshed"]) == 1 and int(s5.age.max()) == 0
     np.testing.assert_allclose(np.asarray(s5.hidden)[9], base[9], atol=1e-5)
     others = [i for i in range(n) if i not in (2, 5, 9)]
     np.testing.assert_allclose(np.asarray(s5.hidden)[others], base[others] + 1.0, atol=1e-5)
@@ -83,7 +83,7 @@ def test_no_refresh_keeps_stale_hidden(obs):
     llm = make_llm(LLMConfig(backend="jax", skip_n=3, refresh_on_reset=False), ENV)
     n = obs.shape[0]
     s = init_llm_state(llm, n).replace(hidden=jnp.ones((n, llm.hidden_size)),
-                                       stale=jnp.zeros(n, bool))
+                                       age=jnp.zeros(n, jnp.int32))
     s1, m = jax.jit(lambda s: llm_step(llm, llm.frozen, s, jnp.asarray(obs), jnp.ones(n, bool),
                                        jnp.int32(1), jax.random.PRNGKey(0), 4))(s)
     assert float(m["llm/refreshed"]) == 0 and np.all(np.asarray(s1.hidden) == 1.0)

@@ -71,7 +71,11 @@ def test_bf16_within_stated_tolerance(tiny):
         assert np.abs(a - b).max() <= 0.03 * np.abs(b).max()
 
 
-def test_prefix_cache_equals_full_encoding(tiny):
+@pytest.mark.parametrize("by_row", [True, False], ids=["rows-cpu", "batched-accelerator"])
+def test_prefix_cache_equals_full_encoding(tiny, monkeypatch, by_row):
+    import llm_jax.model
+
+    monkeypatch.setattr(llm_jax.model, "prefix_attention_by_row", lambda: by_row)
     folder, tokens, _ = tiny
     cfg, params = load_params(folder)
     prefix = jnp.asarray(tokens[0, :6])
