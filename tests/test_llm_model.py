@@ -32,11 +32,23 @@ def tiny(request, tmp_path_factory):
     return folder, tokens, ref
 
 
+@pytest.fixture(params=[True, False], ids=["rows-cpu", "batched-accelerator"])
+def attention_form(request, monkeypatch):
+    """Both attention forms (CPU traces the row-by-row one by default), with query blocks of 4
+    so that 13 tokens span several blocks and a ragged last one."""
+    import llm_jax.model
+
+    monkeypatch.setattr(llm_jax.model, "attention_by_row", lambda: request.param)
+    monkeypatch.setattr(llm_jax.model, "QUERY_BLOCK", 4)
+    monkeypatch.setattr(llm_jax.model, "ROW_QUERY_BLOCK", 4)
+    return request.param
+
+
 def valid_rows(x):
     return [x[b, : LENGTHS[b]] for b in range(B)]
 
 
-def test_every_layer_matches_hf_fp32(tiny):
+def test_every_layer_matches_hf_fp32(tiny, attention_form):
     folder, tokens, ref = tiny
     cfg, params = load_params(folder)
     assert cfg.num_heads * cfg.head_dim != cfg.hidden_size
@@ -60,7 +72,7 @@ def test_pooling_matches_hf_positions(tiny):
         np.testing.assert_allclose(mean[b], ref[2][b, : LENGTHS[b]].mean(0), atol=1e-5)
 
 
-def test_bf16_within_stated_tolerance(tiny):
+def test_bf16_within_stated_tolerance(tiny, attention_form):
     folder, tokens, ref = tiny
     cfg, params = load_params(folder, dtype=jnp.bfloat16)
     n = cfg.num_layers
@@ -71,11 +83,7 @@ def test_bf16_within_stated_tolerance(tiny):
         assert np.abs(a - b).max() <= 0.03 * np.abs(b).max()
 
 
-@pytest.mark.parametrize("by_row", [True, False], ids=["rows-cpu", "batched-accelerator"])
-def test_prefix_cache_equals_full_encoding(tiny, monkeypatch, by_row):
-    import llm_jax.model
-
-    monkeypatch.setattr(llm_jax.model, "prefix_attention_by_row", lambda: by_row)
+def test_prefix_cache_equals_full_encoding(tiny, attention_form):
     folder, tokens, _ = tiny
     cfg, params = load_params(folder)
     prefix = jnp.asarray(tokens[0, :6])
