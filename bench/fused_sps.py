@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
 import tempfile
@@ -35,8 +36,9 @@ class Args:
     """Environment."""
     num_envs: int = 128
     """Parallel envs."""
-    num_steps: int = 32
-    """Rollout length per update."""
+    num_steps: int = 50
+    """Rollout length per update (50: a multiple of skip_n 1, 5, 25, so every chunk holds the
+    same number of periodic LLM calls; skip_n 100 is timed over an even number of chunks)."""
     width: int = 256
     """Actor/critic MLP width (the prior used 512)."""
     skip_n: tuple[int, ...] = (1, 5, 25, 100, 0)
@@ -86,7 +88,7 @@ def train_cfg(a: Args, llm=None):
                        updates_per_chunk=a.updates, wandb=WandbConfig(mode="disabled"), plot=False)
 
 
-def time_config(a: Args, cfg, name: str, **extra) -> dict:
+def time_config(a: Args, cfg, name: str, skip_n: int | None = None, **extra) -> dict:
     import jax
 
     from fused.config import validate
@@ -100,16 +102,19 @@ def time_config(a: Args, cfg, name: str, **extra) -> dict:
     compile_s = time.perf_counter() - t
     state, _ = jax.block_until_ready(compiled(state, tr.frozen))  # warm-up
     host0 = tr.llm.host.seconds if tr.llm is not None and tr.llm.host is not None else 0.0
-    # Up to `repeats` chunks (fewer once `min_seconds` have been spent); rates are totals over
-    # all of them, since chunks differ in how many LLM calls fall inside them.
+    # Up to `repeats` chunks (fewer once `min_seconds` have been spent), always a whole number of
+    # LLM-call periods (lcm(skip_n, steps per chunk) env steps), so that the timed chunks hold
+    # exactly the average number of periodic calls; rates are totals over the timed chunks.
+    steps = a.updates * cfg.ppo.num_steps
+    period = math.lcm(skip_n, steps) // steps if skip_n else 1
     times, ms = [], []
-    while len(times) < a.repeats and sum(times) < a.min_seconds:
+    while len(times) % period or (len(times) < a.repeats and sum(times) < a.min_seconds):
         t = time.perf_counter()
         state, m = jax.block_until_ready(compiled(state, tr.frozen))
         times.append(time.perf_counter() - t)
         ms.append(jax.device_get(m))
     dt = sum(times)
-    row = {"name": name, "env": a.env, "num_envs": a.num_envs,
+    row = {"name": name, "env": a.env, "num_envs": a.num_envs, "skip_n": skip_n,
            "steps_per_s": len(times) * a.updates * cfg.steps_per_update / dt,
            "compile_s": compile_s, "chunk_seconds": [round(x, 3) for x in times],
            "seconds": dt, **extra}
@@ -151,17 +156,21 @@ def render_rows(a: Args, weights: str) -> list[dict]:
     obs = jax.device_put(obs_host)  # in training the observations are already on the device
     f = jax.jit(lambda o: render_tokens(r, o))
     jax.block_until_ready(f(obs))
-    t = time.perf_counter()
-    reps = 20
-    for _ in range(reps):
-        jax.block_until_ready(f(obs))
-    device = reps * len(obs) / (time.perf_counter() - t)
     layout = get_layout(a.env)
-    t = time.perf_counter()
-    lengths = [len(tok.encode(render_text(layout, o))) for o in obs_host]
-    host = len(obs_host) / (time.perf_counter() - t)
+    # Both sides: best of `rounds` timed passes over the same states, interleaved, so that a
+    # slow spell of this noisy machine does not land on one side only.
+    device, host, rounds = 0.0, 0.0, 3
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(20):
+            jax.block_until_ready(f(obs))
+        device = max(device, 20 * len(obs) / (time.perf_counter() - t))
+        t = time.perf_counter()
+        lengths = [len(tok.encode(render_text(layout, o))) for o in obs_host]
+        host = max(host, len(obs_host) / (time.perf_counter() - t))
     rows = [{"name": "render_device", "env": a.env, "states_per_s": device},
             {"name": "render_host_plus_tokenizer", "env": a.env, "states_per_s": host,
+             "timing": f"best of {rounds} interleaved passes over {len(obs)} states, each side",
              "mean_tokens": float(np.mean(lengths)), "max_tokens": int(max(lengths)),
              "l_max": r.max_tokens}]
     print(json.dumps(rows[0]), json.dumps(rows[1]), f"ratio {device / host:.0f}x", flush=True)

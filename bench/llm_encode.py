@@ -175,30 +175,33 @@ def cpu_rows(args: Args, emit):
         n_params = cfg.num_params()
         base = {"model": name, "params": n_params,
                 "non_embedding_params": n_params - cfg.vocab_size * cfg.hidden_size}
+        cases = [(b, t, rng.integers(0, 150_000, (b, t)).astype(np.int32))
+                 for b in args.batches for t in args.lengths]
+        # JAX and HF first, with no server running: an idle vLLM CPU server still takes cycles.
+        for b, t, tokens in cases:
+            lengths = np.full(b, t, np.int32)
+            fn = jax.jit(lambda p, x, n: encode(p, cfg, x, n, cfg.num_layers, "none", True))
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(params, tokens, lengths))
+            compile_s = time.perf_counter() - t0
+            dt = median_time(lambda: jax.block_until_ready(fn(params, tokens, lengths)), args.repeats)
+            emit(dict(base, name="jax", batch=b, seq_len=t, tokens_per_s=b * t / dt,
+                      compile_s=compile_s))
+            ids = torch.tensor(tokens, dtype=torch.long)
+            with torch.no_grad():
+                hf.model(input_ids=ids)
+                dt = median_time(lambda: hf.model(input_ids=ids), args.repeats)
+            emit(dict(base, name="hf_torch", batch=b, seq_len=t, tokens_per_s=b * t / dt))
         proc, client = start_vllm(folder, 8765) if args.vllm else (None, None)
-        for b in args.batches:
-            for t in args.lengths:
-                tokens = rng.integers(0, 150_000, (b, t)).astype(np.int32)
-                lengths = np.full(b, t, np.int32)
-                fn = jax.jit(lambda p, x, n: encode(p, cfg, x, n, cfg.num_layers, "none", True))
-                t0 = time.perf_counter()
-                jax.block_until_ready(fn(params, tokens, lengths))
-                compile_s = time.perf_counter() - t0
-                dt = median_time(lambda: jax.block_until_ready(fn(params, tokens, lengths)), args.repeats)
-                emit(dict(base, name="jax", batch=b, seq_len=t, tokens_per_s=b * t / dt,
-                          compile_s=compile_s))
-                ids = torch.tensor(tokens, dtype=torch.long)
-                with torch.no_grad():
-                    hf.model(input_ids=ids)
-                    dt = median_time(lambda: hf.model(input_ids=ids), args.repeats)
-                emit(dict(base, name="hf_torch", batch=b, seq_len=t, tokens_per_s=b * t / dt))
-                if client is not None:
-                    lst = tokens.tolist()
-                    client.token_states(lst)
-                    dt = median_time(lambda: client.token_states(lst), args.repeats)
-                    emit(dict(base, name="vllm", batch=b, seq_len=t, tokens_per_s=b * t / dt))
+        if client is not None:
+            for b, t, tokens in cases:
+                lst = tokens.tolist()
+                client.token_states(lst)
+                dt = median_time(lambda: client.token_states(lst), args.repeats)
+                emit(dict(base, name="vllm", batch=b, seq_len=t, tokens_per_s=b * t / dt))
         if proc is not None:
             os.killpg(proc.pid, 9)
+            proc.wait()
         # Prefix cache: cost should follow the suffix, not prefix + suffix.
         prefix = rng.integers(0, 150_000, args.prefix_len).astype(np.int32)
         cache = jax.jit(lambda p, x: prefill(p, cfg, x))(params, prefix)
