@@ -1,8 +1,8 @@
 """On-device text -> token rendering of Craftax symbolic observations, and the prompt around it.
 
 `make_renderer(env_name, tokenizer)` pre-tokenizes every fragment the text format can contain
-(`fused.text_format`): the map header, each `r, c` coordinate, each tile word with its leading
-`:` or ` on`, each `, Label` and `:value` of the inventory line. Fragments are cut where Qwen3's
+(`fused.text_format`): the map header, each `r, c` coordinate (alone and with its leading `,`),
+each tile word with its leading `:` or ` on`, each `, Label` and `:value` of the inventory line. Fragments are cut where Qwen3's
 pre-tokenizer splits the full text anyway (its regex never joins a letter run to a following
 digit, comma or space, digits are single tokens), so the concatenated fragment tokens equal
 `tokenizer.encode(reference_text)`; `python -m fused.render check` and the property tests verify
@@ -59,7 +59,6 @@ def make_renderer(env_name: str, tokenizer) -> Renderer:
     layout = get_layout(env_name)
     t = _Tables(tokenizer)
     ids = {
-        "comma": t.add(","),
         "header": t.add(MAP_HEADER),
         # "]" and the blank line after it form one pre-token ("]\n\n"): one fragment
         "empty_map": t.add(MAP_EMPTY + "\n\n"),
@@ -67,8 +66,10 @@ def make_renderer(env_name: str, tokenizer) -> Renderer:
         "inventory": t.add("Inventory:"),
         "darkness": t.add(":darkness"),
     }
-    ids["coord"] = t.family(f" {r - layout.rows // 2}, {c - layout.cols // 2}"
-                            for r in range(layout.rows) for c in range(layout.cols))
+    coords = [f" {r - layout.rows // 2}, {c - layout.cols // 2}"
+              for r in range(layout.rows) for c in range(layout.cols)]
+    ids["coord"] = t.family(coords)  # the first tile shown
+    ids["comma_coord"] = t.family("," + x for x in coords)  # every later one: one slot, not two
     ids["block_head"] = t.family(":" + b for b in layout.blocks)
     ids["block_on"] = t.family(" on " + b for b in layout.blocks)
     if layout.items:
@@ -89,7 +90,7 @@ def make_renderer(env_name: str, tokenizer) -> Renderer:
     def longest(base, n):
         return int(lengths[base:base + n].max())
 
-    cell = (lengths[ids["comma"]] + longest(ids["coord"], layout.rows * layout.cols)
+    cell = (longest(ids["comma_coord"], layout.rows * layout.cols)
             + max(longest(ids["mob_head"], len(layout.mobs)),
                   longest(ids["block_head"], len(layout.blocks)),
                   lengths[ids["darkness"]])
@@ -153,9 +154,10 @@ def fragment_ids(r: Renderer, obs: jax.Array) -> jax.Array:
     on2 = jnp.where(has_mob & has_item, block_on, 0)
     on1, on2 = jnp.where(lit, on1, 0), jnp.where(lit, on2, 0)
     earlier = _prefix(jnp.add, shown.astype(jnp.int32)) - shown
-    comma = jnp.where(earlier > 0, r.ids["comma"], 0)
-    coord = r.ids["coord"] + jnp.arange(grid.shape[0])
-    cells = jnp.stack([comma, coord, head, on1, on2], axis=-1)  # [C, 5]
+    coord = jnp.where(earlier > 0, r.ids["comma_coord"], r.ids["coord"]) + jnp.arange(grid.shape[0])
+    # Slots per tile: [", r, c", head, " on ..."(, " on block" when the env has items)]; fewer
+    # slots means less packing work (the pack is most of the renderer's time on CPU).
+    cells = jnp.stack([coord, head, on1, on2] if ni else [coord, head, on1], axis=-1)
     cells = jnp.where(shown[:, None], cells, 0).reshape(-1)
 
     values = _value_ids(r, obs[lay.map_size:])
