@@ -2,12 +2,13 @@
 
 `make_renderer(env_name, tokenizer)` pre-tokenizes every fragment the text format can contain
 (`fused.text_format`): the map header, each `r, c` coordinate (alone and with its leading `,`),
-each tile word with its leading `:` or ` on`, each `, Label` and `:value` of the inventory line. Fragments are cut where Qwen3's
-pre-tokenizer splits the full text anyway (its regex never joins a letter run to a following
-digit, comma or space, digits are single tokens), so the concatenated fragment tokens equal
-`tokenizer.encode(reference_text)`; `python -m fused.render check` and the property tests verify
-this on real rollouts. `render_tokens(renderer, obs)` is pure jnp: per env it picks a fragment id
-for each of a fixed number of slots, then packs the fragments' tokens left-aligned into `[L_max]`.
+each tile word with its leading `:` or ` on`, each `, Label` and `:value` of the inventory line.
+Fragments are cut where Qwen3's pre-tokenizer splits the full text anyway (its regex never joins
+a letter run to a following digit, comma or space, digits are single tokens), so the concatenated
+fragment tokens equal `tokenizer.encode(reference_text)`; `python -m fused.render check` and the
+property tests verify this on real rollouts. `render_tokens(renderer, obs)` is pure jnp: per env
+it picks a fragment id for each of a fixed number of slots, then packs the fragments' tokens
+left-aligned into `[L_max]`.
 
 L_max is a hard bound, not an estimate: the sum over slots of the longest fragment each slot can
 take (every tile interesting, with the longest mob + item + block names, and the widest values),
@@ -154,7 +155,8 @@ def fragment_ids(r: Renderer, obs: jax.Array) -> jax.Array:
     on2 = jnp.where(has_mob & has_item, block_on, 0)
     on1, on2 = jnp.where(lit, on1, 0), jnp.where(lit, on2, 0)
     earlier = _prefix(jnp.add, shown.astype(jnp.int32)) - shown
-    coord = jnp.where(earlier > 0, r.ids["comma_coord"], r.ids["coord"]) + jnp.arange(grid.shape[0])
+    coord_base = jnp.where(earlier > 0, r.ids["comma_coord"], r.ids["coord"])
+    coord = coord_base + jnp.arange(grid.shape[0])
     # Slots per tile: [", r, c", head, " on ..."(, " on block" when the env has items)]; fewer
     # slots means less packing work (the pack is most of the renderer's time on CPU).
     cells = jnp.stack([coord, head, on1, on2] if ni else [coord, head, on1], axis=-1)
