@@ -13,7 +13,6 @@ import dataclasses
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -76,22 +75,17 @@ def build(name, folder):
 
 
 def start_vllm(folder, port):
-    log = open(Path(folder) / "vllm.log", "w")
-    proc = subprocess.Popen(["bash", str(ROOT / "scripts/vllm_server.sh"), "serve", str(folder),
-                             str(port)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    from llm_jax.vllm_client import VLLMClient, VLLMError
+    """The project's launcher (llm_jax.vllm_client.launch_server); (None, None) if the server
+    does not come up, so the vLLM rows are skipped with the reason printed."""
+    from llm_jax.vllm_client import VLLMError, launch_server
 
-    client = VLLMClient(f"http://127.0.0.1:{port}", retries=0, timeout=5)
-    deadline = time.time() + 600
-    while time.time() < deadline and proc.poll() is None:
-        try:
-            client.health()
-            client.timeout = 600
-            return proc, client
-        except VLLMError:
-            time.sleep(3)
-    proc.kill()
-    return None, None
+    try:
+        proc, client = launch_server(ROOT / "scripts/vllm_server.sh", folder, port)
+    except VLLMError as e:
+        print(f"vLLM rows skipped: {e}", file=sys.stderr, flush=True)
+        return None, None
+    client.timeout = 600  # a batch of 8 x 512 tokens on 2 cores takes a while
+    return proc, client
 
 
 def shape_rows(args: Args, emit) -> None:
@@ -177,10 +171,10 @@ def cpu_rows(args: Args, emit):
                 "non_embedding_params": n_params - cfg.vocab_size * cfg.hidden_size}
         cases = [(b, t, rng.integers(0, 150_000, (b, t)).astype(np.int32))
                  for b in args.batches for t in args.lengths]
+        fn = jax.jit(lambda p, x, n: encode(p, cfg, x, n, cfg.num_layers, "none", True))
         # JAX and HF first, with no server running: an idle vLLM CPU server still takes cycles.
         for b, t, tokens in cases:
             lengths = np.full(b, t, np.int32)
-            fn = jax.jit(lambda p, x, n: encode(p, cfg, x, n, cfg.num_layers, "none", True))
             t0 = time.perf_counter()
             jax.block_until_ready(fn(params, tokens, lengths))
             compile_s = time.perf_counter() - t0
@@ -206,16 +200,17 @@ def cpu_rows(args: Args, emit):
         prefix = rng.integers(0, 150_000, args.prefix_len).astype(np.int32)
         cache = jax.jit(lambda p, x: prefill(p, cfg, x))(params, prefix)
         b = 8
+        f_pre = jax.jit(lambda p, c, x, n: encode(p, cfg, x, n, cfg.num_layers, "last", True,
+                                                  prefix=c))
+        f_full = jax.jit(lambda p, x, n: encode(p, cfg, x, n, cfg.num_layers, "last", True))
         for s in args.suffix_lengths:
             suffix = rng.integers(0, 150_000, (b, s)).astype(np.int32)
             lens = np.full(b, s, np.int32)
-            f_pre = jax.jit(lambda p, c, x, n: encode(p, cfg, x, n, cfg.num_layers, "last", True, prefix=c))
             jax.block_until_ready(f_pre(params, cache, suffix, lens))
             dt = median_time(lambda: jax.block_until_ready(f_pre(params, cache, suffix, lens)), args.repeats)
             emit(dict(base, name="jax_prefix", batch=b, seq_len=s, prefix_len=args.prefix_len,
                       seconds=dt, tokens_per_s=b * s / dt))
             full = np.concatenate([np.broadcast_to(prefix, (b, args.prefix_len)), suffix], 1)
-            f_full = jax.jit(lambda p, x, n: encode(p, cfg, x, n, cfg.num_layers, "last", True))
             jax.block_until_ready(f_full(params, full, lens + args.prefix_len))
             dt = median_time(lambda: jax.block_until_ready(f_full(params, full, lens + args.prefix_len)),
                              args.repeats)
