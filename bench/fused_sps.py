@@ -69,6 +69,9 @@ class Args:
     """Also time plain PPO."""
     refresh_on_reset: bool = True
     """Re-encode envs whose episode ended (as in training); off isolates the periodic calls."""
+    attention: tuple[str, ...] = ("auto",)
+    """Attention forms of the fused rows, each timed in turn: auto (what training uses: row on
+    CPU, cudnn on a GPU in bf16) or one of llm_jax.model's row / blocked / cudnn."""
 
 
 def build_checkpoint(folder: Path) -> None:
@@ -108,7 +111,8 @@ def time_config(a: Args, cfg, name: str, skip_n: int | None = None, **extra) -> 
     steps = a.updates * cfg.ppo.num_steps
     period = math.lcm(skip_n, steps) // steps if skip_n else 1
     times, ms = [], []
-    while len(times) % period or (len(times) < a.repeats and sum(times) < a.min_seconds):
+    while not times or len(times) % period or (len(times) < a.repeats
+                                                and sum(times) < a.min_seconds):
         t = time.perf_counter()
         state, m = jax.block_until_ready(compiled(state, tr.frozen))
         times.append(time.perf_counter() - t)
@@ -177,8 +181,17 @@ def render_rows(a: Args, weights: str) -> list[dict]:
     return rows
 
 
+def write_json(path: str, rows: list[dict]) -> None:
+    tmp = Path(path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(rows, indent=1))
+    tmp.replace(path)
+
+
 def main(a: Args) -> list[dict]:
     import jax
+    import jax.numpy as jnp
+
+    import llm_jax.model
 
     from fused.config import LLMConfig
     from fused.prompt import prompt_parts
@@ -209,12 +222,19 @@ def main(a: Args) -> list[dict]:
     seq = mean_tokens + len(parts.tail)
     per_token = qcfg.flops_per_token(layer, len(parts.prefix), seq)
     per_seq = seq * per_token
-    for skip in a.skip_n:
+    for skip, form in [(s, f) for s in a.skip_n for f in a.attention]:
         llm = LLMConfig(backend="jax", skip_n=skip, post_norm=True, layer=a.layer, dtype=a.dtype,
                         microbatch=a.microbatch, refresh_on_reset=a.refresh_on_reset, **model_kw)
-        row = time_config(a, train_cfg(a, llm), "fused", skip_n=skip, backend="jax",
-                          model=a.model, layer=layer, dtype=a.dtype,
-                          refresh_on_reset=a.refresh_on_reset)
+        saved = llm_jax.model.attention_form
+        if form != "auto":
+            llm_jax.model.attention_form = lambda dtype, f=form: f
+        try:
+            row = time_config(a, train_cfg(a, llm), "fused", skip_n=skip, backend="jax",
+                              model=a.model, layer=layer, dtype=a.dtype,
+                              refresh_on_reset=a.refresh_on_reset,
+                              attention=llm_jax.model.attention_form(jnp.dtype(a.dtype)))
+        finally:
+            llm_jax.model.attention_form = saved
         if base:
             row["vs_ppo"] = row["steps_per_s"] / base
         if skip:
@@ -224,6 +244,8 @@ def main(a: Args) -> list[dict]:
             # LLM FLOPs actually executed (full calls + refreshes, from the token count) / time.
             row["llm_mfu"] = row["llm_tokens"] * per_token / row["seconds"] / peak
         rows.append(row)
+        if a.out:  # after every row: a run cut short keeps what it measured
+            write_json(a.out, rows)
     if a.vllm:
         from llm_jax.vllm_client import launch_server
 
@@ -246,7 +268,7 @@ def main(a: Args) -> list[dict]:
                  "cpu_count": os.cpu_count(), "prefix_tokens": len(parts.prefix),
                  "tail_tokens": len(parts.tail), "model": qcfg.__dict__})
     if a.out:
-        Path(a.out).write_text(json.dumps(rows, indent=1))
+        write_json(a.out, rows)
         print(f"wrote {a.out}")
     return rows
 

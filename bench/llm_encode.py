@@ -55,6 +55,10 @@ class Args:
     """Released Qwen3 shapes (qwen3-0.6b, qwen3-4b, ...) with random weights made on the device,
     ours only (bf16), with MFU against a bf16 matmul measured here; replaces --models when given
     (for GPU sessions)."""
+    forms: tuple[str, ...] = ("auto",)
+    """--shapes rows: attention forms to time in turn (auto, or llm_jax.model's cudnn / blocked /
+    row); each form's pooled states are compared with the first form's
+    (rel_diff_vs_first_form)."""
 
 
 def median_time(fn, repeats):
@@ -90,32 +94,57 @@ def start_vllm(folder, port):
 
 def shape_rows(args: Args, emit) -> None:
     import jax
-    import jax.numpy as jnp
 
-    from llm_jax.config import Qwen3Config
-    from llm_jax.model import encode, init_params, prefill
-
+    import llm_jax.model
     from fused_sps import matmul_flops
 
     peak = matmul_flops("bfloat16")
     emit({"name": "machine", "devices": str(jax.devices()), "bf16_matmul_flops_per_s": peak})
+    ref: dict = {}
+    for form in args.forms:
+        if form == "auto":
+            _shape_rows(args, emit, peak, form, ref)
+            continue
+        saved = llm_jax.model.attention_form
+        llm_jax.model.attention_form = lambda dtype, f=form: f
+        try:
+            _shape_rows(args, emit, peak, form, ref)
+        finally:
+            llm_jax.model.attention_form = saved
+
+
+def _shape_rows(args: Args, emit, peak, form, ref: dict) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    from llm_jax.config import Qwen3Config
+    from llm_jax.model import attention_form, encode, init_params, prefill
+
+    def check(key, out):
+        """Max |difference| of the pooled states from the first form's (same inputs), relative
+        to the largest |state| of the first form."""
+        out = np.asarray(out, np.float32)
+        first = ref.setdefault(key, out)
+        return float(np.abs(out - first).max() / np.abs(first).max())
+
     rng = np.random.default_rng(0)
     for name in args.shapes:
         cfg = Qwen3Config.shape(name)
         params = jax.jit(lambda k: init_params(cfg, k, jnp.bfloat16))(jax.random.PRNGKey(0))
-        base = {"model": name, "params": cfg.num_params(), "dtype": "bfloat16"}
+        base = {"model": name, "params": cfg.num_params(), "dtype": "bfloat16",
+                "attention": attention_form(jnp.bfloat16) if form == "auto" else form}
         fn = jax.jit(lambda p, x, n: encode(p, cfg, x, n, cfg.num_layers, "last", True))
         for b in args.batches:
             for t in args.lengths:
                 tokens = rng.integers(0, 150_000, (b, t)).astype(np.int32)
                 lengths = np.full(b, t, np.int32)
                 t0 = time.perf_counter()
-                jax.block_until_ready(fn(params, tokens, lengths))
+                out = jax.block_until_ready(fn(params, tokens, lengths))
                 compile_s = time.perf_counter() - t0
                 dt = median_time(lambda: jax.block_until_ready(fn(params, tokens, lengths)),
                                  args.repeats)
                 emit(dict(base, name="jax", batch=b, seq_len=t, tokens_per_s=b * t / dt,
-                          compile_s=compile_s,
+                          compile_s=compile_s, rel_diff_vs_first_form=check((name, b, t), out),
                           mfu=b * t * cfg.flops_per_token(cfg.num_layers, 0, t) / dt / peak))
         prefix = rng.integers(0, 150_000, args.prefix_len).astype(np.int32)
         cache = jax.jit(lambda p, x: prefill(p, cfg, x))(params, prefix)
@@ -125,12 +154,13 @@ def shape_rows(args: Args, emit) -> None:
             for s in args.suffix_lengths:
                 suffix = rng.integers(0, 150_000, (b, s)).astype(np.int32)
                 lens = np.full(b, s, np.int32)
-                jax.block_until_ready(f_pre(params, cache, suffix, lens))
+                out = jax.block_until_ready(f_pre(params, cache, suffix, lens))
                 dt = median_time(lambda: jax.block_until_ready(f_pre(params, cache, suffix, lens)),
                                  args.repeats)
                 flops = b * s * cfg.flops_per_token(cfg.num_layers, args.prefix_len, s)
                 emit(dict(base, name="jax_prefix", batch=b, seq_len=s, prefix_len=args.prefix_len,
-                          seconds=dt, tokens_per_s=b * s / dt, mfu=flops / dt / peak))
+                          seconds=dt, tokens_per_s=b * s / dt, mfu=flops / dt / peak,
+                          rel_diff_vs_first_form=check((name, "prefix", b, s), out)))
         del params, cache
 
 

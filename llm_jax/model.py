@@ -10,6 +10,8 @@ n query heads, k kv heads, g query heads per kv head, d head dim, f MLP width, v
 
 from __future__ import annotations
 
+import functools
+import warnings
 from typing import Callable, Literal, NamedTuple
 
 import jax
@@ -113,22 +115,30 @@ class PrefixCache(NamedTuple):
     v: jax.Array  # [L, P, K, D]
 
 
-def attention(q, k, v, mask, prefix_k=None, prefix_v=None):
-    """q: [B, T, N, D]; k, v: [B, S, K, D]; mask: [B, T, S] bool (True = attend).
+def attention(q, k, v, mask, lengths, prefix_k=None, prefix_v=None):
+    """q: [B, T, N, D]; k, v: [B, T, K, D]; mask: [B, T, T] bool (True = attend: causal and
+    padding); lengths: [B] valid positions per row (the padding of `mask`).
     prefix_k/v: [P, K, D] shared by the whole batch, visible to every query.
 
-    This is the one function a Pallas kernel can replace. Two forms, chosen by
-    `attention_by_row()`:
-    - batched (GPU/TPU): `jax.nn.dot_product_attention` on blocks of QUERY_BLOCK queries, each
-      against only the keys up to its own end (causal: later keys are masked anyway); with a
-      prefix, a joint softmax over prefix and own keys that never copies the prefix per batch
-      row (products in the input dtype, accumulated in float32);
-    - row by row (CPU): one (batch row, kv head) pair at a time, so that a block's scores stay
-      in cache instead of a [B, heads, T, S] array going through memory (see
+    This is the one function a Pallas kernel can replace. Three forms, chosen by
+    `attention_form(dtype)`:
+    - "cudnn" (GPU, bf16/fp16): cuDNN's fused flash attention through
+      `jax.nn.dot_product_attention(implementation="cudnn")`, padding from `lengths`; with a
+      prefix, the prefix keys go in front of each row's own and one [T, P + T] mask, shared by
+      all rows and heads, lets query i see the prefix and its own keys up to i; no score matrix
+      goes through memory;
+    - "blocked" (other accelerators, float32): `jax.nn.dot_product_attention` on blocks of
+      QUERY_BLOCK queries, each against only the keys up to its own end (later keys are masked
+      anyway); with a prefix, a joint softmax over prefix and own keys that never copies the
+      prefix per batch row (products in the input dtype, accumulated in float32);
+    - "row" (CPU): one (batch row, kv head) pair at a time, so that a block's scores stay in
+      cache instead of a [B, heads, T, S] array going through memory (see
       `_causal_attention_by_row`, `_prefix_attention_by_row`)."""
-    by_row = attention_by_row()
+    form = attention_form(q.dtype)
+    if form == "cudnn":
+        return _cudnn_attention(q, k, v, lengths, prefix_k, prefix_v)
     if prefix_k is None:
-        if by_row:
+        if form == "row":
             return _causal_attention_by_row(q, k, v, mask)
         t = q.shape[1]
         outs = [jax.nn.dot_product_attention(q[:, i:i + QUERY_BLOCK], k[:, :i + QUERY_BLOCK],
@@ -136,7 +146,7 @@ def attention(q, k, v, mask, prefix_k=None, prefix_v=None):
                                              mask=mask[:, None, i:i + QUERY_BLOCK, :i + QUERY_BLOCK])
                 for i in range(0, t, QUERY_BLOCK)]
         return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
-    if by_row:
+    if form == "row":
         return _prefix_attention_by_row(q, k, v, mask, prefix_k, prefix_v)
     b, t, n, d = q.shape
     kh = k.shape[2]
@@ -154,10 +164,53 @@ def attention(q, k, v, mask, prefix_k=None, prefix_v=None):
     return out.reshape(b, t, n, d).astype(q.dtype)
 
 
-def attention_by_row() -> bool:
-    """Which attention form to trace: row by row on CPU, batched elsewhere (tests patch this to
-    check both forms against HF transformers and against encoding without a cache)."""
-    return jax.default_backend() == "cpu"
+def attention_form(dtype) -> Literal["row", "blocked", "cudnn"]:
+    """Which form of `attention` to trace: row by row on CPU; cuDNN on a GPU for bf16/fp16 where
+    it compiles; blocked otherwise. Tests patch this to check every form against HF transformers
+    and against encoding without a cache."""
+    backend = jax.default_backend()
+    if backend == "cpu":
+        return "row"
+    if backend == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and _cudnn_compiles():
+        return "cudnn"
+    return "blocked"
+
+
+def _cudnn_attention(q, k, v, lengths, prefix_k=None, prefix_v=None):
+    """cuDNN flash attention: causal within a row, padding from `lengths`. With a prefix, its
+    keys go in front of each row's own: a [B, P + T, K, D] copy of k and v per layer, far less
+    memory traffic than the [B, heads, T, P + T] float32 scores of the blocked form."""
+    b, t = q.shape[:2]
+    lengths = lengths.astype(jnp.int32)
+    if prefix_k is None:
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, query_seq_lengths=lengths,
+                                            key_value_seq_lengths=lengths, implementation="cudnn")
+    p = prefix_k.shape[0]
+    kk = jnp.concatenate([jnp.broadcast_to(prefix_k, (b, *prefix_k.shape)), k], axis=1)
+    vv = jnp.concatenate([jnp.broadcast_to(prefix_v, (b, *prefix_v.shape)), v], axis=1)
+    own = jnp.arange(t)
+    sees = jnp.concatenate([jnp.ones((t, p), bool), own[:, None] >= own[None, :]], axis=1)
+    return jax.nn.dot_product_attention(q, kk, vv, mask=sees[None, None],
+                                        query_seq_lengths=lengths,
+                                        key_value_seq_lengths=lengths + p, implementation="cudnn")
+
+
+@functools.cache
+def _cudnn_compiles() -> bool:
+    """Whether this GPU's cuDNN compiles both calls of `_cudnn_attention` (tried once on small
+    shapes; an old cuDNN or an unsupported GPU falls back to the blocked form, with a warning)."""
+    q = jax.ShapeDtypeStruct((2, 16, 4, 64), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((2, 16, 2, 64), jnp.bfloat16)
+    pre = jax.ShapeDtypeStruct((8, 2, 64), jnp.bfloat16)
+    n = jax.ShapeDtypeStruct((2,), jnp.int32)
+    try:
+        jax.jit(_cudnn_attention).lower(q, kv, kv, n).compile()
+        jax.jit(_cudnn_attention).lower(q, kv, kv, n, pre, pre).compile()
+    except Exception as e:  # noqa: BLE001 -- whatever the failure, the blocked form is used
+        warnings.warn(f"cuDNN attention unavailable ({type(e).__name__}: {str(e)[:200]}); "
+                      "using the blocked XLA form", stacklevel=2)
+        return False
+    return True
 
 
 def _causal_attention_by_row(q, k, v, mask):
@@ -207,8 +260,9 @@ def _prefix_attention_by_row(q, k, v, mask, prefix_k, prefix_v):
     return jax.lax.map(row, (q, k, v, mask))
 
 
-def decoder_layer(cfg: Qwen3Config, lp: dict, x, rot, mask, prefix_kv=None):
-    """One Qwen3 block. x: [B, T, H]; rot: (cos, sin) of `rope_tables`.
+def decoder_layer(cfg: Qwen3Config, lp: dict, x, rot, mask, lengths, prefix_kv=None):
+    """One Qwen3 block. x: [B, T, H]; rot: (cos, sin) of `rope_tables`; mask, lengths: as
+    `attention` takes them.
     Returns (x, (k, v) of this block's own positions)."""
     eps = cfg.rms_norm_eps
     h = rms_norm(x, lp["attn_norm"], eps)
@@ -216,7 +270,7 @@ def decoder_layer(cfg: Qwen3Config, lp: dict, x, rot, mask, prefix_kv=None):
     k = rms_norm(jnp.einsum("bth,hkd->btkd", h, lp["k"]), lp["k_norm"], eps)
     v = jnp.einsum("bth,hkd->btkd", h, lp["v"])
     q, k = rope(q, *rot), rope(k, *rot)
-    a = attention(q, k, v, mask, *(prefix_kv or (None, None)))
+    a = attention(q, k, v, mask, lengths, *(prefix_kv or (None, None)))
     x = x + jnp.einsum("btnd,ndh->bth", a, lp["o"])
     h = rms_norm(x, lp["mlp_norm"], eps)
     ff = jax.nn.silu(jnp.einsum("bth,hf->btf", h, lp["gate"])) * jnp.einsum("bth,hf->btf", h, lp["up"])
@@ -249,7 +303,7 @@ def hidden_states(params, cfg: Qwen3Config, tokens, lengths, layer: int,
 
     def block(x, xs):
         lp, pkv = xs
-        x, kv = decoder_layer(cfg, lp, x, rot, mask, pkv)
+        x, kv = decoder_layer(cfg, lp, x, rot, mask, lengths, pkv)
         return x, kv
 
     pkv = None if prefix is None else (prefix.k[:layer], prefix.v[:layer])
