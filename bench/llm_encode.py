@@ -70,6 +70,17 @@ def median_time(fn, repeats):
     return statistics.median(times)
 
 
+def interleaved(fns, repeats):
+    """Seconds of each of `fns` in each of `repeats` rounds that call every fn once, in turn."""
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, ts in zip(fns, times):
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+    return times
+
+
 def build(name, folder):
     from qwen_fixtures import build_tiny_qwen3
 
@@ -203,19 +214,25 @@ def cpu_rows(args: Args, emit):
                  for b in args.batches for t in args.lengths]
         fn = jax.jit(lambda p, x, n: encode(p, cfg, x, n, cfg.num_layers, "none", True))
         # JAX and HF first, with no server running: an idle vLLM CPU server still takes cycles.
+        # Timed in alternating rounds (JAX, HF, JAX, HF, ...) so that a slow spell of this noisy
+        # machine hits both sides; vs_hf is the median over rounds of HF's time / ours.
         for b, t, tokens in cases:
             lengths = np.full(b, t, np.int32)
+            ids = torch.tensor(tokens, dtype=torch.long)
             t0 = time.perf_counter()
             jax.block_until_ready(fn(params, tokens, lengths))
             compile_s = time.perf_counter() - t0
-            dt = median_time(lambda: jax.block_until_ready(fn(params, tokens, lengths)), args.repeats)
-            emit(dict(base, name="jax", batch=b, seq_len=t, tokens_per_s=b * t / dt,
-                      compile_s=compile_s))
-            ids = torch.tensor(tokens, dtype=torch.long)
             with torch.no_grad():
                 hf.model(input_ids=ids)
-                dt = median_time(lambda: hf.model(input_ids=ids), args.repeats)
-            emit(dict(base, name="hf_torch", batch=b, seq_len=t, tokens_per_s=b * t / dt))
+                ours, theirs = interleaved(
+                    [lambda: jax.block_until_ready(fn(params, tokens, lengths)),
+                     lambda: hf.model(input_ids=ids)], args.repeats)
+            emit(dict(base, name="jax", batch=b, seq_len=t,
+                      tokens_per_s=b * t / statistics.median(ours), compile_s=compile_s,
+                      vs_hf=statistics.median(h / o for o, h in zip(ours, theirs)),
+                      rounds=args.repeats))
+            emit(dict(base, name="hf_torch", batch=b, seq_len=t,
+                      tokens_per_s=b * t / statistics.median(theirs)))
         proc, client = start_vllm(folder, 8765) if args.vllm else (None, None)
         if client is not None:
             for b, t, tokens in cases:
