@@ -12,6 +12,7 @@ length, and the steps/s the LLM alone would allow at the matmul FLOP/s measured 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -181,6 +182,21 @@ def render_rows(a: Args, weights: str) -> list[dict]:
     return rows
 
 
+@contextlib.contextmanager
+def forced_attention(form: str):
+    """Trace llm_jax.model's `attention` in `form` (row / blocked / cudnn) inside the block;
+    "auto" leaves the automatic choice."""
+    import llm_jax.model
+
+    saved = llm_jax.model.attention_form
+    if form != "auto":
+        llm_jax.model.attention_form = lambda dtype: form
+    try:
+        yield
+    finally:
+        llm_jax.model.attention_form = saved
+
+
 def write_json(path: str, rows: list[dict]) -> None:
     tmp = Path(path).with_suffix(".tmp")
     tmp.write_text(json.dumps(rows, indent=1))
@@ -225,16 +241,11 @@ def main(a: Args) -> list[dict]:
     for skip, form in [(s, f) for s in a.skip_n for f in a.attention]:
         llm = LLMConfig(backend="jax", skip_n=skip, post_norm=True, layer=a.layer, dtype=a.dtype,
                         microbatch=a.microbatch, refresh_on_reset=a.refresh_on_reset, **model_kw)
-        saved = llm_jax.model.attention_form
-        if form != "auto":
-            llm_jax.model.attention_form = lambda dtype, f=form: f
-        try:
+        with forced_attention(form):
             row = time_config(a, train_cfg(a, llm), "fused", skip_n=skip, backend="jax",
                               model=a.model, layer=layer, dtype=a.dtype,
                               refresh_on_reset=a.refresh_on_reset,
                               attention=llm_jax.model.attention_form(jnp.dtype(a.dtype)))
-        finally:
-            llm_jax.model.attention_form = saved
         if base:
             row["vs_ppo"] = row["steps_per_s"] / base
         if skip:

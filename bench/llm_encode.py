@@ -106,30 +106,23 @@ def start_vllm(folder, port):
 def shape_rows(args: Args, emit) -> None:
     import jax
 
-    import llm_jax.model
-    from fused_sps import matmul_flops
+    from fused_sps import forced_attention, matmul_flops
 
     peak = matmul_flops("bfloat16")
     emit({"name": "machine", "devices": str(jax.devices()), "bf16_matmul_flops_per_s": peak})
     ref: dict = {}
     for form in args.forms:
-        if form == "auto":
-            _shape_rows(args, emit, peak, form, ref)
-            continue
-        saved = llm_jax.model.attention_form
-        llm_jax.model.attention_form = lambda dtype, f=form: f
-        try:
-            _shape_rows(args, emit, peak, form, ref)
-        finally:
-            llm_jax.model.attention_form = saved
+        with forced_attention(form):
+            _shape_rows(args, emit, peak, ref)
 
 
-def _shape_rows(args: Args, emit, peak, form, ref: dict) -> None:
+def _shape_rows(args: Args, emit, peak, ref: dict) -> None:
     import jax
     import jax.numpy as jnp
 
     from llm_jax.config import Qwen3Config
-    from llm_jax.model import attention_form, encode, init_params, prefill
+    import llm_jax.model
+    from llm_jax.model import encode, init_params, prefill
 
     def check(key, out):
         """Max |difference| of the pooled states from the first form's (same inputs), relative
@@ -143,7 +136,7 @@ def _shape_rows(args: Args, emit, peak, form, ref: dict) -> None:
         cfg = Qwen3Config.shape(name)
         params = jax.jit(lambda k: init_params(cfg, k, jnp.bfloat16))(jax.random.PRNGKey(0))
         base = {"model": name, "params": cfg.num_params(), "dtype": "bfloat16",
-                "attention": attention_form(jnp.bfloat16) if form == "auto" else form}
+                "attention": llm_jax.model.attention_form(jnp.bfloat16)}
         fn = jax.jit(lambda p, x, n: encode(p, cfg, x, n, cfg.num_layers, "last", True))
         for b in args.batches:
             for t in args.lengths:
