@@ -47,6 +47,16 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(p.max_grad_norm), optax.adam(lr, eps=p.adam_eps))
 
 
+def strong_types(tree):
+    """The same arrays without weak types. Craftax puts Python scalars into its states (weak
+    types); a checkpoint restores them as ordinary arrays, and a jitted chunk whose input types
+    differ from the ones it was compiled for compiles again (70-100 s on Craftax-Symbolic) after
+    a resume. `init` returns strong types, and `chunk` returns the types it takes (its scan
+    carry), so live and restored states match."""
+    return jax.tree.map(lambda x: jax.lax.convert_element_type(x, x.dtype)
+                        if jax.typeof(x).weak_type else x, tree)
+
+
 def make_network(cfg: TrainConfig, env, llm):
     if llm is None:
         return ActorCritic(env.num_actions, cfg.ppo.layer_width, cfg.ppo.num_layers)
@@ -97,7 +107,8 @@ def make_train(cfg: TrainConfig, num_devices: int = 1) -> Trainer:
             llm_state, _ = llm_step(llm, frozen, init_llm_state(llm, local_envs), env_state.obs,
                                     jnp.zeros(local_envs, bool), jnp.int32(0), k_llm, microbatch,
                                     axis)
-        return RunnerState(params, tx.init(params), env_state, k_run, jnp.int32(0), llm_state)
+        return strong_types(RunnerState(params, tx.init(params), env_state, k_run, jnp.int32(0),
+                                        llm_state))
 
     def chunk_local(rs: RunnerState, frozen):
         def body(rs, _):

@@ -39,17 +39,16 @@ def test_fused_jax_backend_matches_vllm_fallback(vllm_server):
 
     from fused.config import EnvConfig, LLMConfig, PPOConfig, TrainConfig, WandbConfig, validate
     from fused.llm import encode_observations
-    from fused.render import rollout_observations
     from fused.train import make_train
 
     folder, client = vllm_server
     env = "Craftax-Classic-Symbolic-v1"
     base = TrainConfig(
-        env=EnvConfig(name=env, num_envs=8, reset_pool=2, max_episode_steps=10),
+        env=EnvConfig(name=env, num_envs=4, reset_pool=2, max_episode_steps=10),
         ppo=PPOConfig(num_steps=8, layer_width=32, num_minibatches=2, update_epochs=1),
         llm=LLMConfig(backend="jax", weights=str(folder), post_norm=True, skip_n=3,
-                      refresh_batch=8),
-        total_timesteps=8 * 8 * 3, updates_per_chunk=3, wandb=WandbConfig(mode="disabled"),
+                      refresh_batch=4),
+        total_timesteps=4 * 8 * 2, updates_per_chunk=2, wandb=WandbConfig(mode="disabled"),
         plot=False)
     vcfg = dataclasses.replace(base, llm=dataclasses.replace(base.llm, backend="vllm",
                                                              url=client.url, post_norm=False))
@@ -60,8 +59,8 @@ def test_fused_jax_backend_matches_vllm_fallback(vllm_server):
         state = jax.jit(tr.init)(jax.random.PRNGKey(0), tr.frozen)
         state, metrics = jax.jit(tr.chunk)(state, tr.frozen)
         runs[name] = (tr, jax.device_get(state), jax.device_get(metrics))
-    obs = rollout_observations(env, 8, 1, 8)
-    h_jax, n_jax = encode_observations(runs["jax"][0].llm, runs["jax"][0].frozen, obs, 4)
+    obs = np.asarray(runs["jax"][1].env.obs)  # the envs' last observations
+    h_jax, n_jax = encode_observations(runs["jax"][0].llm, runs["jax"][0].frozen, obs, 2)
     h_vllm, n_vllm = runs["vllm"][0].llm.host.encode_numpy(obs)
     np.testing.assert_allclose(np.asarray(h_jax), h_vllm, atol=1e-4, rtol=0)
     assert int(n_jax) == int(n_vllm)
