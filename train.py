@@ -117,8 +117,9 @@ def run(cfg: TrainConfig, run_dir: Path, resuming: bool, num_devices: int) -> Pa
     init = trainer.init if trainer.mesh is not None else jax.jit(trainer.init)
     chunk = trainer.chunk if trainer.mesh is not None else jax.jit(trainer.chunk, donate_argnums=0)
     t0 = time.time()
-    # Committed to its devices, as a restored state is: jit compiles separately for committed
-    # and uncommitted inputs, so a resumed run reuses the chunk compiled for a fresh one.
+    # Committed to its devices, as a restored state is (jit compiles separately for committed
+    # and uncommitted inputs): fresh and resumed runs compile the same program, one entry in
+    # the persistent compilation cache.
     state = init(jax.random.PRNGKey(cfg.seed), trainer.frozen)
     state = jax.device_put(state, state_shardings(trainer, state))
     if resuming:
