@@ -101,7 +101,7 @@ def run(cfg: TrainConfig, run_dir: Path, resuming: bool, num_devices: int) -> Pa
 
     from fused.checkpoint import Checkpointer, abstract_like
     from fused.runlog import RunLog, atomic_write_text, chunk_rows
-    from fused.train import make_train, state_shardings
+    from fused.train import initial_state, make_train, state_shardings
 
     console = Console(soft_wrap=True)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -114,14 +114,9 @@ def run(cfg: TrainConfig, run_dir: Path, resuming: bool, num_devices: int) -> Pa
                   f"{jax.devices()[0].platform} device(s) -> {run_dir}")
 
     trainer = make_train(cfg, num_devices)
-    init = trainer.init if trainer.mesh is not None else jax.jit(trainer.init)
     chunk = trainer.chunk if trainer.mesh is not None else jax.jit(trainer.chunk, donate_argnums=0)
     t0 = time.time()
-    # Committed to its devices, as a restored state is (jit compiles separately for committed
-    # and uncommitted inputs): fresh and resumed runs compile the same program, one entry in
-    # the persistent compilation cache.
-    state = init(jax.random.PRNGKey(cfg.seed), trainer.frozen)
-    state = jax.device_put(state, state_shardings(trainer, state))
+    state = initial_state(trainer, jax.random.PRNGKey(cfg.seed))
     if resuming:
         step, state, _ = ckpt.restore_latest(abstract_like(state, state_shardings(trainer, state)))
         log.truncate_after(step)

@@ -163,6 +163,15 @@ def state_specs(state: RunnerState) -> RunnerState:
     return rep
 
 
+def initial_state(trainer: Trainer, key) -> RunnerState:
+    """`trainer.init` (jitted), committed to its devices as a restored checkpoint is: jit compiles
+    separately for committed and uncommitted inputs, so fresh and resumed runs then run the same
+    compiled chunk (one entry in the persistent compilation cache too)."""
+    init = trainer.init if trainer.mesh is not None else jax.jit(trainer.init)
+    state = init(key, trainer.frozen)
+    return jax.device_put(state, state_shardings(trainer, state))
+
+
 def state_shardings(trainer: Trainer, state: RunnerState):
     """NamedShardings matching `state_specs`, for restoring checkpoints onto the mesh."""
     if trainer.mesh is None:

@@ -100,13 +100,13 @@ def smoke_cfg(**llm_kw) -> TrainConfig:
 
 @pytest.fixture(scope="module")
 def trained():
-    from fused.train import make_train
+    from fused.train import initial_state, make_train
 
     cfg = smoke_cfg()
     validate(cfg)
     tr = make_train(cfg)
-    init, chunk = jax.jit(tr.init), jax.jit(tr.chunk)
-    s0 = jax.device_put(init(jax.random.PRNGKey(0), tr.frozen), jax.devices()[0])  # as train.py
+    chunk = jax.jit(tr.chunk)
+    s0 = initial_state(tr, jax.random.PRNGKey(0))  # as train.py starts a run
     s1, m1 = chunk(s0, tr.frozen)
     s2, m2 = chunk(s1, tr.frozen)
     return tr, chunk, s1, s2, (jax.device_get(m1), jax.device_get(m2))
