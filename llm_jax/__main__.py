@@ -97,8 +97,8 @@ def run_truncate(a: Truncate) -> Path:
     from safetensors import safe_open
 
     files = _tensor_files(src)
-    keep = [s.hf_name for s in WEIGHTS.values()] + [
-        s.hf_name.format(i=i) for i in range(a.layers) for s in LAYER_WEIGHTS.values()]
+    keep = [n for s in WEIGHTS.values() for n in s.hf_names] + [
+        n.format(i=i) for i in range(a.layers) for s in LAYER_WEIGHTS.values() for n in s.hf_names]
     if "lm_head.weight" in files:
         keep.append("lm_head.weight")
     tensors = {}

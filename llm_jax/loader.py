@@ -43,9 +43,10 @@ def _tensor_files(folder: Path) -> dict[str, Path]:
 
 
 def expected_tensors(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
-    out = {s.hf_name: s.hf_shape(cfg) for s in WEIGHTS.values()}
+    out = {n: shape for s in WEIGHTS.values() for n, shape in zip(s.hf_names, s.hf_shapes(cfg))}
     for i in range(cfg.num_layers):
-        out.update({s.hf_name.format(i=i): s.hf_shape(cfg) for s in LAYER_WEIGHTS.values()})
+        out.update({n.format(i=i): shape for s in LAYER_WEIGHTS.values()
+                    for n, shape in zip(s.hf_names, s.hf_shapes(cfg))})
     return out
 
 
@@ -80,11 +81,12 @@ def load_params(folder: str | Path, dtype=jnp.float32) -> tuple[Qwen3Config, dic
         raise WeightsError(f"{folder} does not match its config.json ("
                            + "; ".join(p for p in parts if p) + "); is it a Qwen3 checkpoint?")
 
-    def convert(spec, name):
-        return np.asarray(spec.to_ours(handle(name).get_tensor(name), cfg)).astype(dtype)
+    def convert(spec, i=None):
+        names = [n.format(i=i) for n in spec.hf_names]
+        return spec.convert([handle(n).get_tensor(n) for n in names], cfg).astype(dtype)
 
-    params = {k: jnp.asarray(convert(s, s.hf_name)) for k, s in WEIGHTS.items()}
+    params = {k: jnp.asarray(convert(s)) for k, s in WEIGHTS.items()}
     params["layers"] = {
-        k: jnp.asarray(np.stack([convert(s, s.hf_name.format(i=i)) for i in range(cfg.num_layers)]))
+        k: jnp.asarray(np.stack([convert(s, i) for i in range(cfg.num_layers)]))
         for k, s in LAYER_WEIGHTS.items()}
     return cfg, params
