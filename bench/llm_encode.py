@@ -70,11 +70,17 @@ def median_time(fn, repeats):
     return statistics.median(times)
 
 
-def interleaved(fns, repeats):
-    """Seconds of each of `fns` in each of `repeats` rounds that call every fn once, in turn."""
+def interleaved(fns, repeats, settle_s=0.05):
+    """Seconds of each of `fns` in each of `repeats` rounds that call every fn in turn. Before
+    its timed call, each fn runs untimed for at least `settle_s`, so that no timing holds the
+    previous fn's idle threads: torch's OpenMP threads spin ~20 ms after a call, and a JAX call
+    just after a torch call was measured 1.7x slower (the next one 1.35x) than JAX alone."""
     times = [[] for _ in fns]
     for _ in range(repeats):
         for fn, ts in zip(fns, times):
+            t = time.perf_counter()
+            while time.perf_counter() - t < settle_s:
+                fn()
             t = time.perf_counter()
             fn()
             ts.append(time.perf_counter() - t)
@@ -208,7 +214,8 @@ def cpu_rows(args: Args, emit):
         fn = jax.jit(lambda p, x, n: encode(p, cfg, x, n, cfg.num_layers, "none", True))
         # JAX and HF first, with no server running: an idle vLLM CPU server still takes cycles.
         # Timed in alternating rounds (JAX, HF, JAX, HF, ...) so that a slow spell of this noisy
-        # machine hits both sides; vs_hf is the median over rounds of HF's time / ours.
+        # machine hits both sides, each timed call after untimed ones of its own (`interleaved`);
+        # vs_hf is the median over rounds of HF's time / ours.
         for b, t, tokens in cases:
             lengths = np.full(b, t, np.int32)
             ids = torch.tensor(tokens, dtype=torch.long)
