@@ -32,20 +32,23 @@ def tiny(request, tmp_path_factory):
     return folder, tokens, ref
 
 
-FORMS = ["row", "blocked"] + (["cudnn"] if jax.default_backend() == "gpu" else [])
+# (form, query block): the row form with blocks of 4 (13 tokens span several blocks and a ragged
+# last one) and of 16 (the whole sequence is one block: its batched branch).
+FORMS = [("row", 4), ("row", 16), ("blocked", 4)] + (
+    [("cudnn", 4)] if jax.default_backend() == "gpu" else [])
 
 
-@pytest.fixture(params=FORMS)
+@pytest.fixture(params=FORMS, ids=[f"{f}-{q}" for f, q in FORMS])
 def attention_form(request, monkeypatch):
     """Every attention form this machine can run (CPU traces "row" by default, a GPU "cudnn" in
-    bf16 and "blocked" in float32), with query blocks of 4 so that 13 tokens span several blocks
-    and a ragged last one."""
+    bf16 and "blocked" in float32), with small query blocks so every code path of each runs."""
     import llm_jax.model
 
-    monkeypatch.setattr(llm_jax.model, "attention_form", lambda dtype: request.param)
-    monkeypatch.setattr(llm_jax.model, "QUERY_BLOCK", 4)
-    monkeypatch.setattr(llm_jax.model, "ROW_QUERY_BLOCK", 4)
-    return request.param
+    form, block = request.param
+    monkeypatch.setattr(llm_jax.model, "attention_form", lambda dtype: form)
+    monkeypatch.setattr(llm_jax.model, "QUERY_BLOCK", block)
+    monkeypatch.setattr(llm_jax.model, "ROW_QUERY_BLOCK", block)
+    return form
 
 
 def fp32_only(form):
