@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fused.prompt import full_prompt, prompt_parts
-from fused.render import make_renderer, render_tokens, rollout_observations
+from fused.render import PACK_SIZES, make_renderer, render_tokens, rollout_observations
 from fused.text_format import BLOCKS_FULL, ITEMS_FULL, MOBS_FULL, get_layout, render_text
 from llm_jax.tokenizer import load_tokenizer
 
@@ -127,6 +127,24 @@ def test_worst_case_fits_l_max(tok, renderers):
     tokens, lengths = jax.jit(lambda o: render_tokens(renderers[FULL], o))(obs[None])
     assert np.asarray(tokens)[0, :int(lengths[0])].tolist() == tok.encode(text)
     assert int(lengths[0]) <= renderers[FULL].max_tokens
+    assert int(lengths[0]) > max(PACK_SIZES)  # packed at L_max, not a smaller width
+
+
+def test_packing_width_does_not_change_tokens(tok, renderers):
+    """A short observation alone is packed at the smallest width, next to the worst case at
+    L_max: the same tokens and padding either way, each equal to the reference."""
+    short = full_obs({(0, 1): {"block": "tree"}})
+    worst = full_obs({(r, c): {"block": "enchantment_table_fire", "item": "ladder_down_blocked",
+                               "mob": "player_slimeball"}
+                      for r in range(-4, 5) for c in range(-5, 6)})
+    f = jax.jit(lambda o: render_tokens(renderers[FULL], o))
+    alone, n_alone = (np.asarray(x) for x in f(short[None]))
+    both, n_both = (np.asarray(x) for x in f(np.stack([short, worst])))
+    assert int(n_alone[0]) <= max(PACK_SIZES)  # packed below L_max
+    np.testing.assert_array_equal(alone[0], both[0])
+    assert n_alone[0] == n_both[0]
+    assert alone[0, :n_alone[0]].tolist() == tok.encode(render_text(get_layout(FULL), short))
+    assert both[1, :n_both[1]].tolist() == tok.encode(render_text(get_layout(FULL), worst))
 
 
 def assert_rollout_states_match(env, renderer, tok, n, seed):
