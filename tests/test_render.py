@@ -131,7 +131,7 @@ def test_worst_case_fits_l_max(tok, renderers):
 
 
 def test_packing_width_does_not_change_tokens(tok, renderers):
-    """A short observation alone is packed at the smallest width, next to the worst case at
+    """A short observation alone is packed below L_max, next to the worst case at
     L_max: the same tokens and padding either way, each equal to the reference."""
     short = full_obs({(0, 1): {"block": "tree"}})
     worst = full_obs({(r, c): {"block": "enchantment_table_fire", "item": "ladder_down_blocked",
