@@ -24,7 +24,7 @@ from flax import struct
 
 from fused.config import LLMConfig
 from fused.prompt import garbage_prefix, prompt_parts
-from fused.render import Renderer, make_renderer, render_tokens
+from fused.render import Renderer, at_smallest_fit, make_renderer, render_tokens
 from fused.text_format import render_text
 from llm_jax.config import Qwen3Config
 from llm_jax.model import PrefixCache, encode, init_params, prefill
@@ -153,8 +153,7 @@ def _encode_tokens(llm: LLM, frozen: FrozenLLM, tokens, lengths):
                           post_norm, frozen.prefix).astype(jnp.float32)
         return run
 
-    idx = jnp.sum(lengths.max() > jnp.array(llm.buckets[:-1]))
-    return jax.lax.switch(idx, [at(b) for b in llm.buckets], tokens, lengths)
+    return at_smallest_fit(llm.buckets, lengths.max(), at, tokens, lengths)
 
 
 def encode_observations(llm: LLM, frozen: FrozenLLM | None, obs, microbatch: int | None = None):

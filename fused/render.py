@@ -201,6 +201,13 @@ def pack_fragments(r: Renderer, ids, size: int | None = None):
 PACK_SIZES = (128, 256, 512)  # packing widths tried before L_max (see `render_tokens`)
 
 
+def at_smallest_fit(sizes, need, branch, *operands):
+    """`branch(size)(*operands)` for the smallest of `sizes` (ascending; the last one is the
+    bound) that is >= `need`, a traced scalar: every size is compiled, only one runs."""
+    which = jnp.sum(need > jnp.array(sizes[:-1]))
+    return jax.lax.switch(which, [branch(s) for s in sizes], *operands)
+
+
 def render_tokens(r: Renderer, obs: jax.Array):
     """obs: [B, D] symbolic observations -> (tokens [B, L_max] int32 right-padded, lengths [B]).
     Pure jnp, no host call: tokens equal `tokenizer.encode(render_text(layout, obs[b]))`.
@@ -220,8 +227,7 @@ def render_tokens(r: Renderer, obs: jax.Array):
                            constant_values=r.pad_id), lengths
         return run
 
-    which = jnp.sum(longest > jnp.array(sizes[:-1]))
-    return jax.lax.switch(which, [packed(s) for s in sizes], ids)
+    return at_smallest_fit(sizes, longest, packed, ids)
 
 
 # --- check CLI ------------------------------------------------------------------------------
