@@ -6,8 +6,9 @@ fallback (host render + HTTP), plus device vs host rendering, in ONE process on 
 Both LLM backends use the same tiny random Qwen3 checkpoint (head_dim 64), written with HF
 transformers into a temporary folder (needs the test extras: torch, transformers). Every
 configuration is compiled first (compile time reported apart), warmed up, then timed over whole
-chunks with block_until_ready. Also reports the LLM FLOPs per env step from the mean rendered
-length, and the steps/s the LLM alone would allow at the matmul FLOP/s measured here.
+chunks with block_until_ready. Plain PPO and fused with skip_n 0 (never), whose ratio is a
+target, are timed chunk for chunk in turn. Also reports the LLM FLOPs per env step from the mean
+rendered length, and the steps/s the LLM alone would allow at the matmul FLOP/s measured here.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ class Args:
     """Envs per LLM microbatch (0 = the default, the largest divisor <= 32)."""
     plain: bool = True
     """Also time plain PPO."""
+    pair_rounds: int = 20
+    """With plain PPO and skip_n 0 both asked for: chunks of each, timed alternately."""
     refresh_on_reset: bool = True
     """Re-encode envs whose episode ended (as in training); off isolates the periodic calls."""
     attention: tuple[str, ...] = ("auto",)
@@ -92,44 +95,76 @@ def train_cfg(a: Args, llm=None):
                        updates_per_chunk=a.updates, wandb=WandbConfig(mode="disabled"), plot=False)
 
 
+class Timed:
+    """One configuration compiled (compile time apart) and warmed up, then timed chunk by chunk
+    with block_until_ready."""
+
+    def __init__(self, cfg):
+        import jax
+
+        from fused.config import validate
+        from fused.train import make_train
+
+        validate(cfg)
+        self.cfg, self.tr = cfg, make_train(cfg)
+        tr = self.tr
+        self.state = jax.block_until_ready(jax.jit(tr.init)(jax.random.PRNGKey(0), tr.frozen))
+        t = time.perf_counter()
+        self.compiled = jax.jit(tr.chunk).lower(self.state, tr.frozen).compile()
+        self.compile_s = time.perf_counter() - t
+        self.state, _ = jax.block_until_ready(self.compiled(self.state, tr.frozen))  # warm-up
+        self.host0 = self.host_seconds()
+        self.times, self.metrics = [], []
+
+    def host_seconds(self) -> float:
+        llm = self.tr.llm
+        return llm.host.seconds if llm is not None and llm.host is not None else 0.0
+
+    def chunk(self) -> None:
+        import jax
+
+        t = time.perf_counter()
+        self.state, m = jax.block_until_ready(self.compiled(self.state, self.tr.frozen))
+        self.times.append(time.perf_counter() - t)
+        self.metrics.append(jax.device_get(m))
+
+    def row(self, a: Args, name: str, skip_n: int | None, **extra) -> dict:
+        """Rates are totals over the timed chunks."""
+        dt = sum(self.times)
+        row = {"name": name, "env": a.env, "num_envs": a.num_envs, "skip_n": skip_n,
+               "steps_per_s": len(self.times) * a.updates * self.cfg.steps_per_update / dt,
+               "compile_s": self.compile_s, "chunk_seconds": [round(x, 3) for x in self.times],
+               "seconds": dt, **extra}
+        if self.tr.llm is not None:
+            for k in ("calls", "refreshed", "tokens"):  # totals over the timed chunks
+                row[f"llm_{k}"] = float(sum(x["ppo"][f"llm/{k}"].sum() for x in self.metrics))
+            if self.tr.llm.host is not None:
+                row["llm_host_share"] = (self.host_seconds() - self.host0) / dt
+        print(json.dumps(row), flush=True)
+        return row
+
+
 def time_config(a: Args, cfg, name: str, skip_n: int | None = None, **extra) -> dict:
-    import jax
-
-    from fused.config import validate
-    from fused.train import make_train
-
-    validate(cfg)
-    tr = make_train(cfg)
-    state = jax.block_until_ready(jax.jit(tr.init)(jax.random.PRNGKey(0), tr.frozen))
-    t = time.perf_counter()
-    compiled = jax.jit(tr.chunk).lower(state, tr.frozen).compile()
-    compile_s = time.perf_counter() - t
-    state, _ = jax.block_until_ready(compiled(state, tr.frozen))  # warm-up
-    host0 = tr.llm.host.seconds if tr.llm is not None and tr.llm.host is not None else 0.0
     # Up to `repeats` chunks (fewer once `min_seconds` have been spent), always a whole number of
     # LLM-call periods (lcm(skip_n, steps per chunk) env steps), so that the timed chunks hold
-    # exactly the average number of periodic calls; rates are totals over the timed chunks.
+    # exactly the average number of periodic calls.
+    run = Timed(cfg)
     steps = a.updates * cfg.ppo.num_steps
     period = math.lcm(skip_n, steps) // steps if skip_n else 1
-    times, ms = [], []
-    while not times or len(times) % period or (len(times) < a.repeats
-                                                and sum(times) < a.min_seconds):
-        t = time.perf_counter()
-        state, m = jax.block_until_ready(compiled(state, tr.frozen))
-        times.append(time.perf_counter() - t)
-        ms.append(jax.device_get(m))
-    dt = sum(times)
-    row = {"name": name, "env": a.env, "num_envs": a.num_envs, "skip_n": skip_n,
-           "steps_per_s": len(times) * a.updates * cfg.steps_per_update / dt,
-           "compile_s": compile_s, "chunk_seconds": [round(x, 3) for x in times],
-           "seconds": dt, **extra}
-    if tr.llm is not None:
-        for k in ("calls", "refreshed", "tokens"):  # totals over the timed chunks
-            row[f"llm_{k}"] = float(sum(x["ppo"][f"llm/{k}"].sum() for x in ms))
-        if tr.llm.host is not None:
-            row["llm_host_share"] = (tr.llm.host.seconds - host0) / dt
-    print(json.dumps(row), flush=True)
-    return row
+    while (not run.times or len(run.times) % period
+           or (len(run.times) < a.repeats and sum(run.times) < a.min_seconds)):
+        run.chunk()
+    return run.row(a, name, skip_n, **extra)
+
+
+def time_pair(a: Args, cfgs: list, rounds: int) -> list[Timed]:
+    """Configurations without periodic LLM calls, timed chunk for chunk in turn (A, B, A, B...)
+    so that a slow spell of the machine falls on all of them alike: their ratio is fair."""
+    runs = [Timed(cfg) for cfg in cfgs]
+    for _ in range(rounds):
+        for run in runs:
+            run.chunk()
+    return runs
 
 
 def matmul_flops(dtype: str) -> float:
@@ -229,23 +264,38 @@ def main(a: Args) -> list[dict]:
     layer = qcfg.num_layers if a.layer is None else a.layer
     rows = render_rows(a, weights)
     mean_tokens = rows[1]["mean_tokens"]
-    base = None
-    if a.plain:
+    def llm_cfg(skip):
+        return LLMConfig(backend="jax", skip_n=skip, post_norm=True, layer=a.layer, dtype=a.dtype,
+                         microbatch=a.microbatch, refresh_on_reset=a.refresh_on_reset, **model_kw)
+
+    def fused_extra():
+        return {"backend": "jax", "model": a.model, "layer": layer, "dtype": a.dtype,
+                "refresh_on_reset": a.refresh_on_reset,
+                "attention": llm_jax.model.attention_form(jnp.dtype(a.dtype))}
+
+    base, never = None, None
+    if a.plain and 0 in a.skip_n:  # the pair whose ratio is a target: timed chunk for chunk
+        plain_run, never_run = time_pair(a, [train_cfg(a), train_cfg(a, llm_cfg(0))],
+                                         a.pair_rounds)
+        timing = {"timing": "chunks alternating with the other of plain PPO / fused never"}
+        rows.append(plain_run.row(a, "ppo", None, backend="none", **timing))
+        never = never_run.row(a, "fused", 0, **fused_extra(), **timing)
+    elif a.plain:
         rows.append(time_config(a, train_cfg(a), "ppo", skip_n=None, backend="none"))
-        base = rows[-1]["steps_per_s"]
+    base = rows[-1]["steps_per_s"] if a.plain else None
     peak = matmul_flops(a.dtype)
     parts = prompt_parts(load_tokenizer(weights), a.env)
     seq = mean_tokens + len(parts.tail)
     per_token = qcfg.flops_per_token(layer, len(parts.prefix), seq)
     per_seq = seq * per_token
-    for skip, form in [(s, f) for s in a.skip_n for f in a.attention]:
-        llm = LLMConfig(backend="jax", skip_n=skip, post_norm=True, layer=a.layer, dtype=a.dtype,
-                        microbatch=a.microbatch, refresh_on_reset=a.refresh_on_reset, **model_kw)
-        with forced_attention(form):
-            row = time_config(a, train_cfg(a, llm), "fused", skip_n=skip, backend="jax",
-                              model=a.model, layer=layer, dtype=a.dtype,
-                              refresh_on_reset=a.refresh_on_reset,
-                              attention=llm_jax.model.attention_form(jnp.dtype(a.dtype)))
+    # Without calls no attention runs: skip_n 0 once, whatever the forms.
+    for skip, form in [(s, f) for s in a.skip_n for f in (a.attention if s else a.attention[:1])]:
+        if skip == 0 and never is not None:  # timed above, in turn with plain PPO
+            row = never
+        else:
+            with forced_attention(form):
+                row = time_config(a, train_cfg(a, llm_cfg(skip)), "fused", skip_n=skip,
+                                  **fused_extra())
         if base:
             row["vs_ppo"] = row["steps_per_s"] / base
         if skip:
