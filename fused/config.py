@@ -103,8 +103,8 @@ class LLMConfig:
     post_norm: bool = False
     """Apply the final RMSNorm (always on for the vllm backend, whose states are post-norm)."""
     skip_n: int = 25
-    """Call the LLM every skip_n env steps (any value >= 1); 0 = never (hidden state stays 0,
-    for measuring the overhead of the augmented network alone)."""
+    """Call the LLM every skip_n env steps (any value >= 1); 0 = never (hidden state stays 0:
+    what the fused program costs without LLM calls)."""
     refresh_on_reset: bool = True
     """Re-encode an env within --llm.refresh-wait steps of its episode's end instead of keeping
     the previous episode's hidden state until the next call (the prior system's staleness bug)."""
@@ -124,6 +124,11 @@ class LLMConfig:
     """Policy's hidden-state branch: Dense+tanh (prior), or LayerNorm then Dense+tanh."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """LLM compute dtype (jax backend)."""
+
+    @property
+    def constant_hidden(self) -> bool:
+        """The policy sees the same hidden state for every env: the LLM is never called."""
+        return self.skip_n == 0 or self.hidden == "zero"
 
     @property
     def active_backend(self) -> str:

@@ -203,10 +203,12 @@ def update_norm(n: RunningNorm, x, weight, axis_name=None) -> RunningNorm:
 
 
 def policy_hidden(llm: LLM, s: LLMState) -> jax.Array:
-    """What the policy sees: [N, H] normalised (if enabled) hidden states."""
+    """What the policy sees: [N, H] normalised (if enabled) hidden states. Without LLM calls
+    (`constant_hidden`) the state is zero whatever was restored, so every row is the same."""
+    h = jnp.zeros_like(s.hidden) if llm.cfg.constant_hidden else s.hidden
     if not llm.cfg.normalize:
-        return s.hidden
-    return (s.hidden - s.norm.mean) / jnp.sqrt(s.norm.var + 1e-6)
+        return h
+    return (h - s.norm.mean) / jnp.sqrt(s.norm.var + 1e-6)
 
 
 # --- per-step logic ---------------------------------------------------------------------------
@@ -237,7 +239,7 @@ def llm_step(llm: LLM, frozen, s: LLMState, obs, done, step, key, microbatch, ax
     stale = (s.age > 0) | (done & c.refresh_on_reset)
     age = jnp.where(stale, s.age + 1, 0)
     zero = jnp.zeros((), jnp.float32)
-    if c.skip_n == 0 or c.hidden == "zero":
+    if c.constant_hidden:
         return s.replace(age=jnp.zeros_like(age)), {
             "llm/calls": zero, "llm/refreshed": zero, "llm/tokens": zero}
     k_full, k_part = jax.random.split(key)

@@ -53,26 +53,54 @@ class ActorCritic(nn.Module):
         return self.critic_mlp(obs)[:, 0]
 
 
+class ConcatDense(nn.Module):
+    """`dense` over concat([a, b], -1), with the same parameters (kernel [A + B, F], bias), where
+    b may be one row shared by every row of a: then b's part of the product is computed once."""
+
+    features: int
+    gain: float
+
+    @nn.compact
+    def __call__(self, a: jax.Array, b: jax.Array) -> jax.Array:
+        na = a.shape[-1]
+        kernel = self.param("kernel", nn.initializers.orthogonal(self.gain),
+                            (na + b.shape[-1], self.features))
+        bias = self.param("bias", nn.initializers.zeros, (self.features,))
+        if b.shape[0] == a.shape[0]:
+            return jnp.concatenate([a, b], axis=-1) @ kernel + bias
+        return a @ kernel[:na] + (b @ kernel[na:] + bias)
+
+
 class AugmentedMLP(nn.Module):
     """obs -> Dense+tanh, hidden state -> [LayerNorm] Dense+tanh, concatenated, then
-    `num_layers - 1` Dense+tanh layers and a linear head (BRIEF section 4)."""
+    `num_layers - 1` Dense+tanh layers and a linear head (BRIEF section 4).
+
+    `constant_hidden`: every row's hidden state is the same (LLM never called, or the zero
+    ablation), so the hidden branch and its share of the first joint layer run on one row."""
 
     width: int
     num_layers: int
     out: int
     out_gain: float
     layernorm: bool
+    constant_hidden: bool = False
 
     @nn.compact
     def __call__(self, obs: jax.Array, hidden: jax.Array) -> jax.Array:
         x = nn.tanh(dense(self.width, np.sqrt(2), "obs_proj")(obs))
+        if self.constant_hidden:
+            hidden = hidden[:1]
         if self.layernorm:
             hidden = nn.LayerNorm(name="hidden_norm")(hidden)
         h = nn.tanh(dense(self.width, np.sqrt(2), "hidden_proj")(hidden))
-        x = jnp.concatenate([x, h], axis=-1)
-        for i in range(self.num_layers - 1):
-            x = nn.tanh(dense(self.width, np.sqrt(2), f"hidden_{i}")(x))
-        return dense(self.out, self.out_gain, "head")(x)
+        for i in range(self.num_layers):  # the first takes concat([x, h]); the last is the head
+            last = i == self.num_layers - 1
+            name, features, gain = (("head", self.out, self.out_gain) if last
+                                    else (f"hidden_{i}", self.width, np.sqrt(2)))
+            x = (ConcatDense(features, gain, name=name)(x, h) if i == 0
+                 else dense(features, gain, name)(x))
+            x = x if last else nn.tanh(x)
+        return x
 
 
 class AugmentedActorCritic(nn.Module):
@@ -83,11 +111,13 @@ class AugmentedActorCritic(nn.Module):
     width: int = 512
     num_layers: int = 3
     layernorm: bool = False
+    constant_hidden: bool = False
 
     def setup(self):
         self.actor_mlp = AugmentedMLP(self.width, self.num_layers, self.num_actions, 0.01,
-                                      self.layernorm)
-        self.critic_mlp = AugmentedMLP(self.width, self.num_layers, 1, 1.0, self.layernorm)
+                                      self.layernorm, self.constant_hidden)
+        self.critic_mlp = AugmentedMLP(self.width, self.num_layers, 1, 1.0, self.layernorm,
+                                       self.constant_hidden)
 
     def __call__(self, inp: dict) -> tuple[jax.Array, jax.Array]:
         return self.actor(inp), self.critic(inp)

@@ -61,7 +61,7 @@ def make_network(cfg: TrainConfig, env, llm):
     if llm is None:
         return ActorCritic(env.num_actions, cfg.ppo.layer_width, cfg.ppo.num_layers)
     return AugmentedActorCritic(env.num_actions, cfg.ppo.layer_width, cfg.ppo.num_layers,
-                                cfg.llm.projection == "layernorm")
+                                cfg.llm.projection == "layernorm", cfg.llm.constant_hidden)
 
 
 def dummy_input(env, llm):
