@@ -264,6 +264,7 @@ def main(a: Args) -> list[dict]:
     layer = qcfg.num_layers if a.layer is None else a.layer
     rows = render_rows(a, weights)
     mean_tokens = rows[1]["mean_tokens"]
+
     def llm_cfg(skip):
         return LLMConfig(backend="jax", skip_n=skip, post_norm=True, layer=a.layer, dtype=a.dtype,
                          microbatch=a.microbatch, refresh_on_reset=a.refresh_on_reset, **model_kw)
@@ -273,7 +274,7 @@ def main(a: Args) -> list[dict]:
                 "refresh_on_reset": a.refresh_on_reset,
                 "attention": llm_jax.model.attention_form(jnp.dtype(a.dtype))}
 
-    base, never = None, None
+    never = None
     if a.plain and 0 in a.skip_n:  # the pair whose ratio is a target: timed chunk for chunk
         plain_run, never_run = time_pair(a, [train_cfg(a), train_cfg(a, llm_cfg(0))],
                                          a.pair_rounds)
