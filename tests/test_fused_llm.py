@@ -170,8 +170,8 @@ def test_ablations(mode, obs, real_hidden):
 @pytest.mark.parametrize("layers,layernorm", [(3, False), (3, True), (1, False)])
 def test_constant_hidden_network_is_the_augmented_network(layers, layernorm):
     """Without LLM calls the network projects the one shared hidden row once: outputs and
-    gradients must equal the augmented network written out by hand in numpy (obs and hidden
-    projections, concatenation, tanh layers, head) and the per-row network's gradients."""
+    gradients (of both networks) must equal those of the augmented network written out by hand
+    in jnp (obs and hidden projections, concatenation, tanh layers, head) on every row."""
     from fused.networks import AugmentedActorCritic
 
     rng = np.random.default_rng(0)
@@ -183,28 +183,31 @@ def test_constant_hidden_network_is_the_augmented_network(layers, layernorm):
     assert jax.tree.structure(const.init(jax.random.PRNGKey(0), inp)) == \
         jax.tree.structure(params)  # checkpoints of either load into the other
 
-    def by_hand(p):
-        p = jax.tree.map(np.asarray, p)
+    def mlp_by_hand(p):
         h = hidden
         if layernorm:
-            h = (h - h.mean(-1, keepdims=True)) / np.sqrt(h.var(-1, keepdims=True) + 1e-6)
+            h = (h - h.mean(-1, keepdims=True)) / jnp.sqrt(h.var(-1, keepdims=True) + 1e-6)
             h = h * p["hidden_norm"]["scale"] + p["hidden_norm"]["bias"]
-        x = np.concatenate([np.tanh(obs @ p["obs_proj"]["kernel"] + p["obs_proj"]["bias"]),
-                            np.tanh(h @ p["hidden_proj"]["kernel"] + p["hidden_proj"]["bias"])],
-                           -1)
+        x = jnp.concatenate([jnp.tanh(obs @ p["obs_proj"]["kernel"] + p["obs_proj"]["bias"]),
+                             jnp.tanh(h @ p["hidden_proj"]["kernel"] + p["hidden_proj"]["bias"])],
+                            -1)
         for i in range(layers - 1):
-            x = np.tanh(x @ p[f"hidden_{i}"]["kernel"] + p[f"hidden_{i}"]["bias"])
+            x = jnp.tanh(x @ p[f"hidden_{i}"]["kernel"] + p[f"hidden_{i}"]["bias"])
         return x @ p["head"]["kernel"] + p["head"]["bias"]
 
+    def by_hand(p):
+        return (mlp_by_hand(p["params"]["actor_mlp"]),
+                mlp_by_hand(p["params"]["critic_mlp"])[:, 0])
+
+    def loss(apply):  # any scalar that mixes every output
+        return lambda p: sum(jnp.sum(jnp.sin(x)) for x in apply(p))
+
+    want, want_grad = by_hand(params), jax.grad(loss(by_hand))(params)
     for net in (full, const):
-        logits, value = net.apply(params, inp)
-        np.testing.assert_allclose(logits, by_hand(params["params"]["actor_mlp"]), atol=1e-5)
-        np.testing.assert_allclose(value, by_hand(params["params"]["critic_mlp"])[:, 0],
-                                   atol=1e-5)
-    grads = [jax.grad(lambda p: jnp.sum(jnp.sin(jnp.concatenate(
-        [net.apply(p, inp)[0], net.apply(p, inp)[1][:, None]], -1))))(params)
-        for net in (full, const)]
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), *grads)
+        for got, ref in zip(net.apply(params, inp), want):
+            np.testing.assert_allclose(got, ref, atol=1e-5)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5),
+                     jax.grad(loss(lambda p: net.apply(p, inp)))(params), want_grad)
     # Rows that differ are outside the contract: the shared row must really be the only one used.
     inp["hidden"] = inp["hidden"].at[3].add(jnp.arange(5.0))  # not a shift LayerNorm removes
     assert np.abs(const.apply(params, inp)[0] - full.apply(params, inp)[0]).max() > 1e-4
