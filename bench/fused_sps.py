@@ -13,7 +13,6 @@ rendered length, and the steps/s the LLM alone would allow at the matmul FLOP/s 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -28,6 +27,9 @@ import tyro
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+
+from fused.runs.files import atomic_write_json, setup_compilation_cache  # noqa: E402
+from llm_jax.model import resolve_form  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,8 +76,8 @@ class Args:
     refresh_on_reset: bool = True
     """Re-encode envs whose episode ended (as in training); off isolates the periodic calls."""
     attention: tuple[str, ...] = ("auto",)
-    """Attention forms of the fused rows, each timed in turn: auto (what training uses: row on
-    CPU, cudnn on a GPU in bf16) or one of llm_jax.model's row / blocked / cudnn."""
+    """Attention forms of the fused rows, each timed in turn (--llm.attention): auto (what
+    training uses: row on CPU, cudnn on a GPU in bf16) or one of row / blocked / cudnn."""
 
 
 def build_checkpoint(folder: Path) -> None:
@@ -103,28 +105,28 @@ class Timed:
         import jax
 
         from fused.config import validate
-        from fused.train import make_train
+        from fused.online import build
 
         validate(cfg)
-        self.cfg, self.tr = cfg, make_train(cfg)
-        tr = self.tr
-        self.state = jax.block_until_ready(jax.jit(tr.init)(jax.random.PRNGKey(0), tr.frozen))
+        self.cfg, self.online = cfg, build(cfg)
+        tr, frozen = self.online.trainer, self.online.frozen
+        self.llm = getattr(self.online.agent.inputs, "llm", None)
+        self.state = jax.block_until_ready(jax.jit(tr.init)(jax.random.PRNGKey(0), frozen))
         t = time.perf_counter()
-        self.compiled = jax.jit(tr.chunk).lower(self.state, tr.frozen).compile()
+        self.compiled = jax.jit(tr.chunk).lower(self.state, frozen).compile()
         self.compile_s = time.perf_counter() - t
-        self.state, _ = jax.block_until_ready(self.compiled(self.state, tr.frozen))  # warm-up
+        self.state, _ = jax.block_until_ready(self.compiled(self.state, frozen))  # warm-up
         self.host0 = self.host_seconds()
         self.times, self.metrics = [], []
 
     def host_seconds(self) -> float:
-        llm = self.tr.llm
-        return llm.host.seconds if llm is not None and llm.host is not None else 0.0
+        return self.llm.host.seconds if self.llm is not None and self.llm.host else 0.0
 
     def chunk(self) -> None:
         import jax
 
         t = time.perf_counter()
-        self.state, m = jax.block_until_ready(self.compiled(self.state, self.tr.frozen))
+        self.state, m = jax.block_until_ready(self.compiled(self.state, self.online.frozen))
         self.times.append(time.perf_counter() - t)
         self.metrics.append(jax.device_get(m))
 
@@ -135,10 +137,10 @@ class Timed:
                "steps_per_s": len(self.times) * a.updates * self.cfg.steps_per_update / dt,
                "compile_s": self.compile_s, "chunk_seconds": [round(x, 3) for x in self.times],
                "seconds": dt, **extra}
-        if self.tr.llm is not None:
+        if self.llm is not None:
             for k in ("calls", "refreshed", "tokens"):  # totals over the timed chunks
                 row[f"llm_{k}"] = float(sum(x["ppo"][f"llm/{k}"].sum() for x in self.metrics))
-            if self.tr.llm.host is not None:
+            if self.llm.host is not None:
                 row["llm_host_share"] = (self.host_seconds() - self.host0) / dt
         print(json.dumps(row), flush=True)
         return row
@@ -186,8 +188,9 @@ def render_rows(a: Args, weights: str) -> list[dict]:
     import jax
     import numpy as np
 
-    from fused.render import make_renderer, render_tokens, rollout_observations
-    from fused.text_format import get_layout, render_text
+    from fused.rl.envs import rollout_observations
+    from fused.text.format import get_layout, render_text
+    from fused.text.render import make_renderer, render_tokens
     from llm_jax.tokenizer import load_tokenizer
 
     tok = load_tokenizer(weights)  # weights None: the packaged Qwen3 tokenizer
@@ -217,40 +220,16 @@ def render_rows(a: Args, weights: str) -> list[dict]:
     return rows
 
 
-@contextlib.contextmanager
-def forced_attention(form: str):
-    """Trace llm_jax.model's `attention` in `form` (row / blocked / cudnn) inside the block;
-    "auto" leaves the automatic choice."""
-    import llm_jax.model
-
-    saved = llm_jax.model.attention_form
-    if form != "auto":
-        llm_jax.model.attention_form = lambda dtype: form
-    try:
-        yield
-    finally:
-        llm_jax.model.attention_form = saved
-
-
-def write_json(path: str, rows: list[dict]) -> None:
-    tmp = Path(path).with_suffix(".tmp")
-    tmp.write_text(json.dumps(rows, indent=1))
-    tmp.replace(path)
-
-
 def main(a: Args) -> list[dict]:
     import jax
     import jax.numpy as jnp
 
-    import llm_jax.model
-
     from fused.config import LLMConfig
-    from fused.prompt import prompt_parts
+    from fused.text.prompt import prompt_parts
     from llm_jax.config import Qwen3Config
     from llm_jax.tokenizer import load_tokenizer
 
-    jax.config.update("jax_compilation_cache_dir", os.environ.get(
-        "JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/.cache/craftax-fused/jax")))
+    setup_compilation_cache()
     if a.model == "tiny":
         weights = Path(tempfile.mkdtemp(prefix="fused-bench-")) / "tiny-qwen3"
         build_checkpoint(weights)
@@ -265,14 +244,15 @@ def main(a: Args) -> list[dict]:
     rows = render_rows(a, weights)
     mean_tokens = rows[1]["mean_tokens"]
 
-    def llm_cfg(skip):
+    def llm_cfg(skip, form="auto"):
         return LLMConfig(backend="jax", skip_n=skip, post_norm=True, layer=a.layer, dtype=a.dtype,
-                         microbatch=a.microbatch, refresh_on_reset=a.refresh_on_reset, **model_kw)
+                         microbatch=a.microbatch, refresh_on_reset=a.refresh_on_reset,
+                         attention=form, **model_kw)
 
-    def fused_extra():
+    def fused_extra(form="auto"):
         return {"backend": "jax", "model": a.model, "layer": layer, "dtype": a.dtype,
                 "refresh_on_reset": a.refresh_on_reset,
-                "attention": llm_jax.model.attention_form(jnp.dtype(a.dtype))}
+                "attention": resolve_form(form, jnp.dtype(a.dtype))}
 
     never = None
     if a.plain and 0 in a.skip_n:  # the pair whose ratio is a target: timed chunk for chunk
@@ -294,9 +274,8 @@ def main(a: Args) -> list[dict]:
         if skip == 0 and never is not None:  # timed above, in turn with plain PPO
             row = never
         else:
-            with forced_attention(form):
-                row = time_config(a, train_cfg(a, llm_cfg(skip)), "fused", skip_n=skip,
-                                  **fused_extra())
+            row = time_config(a, train_cfg(a, llm_cfg(skip, form)), "fused", skip_n=skip,
+                              **fused_extra(form))
         if base:
             row["vs_ppo"] = row["steps_per_s"] / base
         if skip:
@@ -307,7 +286,7 @@ def main(a: Args) -> list[dict]:
             row["llm_mfu"] = row["llm_tokens"] * per_token / row["seconds"] / peak
         rows.append(row)
         if a.out:  # after every row: a run cut short keeps what it measured
-            write_json(a.out, rows)
+            atomic_write_json(a.out, rows)
     if a.vllm:
         from llm_jax.vllm_client import launch_server
 
@@ -330,7 +309,7 @@ def main(a: Args) -> list[dict]:
                  "cpu_count": os.cpu_count(), "prefix_tokens": len(parts.prefix),
                  "tail_tokens": len(parts.tail), "model": qcfg.__dict__})
     if a.out:
-        write_json(a.out, rows)
+        atomic_write_json(a.out, rows)
         print(f"wrote {a.out}")
     return rows
 

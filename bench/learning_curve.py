@@ -10,8 +10,6 @@ prints first-decile vs last-decile mean return per seed.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -36,14 +34,13 @@ def main(args: Args):
     import jax
 
     from fused.config import PRESETS, validate
-    from fused.train import make_train
+    from fused.online import build
+    from fused.runs.files import atomic_path, atomic_write_json, setup_compilation_cache
 
-    jax.config.update("jax_compilation_cache_dir", os.environ.get(
-        "JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/.cache/craftax-fused/jax")))
+    setup_compilation_cache()
     cfg = PRESETS[args.preset][1]
     validate(cfg)
-    tr = make_train(cfg)
-    train = jax.jit(tr.train)
+    train = jax.jit(build(cfg).trainer.train)
     t = time.time()
     per_seed = []
     for s in args.seeds:
@@ -61,8 +58,8 @@ def main(args: Args):
                          "return": float(ep["return_sum"][i, u]) / n if n else None})
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"preset": args.preset, "wall_s_incl_compile": wall,
-                               "seeds": list(args.seeds), "rows": rows}))
+    atomic_write_json(out, {"preset": args.preset, "wall_s_incl_compile": wall,
+                            "seeds": list(args.seeds), "rows": rows}, indent=None)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -85,7 +82,8 @@ def main(args: Args):
            title=f"{cfg.env.name}, preset {args.preset} ({len(args.seeds)} seeds)")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out.with_suffix(".png"), dpi=90)
+    with atomic_path(out.with_suffix(".png")) as tmp:
+        fig.savefig(tmp, dpi=90)
     print(f"{len(args.seeds)} seeds x {cfg.num_updates * cfg.steps_per_update:,} steps in "
           f"{wall:.0f}s (incl. compile) -> {out}, {out.with_suffix('.png')}")
 

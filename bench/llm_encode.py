@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from fused.runs.files import atomic_write_json, setup_compilation_cache  # noqa: E402
+
 MODELS = {
     # name: (hidden, layers, heads, kv_heads, head_dim, intermediate, vocab)
     "tiny-h64": (128, 2, 4, 2, 64, 264, 151_680),
@@ -56,9 +58,8 @@ class Args:
     ours only (bf16), with MFU against a bf16 matmul measured here; replaces --models when given
     (for GPU sessions)."""
     forms: tuple[str, ...] = ("auto",)
-    """--shapes rows: attention forms to time in turn (auto, or llm_jax.model's cudnn / blocked /
-    row); each form's pooled states are compared with the first form's
-    (rel_diff_vs_first_form)."""
+    """--shapes rows: attention forms to time in turn (auto, or cudnn / blocked / row); each
+    form's pooled states are compared with the first form's (rel_diff_vs_first_form)."""
 
 
 def median_time(fn, repeats):
@@ -112,23 +113,23 @@ def start_vllm(folder, port):
 def shape_rows(args: Args, emit) -> None:
     import jax
 
-    from fused_sps import forced_attention, matmul_flops
+    from fused_sps import matmul_flops
 
     peak = matmul_flops("bfloat16")
     emit({"name": "machine", "devices": str(jax.devices()), "bf16_matmul_flops_per_s": peak})
     ref: dict = {}
     for form in args.forms:
-        with forced_attention(form):
-            _shape_rows(args, emit, peak, ref)
+        _shape_rows(args, emit, peak, ref, form)
 
 
-def _shape_rows(args: Args, emit, peak, ref: dict) -> None:
+def _shape_rows(args: Args, emit, peak, ref: dict, form: str) -> None:
     import jax
     import jax.numpy as jnp
 
     from llm_jax.config import Qwen3Config
-    import llm_jax.model
-    from llm_jax.model import encode, init_params, prefill
+    from llm_jax.model import AttentionConfig, encode, init_params, prefill, resolve_form
+
+    attn = AttentionConfig(form)
 
     def check(key, out):
         """Max |difference| of the pooled states from the first form's (same inputs), relative
@@ -142,8 +143,9 @@ def _shape_rows(args: Args, emit, peak, ref: dict) -> None:
         cfg = Qwen3Config.shape(name)
         params = jax.jit(lambda k: init_params(cfg, k, jnp.bfloat16))(jax.random.PRNGKey(0))
         base = {"model": name, "params": cfg.num_params(), "dtype": "bfloat16",
-                "attention": llm_jax.model.attention_form(jnp.bfloat16)}
-        fn = jax.jit(lambda p, x, n: encode(p, cfg, x, n, cfg.num_layers, "last", True))
+                "attention": resolve_form(form, jnp.bfloat16)}
+        fn = jax.jit(lambda p, x, n: encode(p, cfg, x, n, cfg.num_layers, "last", True,
+                                            attn=attn))
         for b in args.batches:
             for t in args.lengths:
                 tokens = rng.integers(0, 150_000, (b, t)).astype(np.int32)
@@ -157,9 +159,9 @@ def _shape_rows(args: Args, emit, peak, ref: dict) -> None:
                           compile_s=compile_s, rel_diff_vs_first_form=check((name, b, t), out),
                           mfu=b * t * cfg.flops_per_token(cfg.num_layers, 0, t) / dt / peak))
         prefix = rng.integers(0, 150_000, args.prefix_len).astype(np.int32)
-        cache = jax.jit(lambda p, x: prefill(p, cfg, x))(params, prefix)
+        cache = jax.jit(lambda p, x: prefill(p, cfg, x, attn=attn))(params, prefix)
         f_pre = jax.jit(lambda p, c, x, n: encode(p, cfg, x, n, cfg.num_layers, "last", True,
-                                                  prefix=c))
+                                                  prefix=c, attn=attn))
         for b in args.batches:
             for s in args.suffix_lengths:
                 suffix = rng.integers(0, 150_000, (b, s)).astype(np.int32)
@@ -175,10 +177,7 @@ def _shape_rows(args: Args, emit, peak, ref: dict) -> None:
 
 
 def main(args: Args):
-    import jax
-
-    jax.config.update("jax_compilation_cache_dir", os.environ.get(
-        "JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/.cache/craftax-fused/jax")))
+    setup_compilation_cache()
     rows = []
 
     def emit(row):
@@ -190,7 +189,7 @@ def main(args: Args):
     else:
         cpu_rows(args, emit)
     if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=1))
+        atomic_write_json(args.out, rows)
 
 
 def cpu_rows(args: Args, emit):

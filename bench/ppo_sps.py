@@ -22,6 +22,8 @@ import tyro
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from fused.runs.files import atomic_write_json, setup_compilation_cache  # noqa: E402
+
 
 @dataclasses.dataclass(frozen=True)
 class Args:
@@ -55,7 +57,8 @@ def env_rows(args: Args):
     import jax
 
     from fused.config import EnvConfig
-    from fused.envs import VecEnv, make_env
+    from fused.rl.envs import make_env
+    from fused.rl.vec_env import VecEnv
 
     rows = []
     for n in args.env_counts:
@@ -102,7 +105,7 @@ def ppo_rows(args: Args):
     import jax
 
     from fused.config import EnvConfig, PPOConfig, TrainConfig, validate
-    from fused.train import make_train
+    from fused.online import build
 
     rows = []
     for n in args.ppo_env_counts:
@@ -111,7 +114,7 @@ def ppo_rows(args: Args):
                           ppo=PPOConfig(), total_timesteps=n * 64 * 10_000,
                           updates_per_chunk=args.ppo_updates)
         validate(cfg)
-        tr = make_train(cfg)
+        tr = build(cfg).trainer
         t = time.perf_counter()
         state = jax.block_until_ready(jax.jit(tr.init)(jax.random.PRNGKey(0), None))
         init_s = time.perf_counter() - t
@@ -167,15 +170,14 @@ def reference_row(args: Args, cfg, n: int) -> dict:
 def main(args: Args):
     import jax
 
-    jax.config.update("jax_compilation_cache_dir", os.environ.get(
-        "JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/.cache/craftax-fused/jax")))
+    setup_compilation_cache()
     print(f"# {platform.node()} {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} cpus, jax {jax.__version__}, {jax.devices()[0].device_kind}",
           flush=True)
     rows = [] if args.skip_env else env_rows(args)
     rows += [] if args.skip_ppo else ppo_rows(args)
     if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=1))
+        atomic_write_json(args.out, rows)
     return rows
 
 

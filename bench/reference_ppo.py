@@ -3,7 +3,7 @@
 It follows the public PureJaxRL-style Craftax PPO: the full actor-critic (both MLPs) is applied
 at every rollout step, values come from the rollout, and the Craftax-baselines optimistic reset
 generates num_envs/16 worlds on EVERY step and hands them to finished envs. Same network, same
-loss, same epochs x minibatches as `fused.ppo`, so a steps/s ratio isolates our structure.
+loss, same epochs x minibatches as `fused.rl.ppo`, so a steps/s ratio isolates our structure.
 """
 
 from __future__ import annotations
@@ -13,15 +13,16 @@ import jax.numpy as jnp
 import optax
 
 from fused.config import TrainConfig
-from fused.envs import Env
-from fused.networks import ActorCritic
-from fused.ppo import categorical_log_prob, gae, ppo_loss
-from fused.train import make_optimizer
+from fused.envspec import spec
+from fused.rl.envs import CraftaxEnv
+from fused.rl.networks import ActorCritic
+from fused.rl.ppo import categorical_log_prob, gae, ppo_loss
+from fused.rl.trainer import make_optimizer
 
 
 def make_reference_update(cfg: TrainConfig):
     """Returns (init(key) -> state, update(state) -> state) for the prior structure."""
-    env = Env(cfg.env.name)
+    env = CraftaxEnv(spec(cfg.env.name))
     n, p = cfg.env.num_envs, cfg.ppo
     num_resets = max(1, n // 16)
     net = ActorCritic(env.num_actions, p.layer_width, p.num_layers)

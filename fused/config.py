@@ -7,18 +7,17 @@ recompiles. Every field's docstring becomes its `--help` text through tyro.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Literal
 
-ENV_NAMES = (
-    "Craftax-Symbolic-v1",
-    "Craftax-Classic-Symbolic-v1",
-    "probe-constant",
-    "probe-obs-reward",
-    "probe-delayed",
-    "probe-action-reward",
-    "probe-obs-action",
-    "probe-truncated",
-)
+from fused.envspec import SPECS, TEXT_ENVS, EnvName, spec
+from llm_jax.config import Qwen3Config, Qwen3ConfigError
+from llm_jax.model import AttentionForm
+
+# The built-in tiny random Qwen3 (real vocabulary so real prompt tokens embed): no meaning.
+TINY = Qwen3Config(vocab_size=151_936, hidden_size=128, intermediate_size=384, num_layers=2,
+                   num_heads=2, num_kv_heads=1, head_dim=64, rope_theta=1_000_000.0,
+                   rms_norm_eps=1e-6, tie_word_embeddings=True)
 
 
 class ConfigError(ValueError):
@@ -27,7 +26,7 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class EnvConfig:
-    name: str = "Craftax-Symbolic-v1"
+    name: EnvName = "Craftax-Symbolic-v1"
     """Environment: Craftax-Symbolic-v1, Craftax-Classic-Symbolic-v1, or a probe-* test env."""
     num_envs: int = 128
     """Parallel environments (global, across all devices)."""
@@ -124,6 +123,9 @@ class LLMConfig:
     """Policy's hidden-state branch: Dense+tanh (prior), or LayerNorm then Dense+tanh."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """LLM compute dtype (jax backend)."""
+    attention: AttentionForm = "auto"
+    """Attention form (jax backend): auto (row by row on CPU, cuDNN on a GPU in bf16/fp16,
+    blocked otherwise), or one of cudnn / blocked / row; all compute the same function."""
 
     @property
     def constant_hidden(self) -> bool:
@@ -166,7 +168,8 @@ class TrainConfig:
     run_name: str | None = None
     """Run folder name; default `<env>-s<seed>-<time>`."""
     resume: str | None = None
-    """Resume from this run folder's latest good checkpoint (its saved config is used)."""
+    """Resume from this run folder's latest good checkpoint: its saved config, with the flags
+    given now applied over it (printed); what fixes the saved state's shapes cannot change."""
     checkpoint_every_updates: int = 50
     """Checkpoint after at least this many updates (checked at chunk boundaries); 0 disables."""
     checkpoint_every_minutes: float = 10.0
@@ -193,11 +196,18 @@ class TrainConfig:
         return -(-self.num_updates // self.updates_per_chunk)
 
 
+# On resume, fields under these prefixes cannot change (the checkpoint's shapes, the run's
+# identity); the learning rate schedule follows a changed total_timesteps.
+RESUME_FIXED = ("env.", "seed", "ppo.num_steps", "ppo.layer_width", "ppo.num_layers", "llm.",
+                "out_dir", "run_name")
+RESUME_FREE = ("llm.url",)
+
+
 def validate(cfg: TrainConfig, num_devices: int = 1) -> None:
     """Reject values that cannot work, with one line naming the field and the fix."""
     e, p = cfg.env, cfg.ppo
-    if e.name not in ENV_NAMES:
-        raise ConfigError(f"env.name={e.name!r} is unknown; choose one of {', '.join(ENV_NAMES)}")
+    if e.name not in SPECS:
+        raise ConfigError(f"env.name={e.name!r} is unknown; choose one of {', '.join(SPECS)}")
     positive = {
         "env.num_envs": e.num_envs, "env.reset_pool": e.reset_pool,
         "env.worlds_per_step": e.worlds_per_step, "ppo.num_steps": p.num_steps,
@@ -237,41 +247,57 @@ def validate(cfg: TrainConfig, num_devices: int = 1) -> None:
             f"({cfg.steps_per_update} = num_envs x num_steps); raise it")
     if cfg.checkpoint_every_updates < 0 or cfg.checkpoint_every_minutes < 0:
         raise ConfigError("checkpoint_every_updates and checkpoint_every_minutes must be >= 0")
-    validate_llm(cfg, num_devices)
+    validate_llm(cfg.llm, cfg.env.name, cfg.env.num_envs // num_devices, num_devices)
 
 
-def validate_llm(cfg: TrainConfig, num_devices: int) -> None:
-    m = cfg.llm
-    if m.active_backend == "none":
-        return
-    from fused.text_format import LAYOUTS
-
-    if cfg.env.name not in LAYOUTS:
-        raise ConfigError(f"--llm needs a text renderer; env.name={cfg.env.name!r} has none "
-                          f"(use one of {', '.join(LAYOUTS)})")
+def validate_llm(m: LLMConfig, env_name: str, local_envs: int, num_devices: int = 1) -> None:
+    """The --llm.* checks, the model's among them (its config.json is read, nothing loaded)."""
     if m.skip_n < 0:
         raise ConfigError(f"llm.skip_n={m.skip_n} must be >= 1, or 0 for never")
-    if m.refresh_batch <= 0 or m.refresh_wait <= 0 or m.microbatch < 0:
-        raise ConfigError("llm.refresh_batch and llm.refresh_wait must be positive and "
-                          "llm.microbatch >= 0")
-    local = cfg.env.num_envs // num_devices
-    if m.microbatch and local % m.microbatch:
-        raise ConfigError(f"llm.microbatch={m.microbatch} must divide the {local} envs per "
-                          "device")
+    if m.refresh_batch <= 0:
+        raise ConfigError(f"llm.refresh_batch={m.refresh_batch} must be positive")
+    if m.refresh_wait <= 0:
+        raise ConfigError(f"llm.refresh_wait={m.refresh_wait} must be positive")
+    if m.microbatch < 0:
+        raise ConfigError(f"llm.microbatch={m.microbatch} must be >= 0 (0 = the default)")
     if m.layer is not None and m.layer < 0:
         raise ConfigError(f"llm.layer={m.layer} must be >= 0 (0 = embeddings) or None")
+    if m.backend == "vllm" and m.weights is None:
+        raise ConfigError("llm.backend vllm needs --llm.weights: the model folder the server "
+                          "serves (its tokenizer and config.json are read here)")
+    if m.active_backend == "none":
+        return
+    if not spec(env_name).has_text:
+        raise ConfigError(f"--llm needs a text renderer; env.name={env_name!r} has none "
+                          f"(use one of {', '.join(TEXT_ENVS)})")
+    if m.microbatch and local_envs % m.microbatch:
+        raise ConfigError(f"llm.microbatch={m.microbatch} must divide the {local_envs} envs per "
+                          "device")
     if m.active_backend == "vllm":
         if m.layer is not None:
             raise ConfigError("llm.layer cannot be chosen with backend vllm (it serves the last "
                               "layer); truncate the checkpoint with `python -m llm_jax truncate`")
         if num_devices > 1:
             raise ConfigError("llm.backend vllm runs on one device; pass --num-devices 1")
-    if m.weights is not None:
-        from pathlib import Path
+    q = model_config(m)
+    if m.layer is not None and m.layer > q.num_layers:
+        raise ConfigError(f"llm.layer={m.layer} but the model "
+                          f"({m.weights or m.random_model}) has {q.num_layers} layers; pick "
+                          f"0..{q.num_layers}")
 
-        if not (Path(m.weights) / "config.json").is_file():
-            raise ConfigError(f"llm.weights={m.weights!r} has no config.json; pass a "
-                              "HuggingFace Qwen3 model folder")
+
+def model_config(m: LLMConfig) -> Qwen3Config:
+    """The Qwen3 architecture --llm.* names: the weights folder's config.json, or the random
+    model's shape. A folder that is not a Qwen3 checkpoint is a ConfigError on llm.weights."""
+    if m.weights is None:
+        return TINY if m.random_model == "tiny" else Qwen3Config.shape(m.random_model)
+    if not (Path(m.weights).expanduser() / "config.json").is_file():
+        raise ConfigError(f"llm.weights={m.weights!r} has no config.json; pass a HuggingFace "
+                          "Qwen3 model folder")
+    try:
+        return Qwen3Config.from_folder(m.weights)
+    except Qwen3ConfigError as e:
+        raise ConfigError(f"llm.weights={m.weights!r}: {e}") from None
 
 
 def _preset(**kw) -> TrainConfig:
@@ -304,26 +330,7 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
         ),
     ),
     "symbolic": (
-        "The prior system's Craftax-Symbolic PPO (BRIEF section 4) at 128 envs.",
+        "The prior system's Craftax-Symbolic PPO (its published defaults) at 128 envs.",
         _preset(env=EnvConfig(num_envs=128), total_timesteps=100_000_000, updates_per_chunk=10),
     ),
 }
-
-
-def config_to_dict(cfg: TrainConfig) -> dict:
-    return dataclasses.asdict(cfg)
-
-
-def config_from_dict(d: dict, cls=TrainConfig):
-    """Rebuild a (nested) config dataclass from `config_to_dict` output; unknown keys are errors."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = set(d) - set(fields)
-    if unknown:
-        raise ConfigError(f"saved config has unknown fields {sorted(unknown)}; was it written by "
-                          "another version of craftax-fused?")
-    kw = {}
-    for name, value in d.items():
-        default = getattr(cls(), name)
-        kw[name] = (config_from_dict(value, type(default))
-                    if dataclasses.is_dataclass(default) else value)
-    return cls(**kw)

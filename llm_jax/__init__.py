@@ -6,7 +6,7 @@ client are host-only and never called under jit.
 
 from llm_jax.config import Qwen3Config, Qwen3ConfigError
 from llm_jax.loader import WeightsError, load_params
-from llm_jax.model import PrefixCache, encode, init_params, prefill
+from llm_jax.model import AttentionConfig, PrefixCache, encode, init_params, prefill
 
-__all__ = ["Qwen3Config", "Qwen3ConfigError", "WeightsError", "load_params", "PrefixCache",
-           "encode", "init_params", "prefill"]
+__all__ = ["Qwen3Config", "Qwen3ConfigError", "WeightsError", "load_params", "AttentionConfig",
+           "PrefixCache", "encode", "init_params", "prefill"]

@@ -59,7 +59,7 @@ class Qwen3Config:
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> "Qwen3Config":
-        path = Path(folder) / "config.json"
+        path = Path(folder).expanduser() / "config.json"
         if not path.is_file():
             raise Qwen3ConfigError(f"{path} not found: --weights must be a HuggingFace model "
                                    "folder (config.json + *.safetensors)")

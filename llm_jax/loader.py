@@ -51,7 +51,7 @@ def expected_tensors(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
 
 
 def load_params(folder: str | Path, dtype=jnp.float32) -> tuple[Qwen3Config, dict]:
-    folder = Path(folder)
+    folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise WeightsError(f"{folder} is not a folder; --weights takes a HuggingFace model folder")
     cfg = Qwen3Config.from_folder(folder)

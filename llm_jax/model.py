@@ -12,6 +12,7 @@ c q, k and v columns together.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 from typing import Callable, Literal, NamedTuple
@@ -19,6 +20,7 @@ from typing import Callable, Literal, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from einops import rearrange
 
 from llm_jax.config import Qwen3Config
 
@@ -108,8 +110,19 @@ def rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
 
 
-QUERY_BLOCK = 64  # causal attention block, batched form (see `attention`)
-ROW_QUERY_BLOCK = 128  # causal attention block, row-by-row form (measured best at 512 tokens)
+AttentionForm = Literal["auto", "cudnn", "blocked", "row"]
+FORMS: tuple[str, ...] = ("cudnn", "blocked", "row")  # the concrete forms "auto" chooses from
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    """How `attention` is computed: static (part of the traced program, never a global).
+    `form` "auto" picks row by row on CPU, cuDNN on a GPU in bf16/fp16 where it compiles, and
+    blocked otherwise (`resolve_form`); the block sizes matter only to the forms that use them."""
+
+    form: AttentionForm = "auto"
+    query_block: int = 64  # causal block of the blocked form
+    row_query_block: int = 128  # causal block of the row form (measured best at 512 tokens)
 
 
 class PrefixCache(NamedTuple):
@@ -119,45 +132,44 @@ class PrefixCache(NamedTuple):
     v: jax.Array  # [L, P, K, D]
 
 
-def attention(q, k, v, mask, lengths, prefix_k=None, prefix_v=None):
+def attention(q, k, v, mask, lengths, prefix_k=None, prefix_v=None,
+              cfg: AttentionConfig = AttentionConfig()):
     """q: [B, T, N, D]; k, v: [B, T, K, D]; mask: [B, T, T] bool (True = attend: causal and
     padding); lengths: [B] valid positions per row (the padding of `mask`).
     prefix_k/v: [P, K, D] shared by the whole batch, visible to every query.
 
-    This is the one function a Pallas kernel can replace. Three forms, chosen by
-    `attention_form(dtype)`:
+    This is the one function a Pallas kernel can replace. Three forms (`cfg.form`; "auto" is
+    resolved by `resolve_form`):
     - "cudnn" (GPU, bf16/fp16): cuDNN's fused flash attention through
       `jax.nn.dot_product_attention(implementation="cudnn")`, padding from `lengths`; with a
       prefix, the prefix keys go in front of each row's own and one [T, P + T] mask, shared by
       all rows and heads, lets query i see the prefix and its own keys up to i; no score matrix
       goes through memory;
     - "blocked" (other accelerators, float32): `jax.nn.dot_product_attention` on blocks of
-      QUERY_BLOCK queries, each against only the keys up to its own end (later keys are masked
-      anyway); with a prefix, a joint softmax over prefix and own keys that never copies the
-      prefix per batch row (products in the input dtype, accumulated in float32);
+      `cfg.query_block` queries, each against only the keys up to its own end (later keys are
+      masked anyway); with a prefix, a joint softmax over prefix and own keys that never copies
+      the prefix per batch row (products in the input dtype, accumulated in float32);
     - "row" (CPU): one (batch row, kv head) pair at a time, so that a block's scores stay in
       cache instead of a [B, heads, T, S] array going through memory (see
       `_causal_attention_by_row`, `_prefix_attention_by_row`)."""
-    form = attention_form(q.dtype)
+    form = resolve_form(cfg.form, q.dtype)
     if form == "cudnn":
         return _cudnn_attention(q, k, v, lengths, prefix_k, prefix_v)
     if prefix_k is None:
         if form == "row":
-            return _causal_attention_by_row(q, k, v, mask)
-        t = q.shape[1]
-        outs = [jax.nn.dot_product_attention(q[:, i:i + QUERY_BLOCK], k[:, :i + QUERY_BLOCK],
-                                             v[:, :i + QUERY_BLOCK],
-                                             mask=mask[:, None, i:i + QUERY_BLOCK, :i + QUERY_BLOCK])
-                for i in range(0, t, QUERY_BLOCK)]
+            return _causal_attention_by_row(q, k, v, mask, cfg.row_query_block)
+        t, blk = q.shape[1], cfg.query_block
+        outs = [jax.nn.dot_product_attention(q[:, i:i + blk], k[:, :i + blk], v[:, :i + blk],
+                                             mask=mask[:, None, i:i + blk, :i + blk])
+                for i in range(0, t, blk)]
         return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
     if form == "row":
         return _prefix_attention_by_row(q, k, v, mask, prefix_k, prefix_v)
-    b, t, n, d = q.shape
     kh = k.shape[2]
     f32 = jnp.float32
     # Products in the input dtype (bf16 on tensor cores), accumulated and softmaxed in float32.
-    qg = q.reshape(b, t, kh, n // kh, d)
-    scale = d ** -0.5
+    qg = rearrange(q, "b t (k g) d -> b t k g d", k=kh)
+    scale = q.shape[-1] ** -0.5
     s_pre = jnp.einsum("btkgd,pkd->bkgtp", qg, prefix_k, preferred_element_type=f32) * scale
     s_own = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=f32) * scale
     s_own = jnp.where(mask[:, None, None], s_own, -jnp.inf)
@@ -165,13 +177,14 @@ def attention(q, k, v, mask, lengths, prefix_k=None, prefix_v=None):
     np_ = prefix_k.shape[0]
     out = (jnp.einsum("bkgtp,pkd->btkgd", p[..., :np_], prefix_v, preferred_element_type=f32)
            + jnp.einsum("bkgts,bskd->btkgd", p[..., np_:], v, preferred_element_type=f32))
-    return out.reshape(b, t, n, d).astype(q.dtype)
+    return rearrange(out, "b t k g d -> b t (k g) d").astype(q.dtype)
 
 
-def attention_form(dtype) -> Literal["row", "blocked", "cudnn"]:
-    """Which form of `attention` to trace: row by row on CPU; cuDNN on a GPU for bf16/fp16 where
-    it compiles; blocked otherwise. Tests patch this to check every form against HF transformers
-    and against encoding without a cache."""
+def resolve_form(form: AttentionForm, dtype) -> Literal["row", "blocked", "cudnn"]:
+    """The concrete form `attention` traces: `form` itself unless it is "auto", which picks row
+    by row on CPU, cuDNN on a GPU for bf16/fp16 where it compiles, and blocked otherwise."""
+    if form != "auto":
+        return form
     backend = jax.default_backend()
     if backend == "cpu":
         return "row"
@@ -217,23 +230,22 @@ def _cudnn_compiles() -> bool:
     return True
 
 
-def _causal_attention_by_row(q, k, v, mask):
+def _causal_attention_by_row(q, k, v, mask, block: int):
     """CPU path without a prefix: `lax.map` over (batch row, kv head) pairs; each pair's query
-    heads attend in blocks of ROW_QUERY_BLOCK queries to the keys up to the block's end, scores
-    in float32. Measured on 8 x 512 tokens, 10/5 heads of 64: 60 ms per layer vs 91 ms for the
+    heads attend in blocks of `block` queries to the keys up to the block's end, scores in
+    float32. Measured on 8 x 512 tokens, 10/5 heads of 64: 60 ms per layer vs 91 ms for the
     batched blocks and 206 ms for one `dot_product_attention` over the whole square.
     When the whole sequence is one block, all pairs go in one batched pass instead: XLA:CPU runs
     a `lax.map` body on one core, the batched ops on both (8 x 128 tokens: 1.2x in A/B runs)."""
     b, t, n, d = q.shape
     kh = k.shape[2]
     f32 = jnp.float32
-    qt = (q.reshape(b, t, kh, n // kh, d).transpose(0, 2, 3, 1, 4)
-          .reshape(b * kh, n // kh, t, d))  # [B*K, G, T, D]
-    kt = k.transpose(0, 2, 1, 3).reshape(b * kh, t, d)
-    vt = v.transpose(0, 2, 1, 3).reshape(b * kh, t, d)
+    qt = rearrange(q, "b t (k g) d -> (b k) g t d", k=kh)
+    kt = rearrange(k, "b t k d -> (b k) t d")
+    vt = rearrange(v, "b t k d -> (b k) t d")
     scale = d ** -0.5
 
-    if t <= ROW_QUERY_BLOCK:  # one block: every pair at once, (G, T) as one query axis
+    if t <= block:  # one block: every pair at once, (G, T) as one query axis
         g = n // kh
         s = jnp.einsum("pqd,psd->pqs", qt.reshape(b * kh, g * t, d), kt,
                        preferred_element_type=f32).reshape(b * kh, g, t, t) * scale
@@ -241,14 +253,14 @@ def _causal_attention_by_row(q, k, v, mask):
         p = jnp.exp(s - s.max(-1, keepdims=True))
         o = jnp.einsum("pqs,psd->pqd", p.astype(vt.dtype).reshape(b * kh, g * t, t), vt,
                        preferred_element_type=f32) / p.sum(-1).reshape(b * kh, g * t, 1)
-        o = o.astype(q.dtype)
+        o = o.astype(q.dtype).reshape(b * kh, g, t, d)
     else:
         def pair(x):
             qq, kk, vv, row = x
             m = mask[row]
             outs = []
-            for i in range(0, t, ROW_QUERY_BLOCK):
-                j = min(i + ROW_QUERY_BLOCK, t)
+            for i in range(0, t, block):
+                j = min(i + block, t)
                 s = jnp.einsum("gtd,sd->gts", qq[:, i:j], kk[:j],
                                preferred_element_type=f32) * scale
                 s = jnp.where(m[None, i:j, :j], s, -jnp.inf)
@@ -259,7 +271,7 @@ def _causal_attention_by_row(q, k, v, mask):
             return jnp.concatenate(outs, axis=1).astype(q.dtype)
 
         o = jax.lax.map(pair, (qt, kt, vt, jnp.arange(b * kh) // kh))  # [B*K, G, T, D]
-    return o.reshape(b, kh, n // kh, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, n, d)
+    return rearrange(o, "(b k) g t d -> b t (k g) d", b=b)
 
 
 def _prefix_attention_by_row(q, k, v, mask, prefix_k, prefix_v):
@@ -278,8 +290,9 @@ def _prefix_attention_by_row(q, k, v, mask, prefix_k, prefix_v):
     return jax.lax.map(row, (q, k, v, mask))
 
 
-def decoder_layer(cfg: Qwen3Config, lp: dict, x, rot, mask, lengths, prefix_kv=None):
-    """One Qwen3 block. x: [B, T, H]; rot: (cos, sin) of `rope_tables`; mask, lengths: as
+def decoder_layer(cfg: Qwen3Config, lp: dict, x, rot, mask, lengths, prefix_kv=None,
+                  attn: AttentionConfig = AttentionConfig()):
+    """One Qwen3 block. x: [B, T, H]; rot: (cos, sin) of `rope_tables`; mask, lengths, attn: as
     `attention` takes them.
     Returns (x, (k, v) of this block's own positions)."""
     eps = cfg.rms_norm_eps
@@ -294,7 +307,7 @@ def decoder_layer(cfg: Qwen3Config, lp: dict, x, rot, mask, lengths, prefix_kv=N
                  lp["k_norm"], eps)
     v = qkv[..., nd + kd:].reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
     q, k = rope(q, *rot), rope(k, *rot)
-    a = attention(q, k, v, mask, lengths, *(prefix_kv or (None, None)))
+    a = attention(q, k, v, mask, lengths, *(prefix_kv or (None, None)), cfg=attn)
     x = x + jnp.einsum("btnd,ndh->bth", a, lp["o"])
     h = rms_norm(x, lp["mlp_norm"], eps)
     gate, up = jnp.split(jnp.einsum("bth,hf->btf", h, lp["gate_up"]), 2, axis=-1)
@@ -307,7 +320,7 @@ def _first_layers(params: dict, n: int) -> dict:
 
 
 def hidden_states(params, cfg: Qwen3Config, tokens, lengths, layer: int,
-                  prefix: PrefixCache | None = None):
+                  prefix: PrefixCache | None = None, attn: AttentionConfig = AttentionConfig()):
     """Residual stream after `layer` blocks (0 = embeddings). tokens: [B, T] right-padded,
     lengths: [B]. Returns ([B, T, H], per-layer (k, v) of the own positions)."""
     if not 0 <= layer <= cfg.num_layers:
@@ -328,7 +341,7 @@ def hidden_states(params, cfg: Qwen3Config, tokens, lengths, layer: int,
 
     def block(x, xs):
         lp, pkv = xs
-        x, kv = decoder_layer(cfg, lp, x, rot, mask, lengths, pkv)
+        x, kv = decoder_layer(cfg, lp, x, rot, mask, lengths, pkv, attn)
         return x, kv
 
     pkv = None if prefix is None else (prefix.k[:layer], prefix.v[:layer])
@@ -337,12 +350,14 @@ def hidden_states(params, cfg: Qwen3Config, tokens, lengths, layer: int,
 
 def encode(params, cfg: Qwen3Config, tokens, lengths, layer: int,
            pool: Literal["last", "mean", "none"] = "last", post_norm: bool = False,
-           prefix: PrefixCache | None = None) -> jax.Array:
+           prefix: PrefixCache | None = None,
+           attn: AttentionConfig = AttentionConfig()) -> jax.Array:
     """Hidden state at `layer` (HF convention: 0 = embeddings, i = after block i, pre-norm;
     `post_norm` applies the final RMSNorm, equal to HF's hidden_states[num_layers] at the last
     layer). tokens: [B, T] right-padded; lengths: [B] (>= 1). With `prefix`, tokens continue the
-    cached prompt. Returns [B, H] for pool last/mean, [B, T, H] for none."""
-    x, _ = hidden_states(params, cfg, tokens, lengths, layer, prefix)
+    cached prompt; `attn` chooses the attention form. Returns [B, H] for pool last/mean,
+    [B, T, H] for none."""
+    x, _ = hidden_states(params, cfg, tokens, lengths, layer, prefix, attn)
     if post_norm:
         x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
     if pool == "none":
@@ -356,10 +371,11 @@ def encode(params, cfg: Qwen3Config, tokens, lengths, layer: int,
     raise ValueError(f"pool={pool!r}; use last, mean or none")
 
 
-def prefill(params, cfg: Qwen3Config, prefix_tokens, num_layers: int | None = None) -> PrefixCache:
+def prefill(params, cfg: Qwen3Config, prefix_tokens, num_layers: int | None = None,
+            attn: AttentionConfig = AttentionConfig()) -> PrefixCache:
     """Keys/values of a shared prefix for the first `num_layers` layers (default all).
     prefix_tokens: [P]."""
     n = cfg.num_layers if num_layers is None else num_layers
     tokens = prefix_tokens[None]
-    _, (k, v) = hidden_states(params, cfg, tokens, jnp.array([tokens.shape[1]]), n)
+    _, (k, v) = hidden_states(params, cfg, tokens, jnp.array([tokens.shape[1]]), n, attn=attn)
     return PrefixCache(k[:, 0], v[:, 0])

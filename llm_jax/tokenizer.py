@@ -85,6 +85,6 @@ class Qwen3Tokenizer:
 
 def load_tokenizer(weights_dir: str | Path | None = None) -> Qwen3Tokenizer:
     """The weights folder's own tokenizer if it has one, else the packaged Qwen3 files."""
-    if weights_dir is not None and (Path(weights_dir) / "tokenizer.json").is_file():
-        return Qwen3Tokenizer(Path(weights_dir))
+    if weights_dir is not None and (Path(weights_dir).expanduser() / "tokenizer.json").is_file():
+        return Qwen3Tokenizer(Path(weights_dir).expanduser())
     return Qwen3Tokenizer(packaged_tokenizer_dir())

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import requests
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
 
 
 class VLLMError(RuntimeError):
@@ -22,37 +24,39 @@ class VLLMError(RuntimeError):
 
 
 class VLLMClient:
+    """Retries (connection failures, 5xx answers) are urllib3's `Retry` with exponential backoff,
+    mounted on a requests session; what still fails after them raises `VLLMError`."""
+
     def __init__(self, url: str, model: str | None = None, timeout: float = 120.0,
                  retries: int = 3, backoff: float = 0.5):
         self.url = url.rstrip("/")
         self.model = model
         self.timeout = timeout
         self.retries = retries
-        self.backoff = backoff
         self.session = requests.Session()
+        retry = Retry(total=retries, backoff_factor=backoff, status_forcelist=(500, 502, 503, 504),
+                      allowed_methods=None, raise_on_status=False)
+        self.session.mount("http://", HTTPAdapter(max_retries=retry))
+        self.session.mount("https://", HTTPAdapter(max_retries=retry))
 
     def _request(self, method: str, path: str, **kw) -> dict:
-        last = None
-        for attempt in range(self.retries + 1):
-            try:
-                r = self.session.request(method, self.url + path, timeout=self.timeout, **kw)
-                if r.status_code < 500:
-                    if r.status_code >= 400:
-                        raise VLLMError(f"{self.url}{path} answered {r.status_code}: "
-                                        f"{r.text[:300]}")
-                    try:
-                        return r.json()
-                    except ValueError:
-                        raise VLLMError(f"{self.url}{path} answered non-JSON: {r.text[:200]!r}")
-                last = f"HTTP {r.status_code}: {r.text[:200]}"
-            except requests.ConnectionError as e:
-                last = f"connection failed ({type(e).__name__})"
-            except requests.Timeout:
-                last = f"no answer within {self.timeout}s"
-            if attempt < self.retries:
-                time.sleep(self.backoff * 2 ** attempt)
-        raise VLLMError(f"vLLM server at {self.url} unreachable after {self.retries + 1} tries "
-                        f"({last}); start it (see scripts/vllm_server.sh) or fix --llm.url")
+        tries = f"after {self.retries + 1} tries"
+        try:
+            r = self.session.request(method, self.url + path, timeout=self.timeout, **kw)
+        except requests.Timeout:
+            raise VLLMError(f"vLLM server at {self.url} gave no answer within {self.timeout}s "
+                            f"{tries}; is it overloaded? raise the client timeout") from None
+        except requests.ConnectionError as e:
+            raise VLLMError(f"vLLM server at {self.url} unreachable {tries} "
+                            f"({type(e).__name__}); start it (see scripts/vllm_server.sh) or fix "
+                            "--llm.url") from None
+        if r.status_code >= 400:
+            raise VLLMError(f"{self.url}{path} answered {r.status_code}"
+                            f"{' ' + tries if r.status_code >= 500 else ''}: {r.text[:300]}")
+        try:
+            return r.json()
+        except ValueError:
+            raise VLLMError(f"{self.url}{path} answered non-JSON: {r.text[:200]!r}") from None
 
     def health(self) -> list[str]:
         """Check the server answers and serves `model` (if set); returns the served model ids."""

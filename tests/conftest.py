@@ -1,5 +1,5 @@
-"""Shared test setup: two virtual CPU devices (for the sharding tests), a persistent compilation
-cache, and session-scoped compiled trainers so each config compiles once per run."""
+"""Shared test setup: two virtual CPU devices (for the sharding tests), the persistent compilation
+cache (each config compiles once per machine), subprocess environments, the vLLM server."""
 
 import os
 import sys
@@ -11,15 +11,13 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=2").strip()
 sys.path.insert(0, str(ROOT))
 
-import jax  # noqa: E402
-
-jax.config.update("jax_compilation_cache_dir", CACHE)
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-
-import os  # noqa: E402,F811
 import signal  # noqa: E402
 
 import pytest  # noqa: E402
+
+from fused.runs.files import setup_compilation_cache  # noqa: E402
+
+setup_compilation_cache()
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import pytest
 
 from conftest import ROOT, subprocess_env
-from fused.checkpoint import CheckpointError, Checkpointer, abstract_like
+from fused.runs.checkpoint import CheckpointError, Checkpointer, abstract_like
 
 SMOKE = ["smoke", "--total-timesteps", str(8 * 8 * 40), "--updates-per-chunk", "2",
          "--checkpoint-every-updates", "2", "--keep-checkpoints", "50"]
@@ -74,6 +74,31 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
     assert strip(rows_b) == strip(rows_a)
 
 
+@pytest.mark.slow
+def test_resume_applies_flags_and_refuses_shape_changes(tmp_path):
+    """--resume with flags: what may change (total_timesteps) is applied over the saved config
+    and printed; what fixes the saved state (env.num_envs) is one line, and nothing changes."""
+    env = subprocess_env()
+    run = tmp_path / "r"
+    subprocess.run(train_cmd("smoke", "--out-dir", str(tmp_path), "--run-name", "r"), check=True,
+                   env=env, timeout=600, capture_output=True)
+    bad = subprocess.run(train_cmd("--resume", str(run), "--env.num-envs", "16"), env=env,
+                         timeout=120, capture_output=True, text=True)
+    lines = [x for x in bad.stderr.splitlines() if x.strip()]
+    assert bad.returncode != 0 and len(lines) == 1, bad.stderr
+    assert lines[0].startswith("error: env.num_envs cannot change when resuming")
+    assert json.loads((run / "config.json").read_text())["total_timesteps"] == 8 * 8 * 6
+    p = subprocess.run(train_cmd("--resume", str(run), "--total-timesteps", str(8 * 8 * 8)),
+                       env=env, timeout=600, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "resume: total_timesteps 384 -> 512" in p.stdout
+    assert "resumed from checkpoint at update 6" in p.stdout
+    assert json.loads((run / "config.json").read_text())["total_timesteps"] == 8 * 8 * 8
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in rows] == list(range(1, 9))
+
+
+@pytest.mark.slow
 def test_sigterm_checkpoints_and_exits_cleanly(tmp_path):
     proc = subprocess.Popen(
         train_cmd("smoke", "--total-timesteps", str(8 * 8 * 100000), "--checkpoint-every-updates",

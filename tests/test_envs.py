@@ -1,4 +1,5 @@
-"""Vectorised env wrapper: resets (optimistic pool, auto), episode logging, truncation."""
+"""Vectorised env wrapper: resets (optimistic pool, auto), episode logging, truncation, and a
+real Craftax death (terminated, not truncated)."""
 
 import jax
 import jax.numpy as jnp
@@ -6,7 +7,8 @@ import numpy as np
 import pytest
 
 from fused.config import EnvConfig
-from fused.envs import VecEnv, make_env
+from fused.rl.envs import make_env
+from fused.rl.vec_env import VecEnv
 
 
 def run_steps(cfg: EnvConfig, num_steps: int, seed: int = 0, action: int = 0):
@@ -76,3 +78,32 @@ def test_symbolic_env_shapes_and_optimistic_reset_survive_deaths():
     assert env.obs_dim == 8268 and env.num_actions == 43 and len(env.achievement_names) == 67
     assert np.asarray(out.truncated[1]).all()
     np.testing.assert_array_equal(np.asarray(out.obs[1]), np.asarray(before.pool.obs[1]))
+
+
+def test_classic_starvation_death_is_terminated_and_reset():
+    """Health 1, no food, recovery one step from its threshold: the env's own health rule
+    takes the last point on the next step. That is a termination (value 0 after it), never a
+    truncation; the env gets a fresh world and the episode is logged with the -0.1 health
+    reward."""
+    cfg = EnvConfig(name="Craftax-Classic-Symbolic-v1", num_envs=2, reset="auto")
+    env = make_env(cfg)
+    venv = VecEnv(env, cfg)
+
+    @jax.jit
+    def go(key):
+        k0, k1, k2 = jax.random.split(key, 3)
+        s = venv.reset(jax.random.split(k0, 2), k1)
+        dying = s.state.replace(
+            player_health=s.state.player_health.at[0].set(1),
+            player_food=s.state.player_food.at[0].set(0),
+            player_recover=s.state.player_recover.at[0].set(-15.0))
+        s = s.replace(state=dying)
+        return venv.step(jax.random.split(k2, 2), k2, s, jnp.zeros(2, jnp.int32))  # NOOP
+
+    new, out = go(jax.random.PRNGKey(0))
+    assert np.asarray(out.terminated).tolist() == [True, False]
+    assert not np.asarray(out.truncated).any()
+    assert float(out.reward[0]) == pytest.approx(-0.1)  # health 1 -> 0
+    assert float(out.episode_return[0]) == pytest.approx(-0.1) and int(out.episode_length[0]) == 1
+    assert int(new.state.timestep[0]) == 0 and int(new.state.player_health[0]) == 9  # new world
+    assert int(new.episode_length[0]) == 0 and int(new.episode_length[1]) == 1

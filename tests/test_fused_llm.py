@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, subprocess_env
-from fused.config import EnvConfig, LLMConfig, PPOConfig, TrainConfig, WandbConfig, validate
-from fused.llm import encode_observations, init_llm_state, llm_step, make_llm
-from fused.prompt import full_prompt
-from fused.render import rollout_observations
-from fused.text_format import get_layout, render_text
+from fused.config import (ConfigError, EnvConfig, LLMConfig, PPOConfig, TrainConfig, WandbConfig,
+                          validate)
+from fused.llm.encoder import _buckets, encode_observations, make_llm
+from fused.llm.policy_input import LLMInput, init_llm_state, llm_step
+from fused.rl.envs import rollout_observations
+from fused.text.format import get_layout, render_text
+from fused.text.prompt import full_prompt
 from llm_jax.model import encode
 
 ENV = "Craftax-Classic-Symbolic-v1"
@@ -79,6 +81,7 @@ def test_refresh_on_reset_and_skip(llm, obs):
     np.testing.assert_allclose(np.asarray(s5.hidden)[others], base[others] + 1.0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_no_refresh_keeps_stale_hidden(obs):
     llm = make_llm(LLMConfig(backend="jax", skip_n=3, refresh_on_reset=False), ENV)
     n = obs.shape[0]
@@ -100,18 +103,20 @@ def smoke_cfg(**llm_kw) -> TrainConfig:
 
 @pytest.fixture(scope="module")
 def trained():
-    from fused.train import initial_state, make_train
+    from fused.online import build, commit
 
     cfg = smoke_cfg()
     validate(cfg)
-    tr = make_train(cfg)
-    chunk = jax.jit(tr.chunk)
-    s0 = initial_state(tr, jax.random.PRNGKey(0))  # as train.py starts a run
-    s1, m1 = chunk(s0, tr.frozen)
-    s2, m2 = chunk(s1, tr.frozen)
-    return tr, chunk, s1, s2, (jax.device_get(m1), jax.device_get(m2))
+    online = build(cfg)
+    chunk = jax.jit(online.trainer.chunk)
+    # as train.py starts a run
+    s0 = commit(online, jax.jit(online.trainer.init)(jax.random.PRNGKey(0), online.frozen))
+    s1, m1 = chunk(s0, online.frozen)
+    s2, m2 = chunk(s1, online.frozen)
+    return online, chunk, s1, s2, (jax.device_get(m1), jax.device_get(m2))
 
 
+@pytest.mark.slow
 def test_training_calls_llm_every_skip_n_and_on_resets(trained):
     tr, _, _, s2, (m1, m2) = trained
     calls = np.concatenate([m1["ppo"]["llm/calls"], m2["ppo"]["llm/calls"]])
@@ -121,19 +126,20 @@ def test_training_calls_llm_every_skip_n_and_on_resets(trained):
     episodes = np.concatenate([m1["episodes"]["episodes"], m2["episodes"]["episodes"]])
     assert episodes.sum() > 0 and refreshed.sum() > 0  # 12-step episodes end and get refreshed
     assert refreshed.sum() <= episodes.sum()
-    assert float(s2.llm.norm.count) > 8
+    assert float(s2.inputs.norm.count) > 8
     assert np.isfinite(m2["ppo"]["hidden/mean_cosine"]).all()
 
 
+@pytest.mark.slow
 def test_resume_from_checkpoint_is_exact(trained, tmp_path):
-    from fused.checkpoint import Checkpointer, abstract_like
+    from fused.runs.checkpoint import Checkpointer, abstract_like
 
-    tr, chunk, s1, s2, _ = trained
+    online, chunk, s1, s2, _ = trained
     ck = Checkpointer(tmp_path / "ck")
     ck.save(2, s1)
     _, restored, _ = ck.restore_latest(abstract_like(s1))
     ck.close()
-    s2b, _ = chunk(restored, tr.frozen)
+    s2b, _ = chunk(restored, online.frozen)
     # One program for all three calls: the chunk returns the types it takes (no weak types) and
     # the restored state has those (committed), so resuming does not compile again.
     assert chunk._cache_size() == 1
@@ -141,30 +147,65 @@ def test_resume_from_checkpoint_is_exact(trained, tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def full_call_hidden(llm, obs):
-    """Hidden states after the full call of step 0."""
-    n = obs.shape[0]
-    return np.asarray(jax.jit(lambda s: llm_step(
-        llm, llm.frozen, s, jnp.asarray(obs), jnp.zeros(n, bool), jnp.int32(0),
-        jax.random.PRNGKey(1), 4))(init_llm_state(llm, n))[0].hidden)
+def policy_view(cfg: LLMConfig, obs):
+    """(LLM, what the policy receives for `obs` after the full call of step 0, raw hidden)."""
+    llm = make_llm(cfg, ENV)
+    inputs = LLMInput(llm, 4, obs.shape[0])
+    state, _ = jax.jit(lambda o: inputs.init(llm.frozen, o, jax.random.PRNGKey(1), None))(
+        jnp.asarray(obs))
+    return llm, np.asarray(inputs.view(state, jnp.asarray(obs))["hidden"]), state
+
+
+def by_hand(llm, obs, prefix_ids):
+    """Last-token states of prefix + rendered observation + tail, encoded from scratch (no
+    cache), normalised with numpy by the batch's own mean and (population) variance."""
+    tok = llm.tokenizer
+    tail = tok.encode(full_prompt(tok, ENV, "\x00").split("\x00")[1])
+    ids = [list(prefix_ids) + tok.encode(render_text(get_layout(ENV), o)) + tail for o in obs]
+    width = max(map(len, ids))
+    batch = np.zeros((len(ids), width), np.int32)
+    for i, x in enumerate(ids):
+        batch[i, :len(x)] = x
+    h = np.asarray(encode(llm.frozen.params, llm.qcfg, jnp.asarray(batch),
+                          jnp.array([len(x) for x in ids]), llm.layer, "last"), np.float64)
+    return h, (h - h.mean(0)) / np.sqrt(h.var(0) + 1e-6)
 
 
 @pytest.fixture(scope="module")
-def real_hidden(obs):
-    return full_call_hidden(make_llm(LLMConfig(backend="jax"), ENV), obs)
+def real_view(obs):
+    return policy_view(LLMConfig(backend="jax"), obs)
 
 
-@pytest.mark.parametrize("mode", ["zero", "shuffle", "garbage-prompt"])
-def test_ablations(mode, obs, real_hidden):
-    h_real = real_hidden
-    h = full_call_hidden(make_llm(LLMConfig(backend="jax", hidden=mode), ENV), obs)
+def test_policy_receives_the_normalised_real_state(real_view, obs):
+    llm, got, _ = real_view
+    _, want = by_hand(llm, obs, llm.prefix_ids)
+    np.testing.assert_allclose(got, want, atol=2e-3)
+    assert np.abs(got).max() > 0.5
+
+
+@pytest.mark.parametrize("mode", ["zero", pytest.param("shuffle", marks=pytest.mark.slow),
+                                  pytest.param("garbage-prompt", marks=pytest.mark.slow)])
+def test_ablations_reach_the_policy(mode, obs, real_view):
+    """What the policy receives under each ablation, not what the encoder returns."""
+    llm_real, real, _ = real_view
+    llm, got, state = policy_view(LLMConfig(backend="jax", hidden=mode), obs)
     if mode == "zero":
-        assert np.all(h == 0)
+        assert np.all(got == 0)
+        assert np.all(np.asarray(state.hidden) == 0)
     elif mode == "shuffle":  # the same rows, handed to other envs
-        assert not np.allclose(h, h_real)
-        np.testing.assert_allclose(np.sort(h, axis=0), np.sort(h_real, axis=0), atol=1e-5)
-    else:
-        assert np.abs(h - h_real).max() > 1e-3
+        match = [int(np.argmin(np.abs(real - row).max(-1))) for row in got]
+        np.testing.assert_allclose(got, real[match], atol=1e-5)
+        assert sorted(match) == list(range(len(obs))) and match != list(range(len(obs)))
+    else:  # the prefix's own tokens permuted in place, chat-template specials kept
+        real_ids, ids = np.asarray(llm_real.prefix_ids), np.asarray(llm.prefix_ids)
+        special = {llm.tokenizer.tokenizer.token_to_id(t) for t in ("<|im_start|>", "<|im_end|>")}
+        fixed = np.isin(real_ids, list(special))
+        assert fixed.sum() == 3 and np.array_equal(ids[fixed], real_ids[fixed])
+        assert np.array_equal(np.sort(ids), np.sort(real_ids))
+        assert (ids != real_ids).mean() > 0.9
+        _, want = by_hand(llm, obs, ids)
+        np.testing.assert_allclose(got, want, atol=2e-3)
+        assert np.abs(got - real).max() > 0.1
 
 
 @pytest.mark.parametrize("layers,layernorm", [(3, False), (3, True), (1, False)])
@@ -172,7 +213,7 @@ def test_constant_hidden_network_is_the_augmented_network(layers, layernorm):
     """Without LLM calls the network projects the one shared hidden row once: outputs and
     gradients (of both networks) must equal those of the augmented network written out by hand
     in jnp (obs and hidden projections, concatenation, tanh layers, head) on every row."""
-    from fused.networks import AugmentedActorCritic
+    from fused.rl.networks import AugmentedActorCritic
 
     rng = np.random.default_rng(0)
     obs = rng.normal(size=(6, 11)).astype(np.float32)
@@ -213,6 +254,7 @@ def test_constant_hidden_network_is_the_augmented_network(layers, layernorm):
     assert np.abs(const.apply(params, inp)[0] - full.apply(params, inp)[0]).max() > 1e-4
 
 
+@pytest.mark.slow
 def test_cli_llm_smoke(tmp_path):
     run = subprocess.run(
         [sys.executable, str(ROOT / "train.py"), "smoke", "--llm.backend", "jax",
@@ -225,14 +267,58 @@ def test_cli_llm_smoke(tmp_path):
     assert all("hidden/norm" in r and "llm/tokens_per_encode" in r for r in rows)
 
 
-def test_llm_config_errors():
-    from fused.config import ConfigError
-
-    bad = [dataclasses.replace(smoke_cfg(), llm=LLMConfig(backend="jax", microbatch=3)),
-           dataclasses.replace(smoke_cfg(), llm=LLMConfig(backend="jax", skip_n=-1)),
-           dataclasses.replace(smoke_cfg(), llm=LLMConfig(backend="jax", refresh_wait=0)),
-           dataclasses.replace(smoke_cfg(), llm=LLMConfig(weights="/nonexistent")),
-           dataclasses.replace(smoke_cfg(), env=EnvConfig(name="probe-constant"))]
-    for cfg in bad:
-        with pytest.raises(ConfigError):
+def test_llm_config_errors_name_the_field(tmp_path):
+    shallow = tmp_path / "m"
+    shallow.mkdir()
+    (shallow / "config.json").write_text(json.dumps({
+        "model_type": "qwen3", "vocab_size": 151_936, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "head_dim": 64, "rope_theta": 1e6}))
+    bad = {
+        "llm.microbatch": LLMConfig(backend="jax", microbatch=3),
+        "llm.skip_n": LLMConfig(skip_n=-1),  # rejected without a backend too
+        "llm.refresh_wait": LLMConfig(backend="jax", refresh_wait=0),
+        "llm.weights": LLMConfig(weights="/nonexistent"),
+        "llm.backend vllm needs --llm.weights": LLMConfig(backend="vllm"),
+        "llm.layer=3": LLMConfig(weights=str(shallow), layer=3),
+        "llm.layer=40": LLMConfig(backend="jax", random_model="qwen3-0.6b", layer=40),
+        "env.name='probe-constant'": LLMConfig(backend="jax"),
+    }
+    for field, llm in bad.items():
+        cfg = dataclasses.replace(smoke_cfg(), llm=llm)
+        if field.startswith("env.name"):
+            cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, name="probe-constant"))
+        with pytest.raises(ConfigError) as e:
             validate(cfg)
+        assert field in str(e.value) and "\n" not in str(e.value), e.value
+    validate(dataclasses.replace(smoke_cfg(), llm=LLMConfig(weights=str(shallow), layer=2)))
+
+
+def test_length_buckets_at_their_boundaries():
+    """A microbatch whose longest row has `need` tokens runs at the smallest bucket >= need."""
+    from fused.text.render import at_smallest_fit
+
+    assert _buckets(1_013) == (64, 128, 192, 256, 320, 384, 448, 512, 1_013)
+    assert _buckets(2_600) == (64, 128, 192, 256, 320, 384, 448, 512, 1_024, 2_048, 2_600)
+    assert _buckets(64) == (64,)
+    sizes = _buckets(1_013)
+    picked = jax.jit(lambda n: at_smallest_fit(sizes, n, lambda s: lambda: jnp.int32(s)))
+    for need, want in ((1, 64), (64, 64), (65, 128), (512, 512), (513, 1_013), (1_013, 1_013)):
+        assert int(picked(need)) == want, need
+
+
+def test_running_normaliser_merge_equals_numpy():
+    """Batches with 0/1 row weights merged one by one: the moments of all weighted rows."""
+    from fused.llm.norm import init_norm, update_norm
+
+    rng = np.random.default_rng(0)
+    batches = [(rng.normal(3.0, 2.0, (n, 5)), rng.random(n) < p)
+               for n, p in ((16, 1.0), (8, 0.5), (8, 0.0), (4, 0.75))]
+    norm = init_norm(5)
+    step = jax.jit(update_norm)
+    for x, w in batches:
+        norm = step(norm, jnp.asarray(x, jnp.float32), jnp.asarray(w))
+    rows = np.concatenate([x[w] for x, w in batches])
+    assert float(norm.count) == len(rows)
+    np.testing.assert_allclose(norm.mean, rows.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(norm.var, rows.var(0), rtol=1e-4)

@@ -180,3 +180,21 @@ def test_vllm_client_parses_retries_and_fails_loudly(stub):
     dead = VLLMClient("http://127.0.0.1:9", retries=1, backoff=0.01, timeout=2)
     with pytest.raises(VLLMError, match="unreachable after 2 tries"):
         dead.health()
+
+
+def test_readme_python_example_runs_as_written(tmp_path, monkeypatch):
+    """The README's Python block, executed verbatim with ~ pointing at a folder that holds a
+    (tiny, 28-layer) Qwen3 checkpoint where the example expects Qwen3-0.6B."""
+    pytest.importorskip("torch")
+    import re
+
+    from qwen_fixtures import build_tiny_qwen3
+
+    build_tiny_qwen3(tmp_path / "models" / "Qwen3-0.6B", layers=28, hidden=32, heads=2,
+                     kv_heads=1, head_dim=16, vocab=151_680)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    block = re.search(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    scope: dict = {}
+    exec(compile(block, "README.md", "exec"), scope)
+    assert scope["h"].shape == (1, 32) and np.isfinite(np.asarray(scope["h"])).all()
+    np.testing.assert_allclose(scope["h"], scope["h_full"], atol=1e-5)

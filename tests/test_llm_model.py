@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from llm_jax.loader import load_params  # noqa: E402
-from llm_jax.model import encode, prefill  # noqa: E402
+from llm_jax.model import AttentionConfig, encode, prefill  # noqa: E402
 from qwen_fixtures import build_tiny_qwen3  # noqa: E402
 
 B, T = 3, 13
@@ -34,25 +34,21 @@ def tiny(request, tmp_path_factory):
 
 # (form, query block): the row form with blocks of 4 (13 tokens span several blocks and a ragged
 # last one) and of 16 (the whole sequence is one block: its batched branch).
-FORMS = [("row", 4), ("row", 16), ("blocked", 4)] + (
+# The blocked form is the accelerators' float32 form: on CPU it is checked in the slow lane.
+FORMS = [("row", 4), ("row", 16), pytest.param(("blocked", 4), marks=pytest.mark.slow)] + (
     [("cudnn", 4)] if jax.default_backend() == "gpu" else [])
 
 
-@pytest.fixture(params=FORMS, ids=[f"{f}-{q}" for f, q in FORMS])
-def attention_form(request, monkeypatch):
+@pytest.fixture(params=FORMS, ids=["row-4", "row-16", "blocked-4", "cudnn-4"][:len(FORMS)])
+def attn(request):
     """Every attention form this machine can run (CPU traces "row" by default, a GPU "cudnn" in
     bf16 and "blocked" in float32), with small query blocks so every code path of each runs."""
-    import llm_jax.model
-
     form, block = request.param
-    monkeypatch.setattr(llm_jax.model, "attention_form", lambda dtype: form)
-    monkeypatch.setattr(llm_jax.model, "QUERY_BLOCK", block)
-    monkeypatch.setattr(llm_jax.model, "ROW_QUERY_BLOCK", block)
-    return form
+    return AttentionConfig(form, query_block=block, row_query_block=block)
 
 
-def fp32_only(form):
-    if form == "cudnn":
+def fp32_only(attn):
+    if attn.form == "cudnn":
         pytest.skip("cuDNN attention runs in bf16/fp16 only (float32 uses the blocked form)")
 
 
@@ -68,8 +64,8 @@ def valid_rows(x):
     return [x[b, : LENGTHS[b]] for b in range(B)]
 
 
-def test_every_layer_matches_hf_fp32(tiny, attention_form):
-    fp32_only(attention_form)
+def test_every_layer_matches_hf_fp32(tiny, attn):
+    fp32_only(attn)
     folder, tokens, ref = tiny
     cfg, params = load_params(folder)
     assert cfg.num_heads * cfg.head_dim != cfg.hidden_size
@@ -77,7 +73,7 @@ def test_every_layer_matches_hf_fp32(tiny, attention_form):
     for layer in range(n + 1):
         # HF: hidden_states[i] is pre-norm for i < n, post-final-norm for i = n.
         ours = np.asarray(encode(params, cfg, jnp.asarray(tokens), jnp.asarray(LENGTHS), layer,
-                                 pool="none", post_norm=layer == n))
+                                 pool="none", post_norm=layer == n, attn=attn))
         for a, b in zip(valid_rows(ours), valid_rows(ref[layer])):
             np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
 
@@ -93,32 +89,34 @@ def test_pooling_matches_hf_positions(tiny):
         np.testing.assert_allclose(mean[b], ref[2][b, : LENGTHS[b]].mean(0), atol=1e-5)
 
 
-def test_bf16_within_stated_tolerance(tiny, attention_form):
+def test_bf16_within_stated_tolerance(tiny, attn):
     folder, tokens, ref = tiny
     cfg, params = load_params(folder, dtype=jnp.bfloat16)
     n = cfg.num_layers
     ours = np.asarray(encode(params, cfg, jnp.asarray(tokens), jnp.asarray(LENGTHS), n,
-                             pool="none", post_norm=True)).astype(np.float32)
+                             pool="none", post_norm=True, attn=attn)).astype(np.float32)
     for a, b in zip(valid_rows(ours), valid_rows(ref[n])):
         # bf16 keeps 8 mantissa bits; after 3 blocks we allow 3% of the state's scale.
         assert np.abs(a - b).max() <= 0.03 * np.abs(b).max()
 
 
-def test_prefix_cache_equals_full_encoding(tiny, attention_form):
+def test_prefix_cache_equals_full_encoding(tiny, attn):
     """fp32 within 1e-5; cuDNN (bf16 only) within the rounding of a few bf16 blocks."""
     folder, tokens, _ = tiny
-    dtype = jnp.bfloat16 if attention_form == "cudnn" else jnp.float32
-    atol = 0.03 if attention_form == "cudnn" else 1e-5
+    dtype = jnp.bfloat16 if attn.form == "cudnn" else jnp.float32
+    atol = 0.03 if attn.form == "cudnn" else 1e-5
     cfg, params = load_params(folder, dtype=dtype)
     prefix = jnp.asarray(tokens[0, :6])
     suffix = jnp.asarray(tokens[:, 6:])
     suf_len = jnp.array([7, 4, 1])
     full_tokens = jnp.concatenate([jnp.broadcast_to(prefix, (B, 6)), suffix], axis=1)
-    cache = prefill(params, cfg, prefix)
+    cache = prefill(params, cfg, prefix, attn=attn)
     for layer in (1, cfg.num_layers):
         for pool in ("none", "last"):
-            a = encode(params, cfg, suffix, suf_len, layer, pool=pool, post_norm=True, prefix=cache)
-            b = encode(params, cfg, full_tokens, suf_len + 6, layer, pool=pool, post_norm=True)
+            a = encode(params, cfg, suffix, suf_len, layer, pool=pool, post_norm=True, prefix=cache,
+                       attn=attn)
+            b = encode(params, cfg, full_tokens, suf_len + 6, layer, pool=pool, post_norm=True,
+                       attn=attn)
             a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
             if pool == "none":
                 for i in range(B):

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fused.ppo import categorical_entropy, categorical_log_prob, gae, ppo_loss
+from fused.rl.ppo import categorical_entropy, categorical_log_prob, gae, ppo_loss
 
 
 def test_gae_hand_computed_with_termination_and_truncation():

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fused.config import EnvConfig, PPOConfig, TrainConfig, validate
-from fused.train import make_train
+from fused.online import build
 
 GAMMA = 0.9
 
@@ -24,10 +24,9 @@ def probe_config(name: str, updates: int = 150, **env_kw) -> TrainConfig:
 
 
 def train_probe(cfg):
-    trainer = make_train(cfg)
-    state, _ = jax.jit(trainer.train)(jax.random.PRNGKey(0), None)
-    apply = lambda obs: trainer.network.apply(state.params, jnp.asarray(obs, jnp.float32))
-    return apply
+    online = build(cfg)
+    state, _ = jax.jit(online.trainer.train)(jax.random.PRNGKey(0), online.frozen)
+    return lambda obs: online.agent.network.apply(state.params, jnp.asarray(obs, jnp.float32))
 
 
 @pytest.mark.parametrize("name, obs, expected_value", [

@@ -38,8 +38,8 @@ def test_fused_jax_backend_matches_vllm_fallback(vllm_server):
     import jax
 
     from fused.config import EnvConfig, LLMConfig, PPOConfig, TrainConfig, WandbConfig, validate
-    from fused.llm import encode_observations
-    from fused.train import make_train
+    from fused.llm.encoder import encode_observations
+    from fused.online import build
 
     folder, client = vllm_server
     env = "Craftax-Classic-Symbolic-v1"
@@ -55,19 +55,43 @@ def test_fused_jax_backend_matches_vllm_fallback(vllm_server):
     runs = {}
     for name, cfg in (("jax", base), ("vllm", vcfg)):
         validate(cfg)
-        tr = make_train(cfg)
-        state = jax.jit(tr.init)(jax.random.PRNGKey(0), tr.frozen)
-        state, metrics = jax.jit(tr.chunk)(state, tr.frozen)
-        runs[name] = (tr, jax.device_get(state), jax.device_get(metrics))
+        online = build(cfg)
+        state = jax.jit(online.trainer.init)(jax.random.PRNGKey(0), online.frozen)
+        state, metrics = jax.jit(online.trainer.chunk)(state, online.frozen)
+        runs[name] = (online.agent.inputs.llm, jax.device_get(state), jax.device_get(metrics))
     obs = np.asarray(runs["jax"][1].env.obs)  # the envs' last observations
-    h_jax, n_jax = encode_observations(runs["jax"][0].llm, runs["jax"][0].frozen, obs, 2)
-    h_vllm, n_vllm = runs["vllm"][0].llm.host.encode_numpy(obs)
+    h_jax, n_jax = encode_observations(runs["jax"][0], runs["jax"][0].frozen, obs, 2)
+    h_vllm, n_vllm = runs["vllm"][0].host.encode_numpy(obs)
     np.testing.assert_allclose(np.asarray(h_jax), h_vllm, atol=1e-4, rtol=0)
     assert int(n_jax) == int(n_vllm)
     (_, s_jax, m_jax), (_, s_vllm, m_vllm) = runs["jax"], runs["vllm"]
     for k in ("llm/calls", "llm/refreshed", "llm/tokens"):
         np.testing.assert_array_equal(m_jax["ppo"][k], m_vllm["ppo"][k])
     assert m_jax["ppo"]["llm/refreshed"].sum() > 0  # 10-step episodes ended and were refreshed
-    np.testing.assert_allclose(s_jax.llm.hidden, s_vllm.llm.hidden, atol=1e-4)
+    np.testing.assert_allclose(s_jax.inputs.hidden, s_vllm.inputs.hidden, atol=1e-4)
     for a, b in zip(jax.tree.leaves(s_jax.params), jax.tree.leaves(s_vllm.params)):
         np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_garbage_prompt_ablation_reaches_the_vllm_backend(vllm_server):
+    """--llm.hidden garbage-prompt with the vllm backend sends the shuffled prefix too: its
+    states equal the jax backend's garbage-prompt states and differ from the real prompt's."""
+    from fused.config import LLMConfig
+    from fused.llm.encoder import encode_observations, make_llm
+    from fused.rl.envs import rollout_observations
+
+    folder, client = vllm_server
+    env = "Craftax-Classic-Symbolic-v1"
+    obs = rollout_observations(env, 4, 5, 4)
+    base = LLMConfig(weights=str(folder), post_norm=True, hidden="garbage-prompt")
+    jax_llm = make_llm(base, env)
+    vllm_llm = make_llm(LLMConfig(backend="vllm", weights=str(folder), url=client.url,
+                                  hidden="garbage-prompt"), env)
+    real = make_llm(LLMConfig(backend="vllm", weights=str(folder), url=client.url), env)
+    assert vllm_llm.host.prefix == jax_llm.prefix_ids.tolist() != real.host.prefix
+    h_jax, _ = encode_observations(jax_llm, jax_llm.frozen, obs, 2)
+    h_vllm, _ = vllm_llm.host.encode_numpy(obs)
+    h_real, _ = real.host.encode_numpy(obs)
+    np.testing.assert_allclose(np.asarray(h_jax), h_vllm, atol=1e-4, rtol=0)
+    assert np.abs(h_vllm - h_real).max() > 1e-2

@@ -1,12 +1,13 @@
 """PPO pieces as top-level pure functions: GAE, the clipped loss, one rollout step, one update.
 
-Everything here is plain JAX over explicit state; `fused.train.make_train` assembles it into the
-jitted chunk. Arrays are time-major `[T, N, ...]` as in PureJaxRL.
+Everything here is plain JAX over explicit state; `fused.rl.trainer.make_train` assembles it
+into the jitted chunk. Arrays are time-major `[T, N, ...]` as in PureJaxRL. What the network sees
+comes from the `PolicyInput` in `Ctx` (`fused.rl.policy_input`); nothing here knows which.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Generic, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -14,11 +15,14 @@ import optax
 from flax import struct
 
 from fused.config import PPOConfig
-from fused.envs import VecEnv, VecEnvState
+from fused.rl.policy_input import PolicyInput
+from fused.rl.vec_env import VecEnv, VecEnvState
+
+S = TypeVar("S")
 
 
 class Transition(NamedTuple):
-    obs: Any  # [T, N, D], or {"obs": [T, N, D], "hidden": [T, N, H]} with an LLM
+    obs: Any  # network input: [T, N, D], or a pytree of [T, N, ...] (PolicyInput.view)
     action: jax.Array  # [T, N] int32
     log_prob: jax.Array  # [T, N]
     value: jax.Array  # [T, N]
@@ -39,13 +43,13 @@ class EpisodeStats(NamedTuple):
 
 
 @struct.dataclass
-class RunnerState:
+class RunnerState(Generic[S]):
     params: Any
     opt_state: Any
     env: VecEnvState
     rng: jax.Array  # replicated across devices
     update_step: jax.Array  # [] int32, updates done so far
-    llm: Any = None  # fused.llm.LLMState when the policy sees LLM hidden states
+    inputs: S  # the PolicyInput's state (None for the plain observation)
 
 
 def gae(reward, value, terminated, truncated, truncation_value, last_value, gamma, lam):
@@ -106,14 +110,13 @@ class Ctx(NamedTuple):
     apply: Callable  # params, obs [B, D] -> (logits [B, A], value [B])
     actor: Callable  # params, obs [B, D] -> logits [B, A]
     critic: Callable  # params, obs [B, D] -> value [B]
+    inputs: PolicyInput
     vec_env: VecEnv
     tx: optax.GradientTransformation
     cfg: PPOConfig
     num_envs: int  # global
     local_envs: int
     axis_name: str | None  # set inside shard_map
-    llm: Any = None  # fused.llm.LLM (static parts) or None
-    llm_microbatch: int = 0
 
 
 def _pmean(x, axis_name):
@@ -133,48 +136,36 @@ def local_keys(ctx: Ctx, key: jax.Array) -> jax.Array:
     return jax.lax.dynamic_slice_in_dim(keys, offset, ctx.local_envs)
 
 
-def policy_input(ctx: Ctx, obs, llm_state):
-    """The network's input: the observation, or it with the policy's view of the hidden state."""
-    if ctx.llm is None:
-        return obs
-    from fused.llm import policy_hidden
-
-    return {"obs": obs, "hidden": policy_hidden(ctx.llm, llm_state)}
-
-
 def rollout_step(ctx: Ctx, params, frozen, carry, xs):
     """One env step for all local envs (actor only; values are computed after the rollout).
-    carry: (VecEnvState, LLMState | None); xs: (key, global env step of this step)."""
-    env, llm_state = carry
+    carry: (VecEnvState, input state); xs: (key, global env step of this step)."""
+    env, inputs = carry
     key, step = xs
-    k_act, k_env, k_pool, k_llm = jax.random.split(key, 4)
-    inp = policy_input(ctx, env.obs, llm_state)
-    logits = ctx.actor(params, inp)
+    k_act, k_env, k_pool, k_inp = jax.random.split(key, 4)
+    x = ctx.inputs.view(inputs, env.obs)
+    logits = ctx.actor(params, x)
     action = jax.vmap(jax.random.categorical)(local_keys(ctx, k_act), logits)
     log_prob = categorical_log_prob(logits, action)
     if ctx.axis_name is not None:
         k_pool = jax.random.fold_in(k_pool, jax.lax.axis_index(ctx.axis_name))
-        k_llm = jax.random.fold_in(k_llm, jax.lax.axis_index(ctx.axis_name))
+        k_inp = jax.random.fold_in(k_inp, jax.lax.axis_index(ctx.axis_name))
     env_state, out = ctx.vec_env.step(local_keys(ctx, k_env), k_pool, env, action)
     # V(final obs) is needed only where an episode was truncated: skip the pass otherwise.
-    final_inp = policy_input(ctx, out.final_obs, llm_state)
+    final_x = ctx.inputs.view(inputs, out.final_obs)
     trunc_value = jax.lax.cond(
         out.truncated.any(),
-        lambda: jnp.where(out.truncated, ctx.critic(params, final_inp), 0.0),
+        lambda: jnp.where(out.truncated, ctx.critic(params, final_x), 0.0),
         lambda: jnp.zeros(out.reward.shape, jnp.float32))
-    tr = Transition(inp, action, log_prob, jnp.zeros_like(log_prob), out.reward,
+    tr = Transition(x, action, log_prob, jnp.zeros_like(log_prob), out.reward,
                     out.terminated, out.truncated, trunc_value)
     done = out.terminated | out.truncated
     stats = EpisodeStats(
         done.sum(), jnp.sum(out.episode_return * done), jnp.sum(out.episode_length * done),
         jnp.sum(out.achievements * done[:, None], axis=0), out.reset_reuse)
-    llm_metrics = {}
-    if ctx.llm is not None:  # hidden states for the next observations
-        from fused.llm import llm_step
-
-        llm_state, llm_metrics = llm_step(ctx.llm, frozen, llm_state, env_state.obs, done,
-                                          step + 1, k_llm, ctx.llm_microbatch, ctx.axis_name)
-    return (env_state, llm_state), (tr, stats, llm_metrics)
+    # The input state for the observations the policy acts on next.
+    inputs, input_metrics = ctx.inputs.step(frozen, inputs, env_state.obs, done, step + 1, k_inp,
+                                            ctx.axis_name)
+    return (env_state, inputs), (tr, stats, input_metrics)
 
 
 def minibatch_step(ctx: Ctx, carry, mb):
@@ -214,18 +205,18 @@ def epoch_step(ctx: Ctx, batch, carry, key):
 
 def update_step(ctx: Ctx, rs: RunnerState, frozen=None) -> tuple[RunnerState, dict]:
     """Collect `num_steps` of experience, compute GAE, run epochs x minibatches.
-    frozen: the LLM's device arrays (fused.llm.FrozenLLM) or None."""
+    frozen: the PolicyInput's device arrays (`ctx.inputs.frozen`)."""
     cfg = ctx.cfg
     rng, k_roll, k_epochs = jax.random.split(rs.rng, 3)
     steps = rs.update_step * cfg.num_steps + jnp.arange(cfg.num_steps)
-    (env_state, llm_state), (traj, stats, llm_metrics) = jax.lax.scan(
-        lambda c, x: rollout_step(ctx, rs.params, frozen, c, x), (rs.env, rs.llm),
+    (env_state, inputs), (traj, stats, input_metrics) = jax.lax.scan(
+        lambda c, x: rollout_step(ctx, rs.params, frozen, c, x), (rs.env, rs.inputs),
         (jax.random.split(k_roll, cfg.num_steps), steps))
     t, n = traj.action.shape
     flat = lambda x: x.reshape((-1,) + x.shape[2:])
     value = ctx.critic(rs.params, jax.tree.map(flat, traj.obs)).reshape(t, n)
     traj = traj._replace(value=value)
-    last_value = ctx.critic(rs.params, policy_input(ctx, env_state.obs, llm_state))
+    last_value = ctx.critic(rs.params, ctx.inputs.view(inputs, env_state.obs))
     adv, target = gae(traj.reward, traj.value, traj.terminated, traj.truncated,
                       traj.truncation_value, last_value, cfg.gamma, cfg.gae_lambda)
     batch = {"obs": jax.tree.map(flat, traj.obs), "action": flat(traj.action),
@@ -238,12 +229,8 @@ def update_step(ctx: Ctx, rs: RunnerState, frozen=None) -> tuple[RunnerState, di
     ep = EpisodeStats(*[_psum(x.sum(0), ctx.axis_name) for x in stats])
     metrics["value_mean"] = _pmean(traj.value.mean(), ctx.axis_name)
     metrics["reward_mean"] = _pmean(traj.reward.mean(), ctx.axis_name)
-    if ctx.llm is not None:
-        from fused.llm import hidden_metrics
-
-        metrics.update({k: _psum(v.sum(), ctx.axis_name) for k, v in llm_metrics.items()})
-        metrics.update({k: _pmean(v, ctx.axis_name)
-                        for k, v in hidden_metrics(llm_state.hidden).items()})
+    metrics.update(ctx.inputs.summary(inputs, jax.tree.map(lambda v: v.sum(0), input_metrics),
+                                      ctx.axis_name))
     rs = rs.replace(params=params, opt_state=opt_state, env=env_state, rng=rng,
-                    update_step=rs.update_step + 1, llm=llm_state)
+                    update_step=rs.update_step + 1, inputs=inputs)
     return rs, {"ppo": metrics, "episodes": ep._asdict()}

@@ -1,9 +1,5 @@
-"""Environments behind one small interface, and the vectorised wrapper with resets and logging.
-
-An `Env` steps ONE environment without resetting and says apart `terminated` (a true end: death,
-boss beaten) from `truncated` (time limit), so GAE can bootstrap on truncation. `VecEnv` batches
-envs, handles resets (optimistic pool or exact auto-reset) and keeps episode statistics.
-"""
+"""N envs of one kind in lock step: resets (optimistic pool or exact auto-reset) and episode
+statistics. Any `fused.rl.env_api.Env` works."""
 
 from __future__ import annotations
 
@@ -14,55 +10,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from fused.config import EnvConfig
-
-
-class StepResult(NamedTuple):
-    obs: jax.Array  # [D] float32, observation after the step (before any reset)
-    state: Any
-    reward: jax.Array  # [] float32
-    terminated: jax.Array  # [] bool
-    truncated: jax.Array  # [] bool
-    achievements: jax.Array  # [A] bool, unlocked so far in this episode
-
-
-class Env:
-    """One Craftax env, no auto-reset. Methods are pure and vmappable."""
-
-    def __init__(self, name: str, max_episode_steps: int | None = None):
-        from craftax.craftax_env import make_craftax_env_from_name
-
-        self.name = name
-        self._env = make_craftax_env_from_name(name, auto_reset=False)
-        params = self._env.default_params
-        if max_episode_steps is not None:
-            params = params.replace(max_timesteps=max_episode_steps)
-        self.params = params
-        if "Classic" in name:
-            from craftax.craftax_classic.constants import Achievement
-        else:
-            from craftax.craftax.constants import Achievement
-        self.achievement_names = tuple(a.name.lower() for a in Achievement)
-        self.num_actions = self._env.action_space(params).n
-        self.obs_dim = self._env.observation_space(params).shape[0]
-
-    def reset(self, key: jax.Array) -> tuple[jax.Array, Any]:
-        return self._env.reset_env(key, self.params)
-
-    def step(self, key: jax.Array, state: Any, action: jax.Array) -> StepResult:
-        obs, next_state, reward, done, _ = self._env.step_env(key, state, action, self.params)
-        # Time-limit ends are truncations unless the player also died (or won) on that step.
-        timed_out = next_state.timestep >= self.params.max_timesteps
-        truncated = done & timed_out & (next_state.player_health > 0)
-        return StepResult(obs, next_state, reward.astype(jnp.float32), done & ~truncated,
-                          truncated, next_state.achievements.astype(bool))
-
-
-def make_env(cfg: EnvConfig):
-    if cfg.name.startswith("probe-"):
-        from fused import probes  # probes import StepResult from here
-
-        return probes.make_probe(cfg.name, cfg.max_episode_steps)
-    return Env(cfg.name, cfg.max_episode_steps)
+from fused.rl.env_api import Env
 
 
 @struct.dataclass
@@ -107,7 +55,7 @@ class VecEnv:
     """N envs of one kind; `keys` arguments hold one PRNG key per env so that a sharded run
     steps each env with the same key as an unsharded one."""
 
-    def __init__(self, env, cfg: EnvConfig):
+    def __init__(self, env: Env, cfg: EnvConfig):
         self.env = env
         self.mode = cfg.reset
         self.pool_size = cfg.reset_pool

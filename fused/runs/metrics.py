@@ -1,4 +1,4 @@
-"""Host-side run outputs: metrics JSONL, learning-curve PNG, console lines, wandb.
+"""Host-side run outputs: metrics JSONL and the learning-curve PNG.
 
 Library code returns metric pytrees; this turns one chunk's worth into rows and writes them.
 Every file is written so that a crash never leaves it half-written (append + fsync for the JSONL,
@@ -13,11 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+from fused.runs.files import atomic_path, atomic_write
 
 
 def chunk_rows(metrics: dict, steps_per_update: int, achievement_names, first_update: int,
@@ -52,7 +48,7 @@ class RunLog:
             return
         rows = [line for line in self.path.read_text().splitlines()
                 if line.strip() and json.loads(line)["update"] <= update]
-        atomic_write_text(self.path, "".join(r + "\n" for r in rows))
+        atomic_write(self.path, "".join(r + "\n" for r in rows))
 
     def write(self, rows: list[dict]) -> None:
         with open(self.path, "a") as f:
@@ -96,8 +92,7 @@ class RunLog:
             ax2.legend(fontsize=7)
         fig.tight_layout()
         out = self.run_dir / "curve.png"
-        tmp = self.run_dir / "curve.tmp.png"
-        fig.savefig(tmp, dpi=90)
+        with atomic_path(out) as tmp:
+            fig.savefig(tmp, dpi=90)
         plt.close(fig)
-        os.replace(tmp, out)
         return out

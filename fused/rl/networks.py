@@ -73,7 +73,7 @@ class ConcatDense(nn.Module):
 
 class AugmentedMLP(nn.Module):
     """obs -> Dense+tanh, hidden state -> [LayerNorm] Dense+tanh, concatenated, then
-    `num_layers - 1` Dense+tanh layers and a linear head (BRIEF section 4).
+    `num_layers - 1` Dense+tanh layers and a linear head (the prior system's augmented network).
 
     `constant_hidden`: every row's hidden state is the same (LLM never called, or the zero
     ablation), so the hidden branch and its share of the first joint layer run on one row."""
@@ -104,8 +104,9 @@ class AugmentedMLP(nn.Module):
 
 
 class AugmentedActorCritic(nn.Module):
-    """Separate actor and critic over (symbolic obs, LLM hidden state). Inputs are dicts
-    {"obs": [B, D], "hidden": [B, H]} so PPO code handles them like plain observations."""
+    """Separate actor and critic over (observation, a per-env feature vector such as an LLM
+    hidden state). Inputs are dicts {"obs": [B, D], "hidden": [B, H]} so PPO code handles them
+    like plain observations."""
 
     num_actions: int
     width: int = 512

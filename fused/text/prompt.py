@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fused.text_format import get_layout
+from fused.envspec import spec
 
 SLOT = "\x00OBSERVATION\x00"  # never produced by the renderer or the template
 
@@ -24,7 +24,7 @@ Observation format: "Map (interesting tiles only):" lists tiles as "row, col:til
 
 Actions (id:NAME): {actions}"""
 
-EXTRA_FULL = (" The world has 9 floors reached by ladders; a floor's ladder opens after 8 of its"
+EXTRA_FLOORS = (" The world has 9 floors reached by ladders; a floor's ladder opens after 8 of its"
               " monsters are killed. Deeper floors hold sapphires, rubies, enchantment tables,"
               " potions and stronger monsters; the necromancer waits on the last floor.")
 
@@ -76,14 +76,6 @@ INSTRUCTION = ("Think about what matters most in this situation, then name the s
                "action.")
 
 
-def action_names(env_name: str) -> list[str]:
-    if "Classic" in env_name:
-        from craftax.craftax_classic.constants import Action
-    else:
-        from craftax.craftax.constants import Action
-    return [f"{a.value}:{a.name}" for a in Action]
-
-
 def user_message(env_name: str, observation: str) -> str:
     examples = "\n\n".join(f"Example {i + 1}:\n{obs}\nAnswer: {answer}"
                            for i, (obs, answer) in enumerate(EXAMPLES[env_name]))
@@ -91,14 +83,12 @@ def user_message(env_name: str, observation: str) -> str:
 
 
 def prompt_messages(env_name: str, observation: str) -> list[dict]:
-    layout = get_layout(env_name)
+    s = spec(env_name)
+    layout = s.layout
     system = SYSTEM.format(
-        game="Craftax Classic" if "Classic" in env_name else "Craftax",
-        extra="" if "Classic" in env_name else EXTRA_FULL,
-        rmax=layout.rows // 2, cmax=layout.cols // 2,
-        background="grass, sand" if "Classic" in env_name else
-        "grass, sand, gravel, fire_grass, ice_grass",
-        actions=", ".join(action_names(env_name)))
+        game=s.title, extra=EXTRA_FLOORS if s.floors > 1 else "",
+        rmax=layout.rows // 2, cmax=layout.cols // 2, background=", ".join(layout.background),
+        actions=", ".join(s.action_names))
     return [{"role": "system", "content": system},
             {"role": "user", "content": user_message(env_name, observation)}]
 

@@ -1,12 +1,12 @@
 """On-device text -> token rendering of Craftax symbolic observations, and the prompt around it.
 
 `make_renderer(env_name, tokenizer)` pre-tokenizes every fragment the text format can contain
-(`fused.text_format`): the map header, each `r, c` coordinate (alone and with its leading `,`),
+(`fused.text.format`): the map header, each `r, c` coordinate (alone and with its leading `,`),
 each tile word with its leading `:` or ` on`, each `, Label` and `:value` of the inventory line.
 Fragments are cut where Qwen3's pre-tokenizer splits the full text anyway (its regex never joins
 a letter run to a following digit, comma or space, digits are single tokens), so the concatenated
-fragment tokens equal `tokenizer.encode(reference_text)`; `python -m fused.render check` and the
-property tests verify this on real rollouts. `render_tokens(renderer, obs)` is pure jnp: per env
+fragment tokens equal `tokenizer.encode(reference_text)`; `python -m fused.text.render check`
+and the property tests verify this on real rollouts. `render_tokens(renderer, obs)` is pure jnp: per env
 it picks a fragment id for each of a fixed number of slots, then packs the fragments' tokens
 left-aligned into `[L_max]`.
 
@@ -25,8 +25,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fused.text_format import (BACKGROUND, DIRECTIONS, MAP_EMPTY, MAP_HEADER, MAX_VALUE,
-                               ObsLayout, format_value, get_layout, render_text)
+from fused.envspec import ObsLayout, TextEnvName
+from fused.rl.envs import rollout_observations
+from fused.text.format import MAP_EMPTY, MAP_HEADER, get_layout, render_text
 
 
 class Renderer(NamedTuple):
@@ -78,10 +79,9 @@ def make_renderer(env_name: str, tokenizer) -> Renderer:
         ids["item_on"] = t.family(" on " + i for i in layout.items)
     ids["mob_head"] = t.family(":" + (m or "unknown_mob") for m in layout.mobs)
     ids["labels"] = t.family((" " if i == 0 else ", ") + f.label for i, f in enumerate(layout.aux))
-    for kind, count in (("count", MAX_VALUE + 1), ("tenths", MAX_VALUE + 1),
-                        ("thousandths", 1001), ("bool", 2), ("direction", len(DIRECTIONS))):
-        ids[kind] = t.family(":" + format_value(v, kind) for v in range(count))
-    ids["sqrt_count"] = ids["count"]
+    kinds = {f.kind.name: f.kind for f in layout.aux}
+    for name, kind in kinds.items():
+        ids[f"value/{name}"] = t.family(":" + kind.text(v) for v in range(kind.count))
 
     encoded = [tokenizer.encode(s) for s in t.texts]
     tokens = np.array([x for e in encoded for x in e], np.int32)
@@ -97,9 +97,8 @@ def make_renderer(env_name: str, tokenizer) -> Renderer:
                   lengths[ids["darkness"]])
             + (longest(ids["item_on"], len(layout.items)) if layout.items else 0)
             + longest(ids["block_on"], len(layout.blocks)))
-    aux = sum(lengths[ids["labels"] + i] + longest(ids[f.kind], {"bool": 2, "direction": 4,
-                                                                 "thousandths": 1001}.get(
-        f.kind, MAX_VALUE + 1)) for i, f in enumerate(layout.aux))
+    aux = sum(lengths[ids["labels"] + i] + longest(ids[f"value/{f.kind.name}"], f.kind.count)
+              for i, f in enumerate(layout.aux))
     max_tokens = int(max(lengths[ids["header"]] + layout.rows * layout.cols * cell,
                          lengths[ids["empty_map"]])
                      + lengths[ids["blank"]] + lengths[ids["inventory"]] + aux)
@@ -108,25 +107,9 @@ def make_renderer(env_name: str, tokenizer) -> Renderer:
 
 def _value_ids(r: Renderer, aux: jax.Array) -> jax.Array:
     """Fragment id of each `:value` of the inventory line. aux: [A] -> [len(layout.aux)]."""
-    out = []
-    for f in r.layout.aux:
-        x = aux[f.index]
-        if f.kind == "direction":
-            v = jnp.argmax(aux[f.index:f.index + 4])
-        elif f.kind == "sqrt_count":
-            y = x * jnp.float32(f.scale)
-            v = jnp.rint(y * y)
-        elif f.kind == "count":
-            v = jnp.rint(x * jnp.float32(f.scale))
-        elif f.kind == "tenths":
-            v = jnp.rint(x * jnp.float32(f.scale * 10))
-        elif f.kind == "thousandths":
-            v = jnp.rint(x * jnp.float32(1000))
-        else:  # bool
-            v = x > 0.5
-        hi = {"bool": 1, "direction": 3, "thousandths": 1000}.get(f.kind, MAX_VALUE)
-        out.append(r.ids[f.kind] + jnp.clip(v.astype(jnp.int32), 0, hi))
-    return jnp.stack(out)
+    return jnp.stack([r.ids[f"value/{f.kind.name}"]
+                      + jnp.clip(f.decode(jnp, aux).astype(jnp.int32), 0, f.kind.count - 1)
+                      for f in r.layout.aux])
 
 
 def fragment_ids(r: Renderer, obs: jax.Array) -> jax.Array:
@@ -141,7 +124,7 @@ def fragment_ids(r: Renderer, obs: jax.Array) -> jax.Array:
     has_mob = mobs.max(axis=-1) > 0.5
     mob = jnp.argmax(mobs, axis=-1)
     has_item = item > 0
-    background = jnp.isin(block, jnp.array([i for i, b in enumerate(lay.blocks) if b in BACKGROUND]))
+    background = jnp.isin(block, jnp.array([lay.blocks.index(b) for b in lay.background]))
     shown = ~lit | has_mob | has_item | ~background
     any_shown = shown.any()
 
@@ -236,7 +219,7 @@ def render_tokens(r: Renderer, obs: jax.Array):
 class Check:
     """Compare device tokens with tokenizer.encode(reference text) on random-policy states."""
 
-    env: str = "Craftax-Symbolic-v1"
+    env: TextEnvName = "Craftax-Symbolic-v1"
     """Environment whose symbolic observations are rendered."""
     states: int = 1000
     """Number of states to compare."""
@@ -246,42 +229,6 @@ class Check:
     """Parallel envs in the rollout (states are taken from every step of every env)."""
     weights: str | None = None
     """Model folder whose tokenizer to use; default the packaged Qwen3 tokenizer."""
-
-
-def rollout_observations(env_name: str, num_states: int, seed: int, num_envs: int) -> np.ndarray:
-    """Observations of real states from uniform-random-action rollouts: [N, D].
-
-    Envs are reset once and never again (ended episodes keep stepping; world generation is what
-    makes Craftax slow to compile). For Craftax-Symbolic every other observation views the same
-    state from a random floor (all 9 are generated at reset), so darkness, ladders, torches and
-    the deeper floors' blocks and mobs appear, which a random policy on floor 0 rarely sees."""
-    from fused.envs import Env
-
-    env = Env(env_name)
-    full = "Classic" not in env_name
-    steps = -(-num_states // (2 * num_envs)) if full else -(-num_states // num_envs)
-
-    def observe(state, key):
-        obs = env._env.get_obs(state)
-        if not full:
-            return obs[None]
-        level = jax.random.randint(key, (), 0, state.map.shape[0])
-        return jnp.stack([obs, env._env.get_obs(state.replace(player_level=level))])
-
-    def run(key):
-        k_reset, k_roll = jax.random.split(key)
-        _, state = jax.vmap(env.reset)(jax.random.split(k_reset, num_envs))
-
-        def step(s, k):
-            k_act, k_env, k_floor = jax.random.split(k, 3)
-            action = jax.random.randint(k_act, (num_envs,), 0, env.num_actions)
-            res = jax.vmap(env.step)(jax.random.split(k_env, num_envs), s, action)
-            return res.state, jax.vmap(observe)(s, jax.random.split(k_floor, num_envs))
-
-        _, obs = jax.lax.scan(step, state, jax.random.split(k_roll, steps))
-        return obs.reshape(-1, obs.shape[-1])
-
-    return np.asarray(jax.jit(run)(jax.random.PRNGKey(seed)))[:num_states]
 
 
 def check(a: Check) -> int:

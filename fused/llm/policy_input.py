@@ -1,0 +1,173 @@
+"""The policy input that adds an LLM's hidden state of each env's observation
+(`fused.rl.policy_input.PolicyInput`): when to call the LLM, what the policy sees, ablations.
+
+Every `skip_n` env steps (counted globally, so any skip_n works) all envs are encoded; between
+calls, envs whose episode ended are refreshed in batches (see `llm_step`), so no env acts on a
+previous episode's state for long. The policy sees the hidden state normalised by running
+moments kept in the state (and so in checkpoints).
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+from jax.sharding import PartitionSpec as P
+
+from fused.llm.encoder import LLM, FrozenLLM, encode_observations
+from fused.llm.norm import RunningNorm, init_norm, normalize, update_norm
+
+COUNTS = ("llm/calls", "llm/refreshed", "llm/tokens")  # per-step metrics, summed over steps
+
+
+@struct.dataclass
+class LLMState:
+    hidden: jax.Array  # [N, H] float32, raw (un-normalised) hidden state per env
+    age: jax.Array  # [N] int32: steps since the env's episode ended unencoded (0 = up to date)
+    norm: RunningNorm
+
+
+def init_llm_state(llm: LLM, num_envs: int) -> LLMState:
+    return LLMState(jnp.zeros((num_envs, llm.hidden_size), jnp.float32),
+                    jnp.ones(num_envs, jnp.int32),  # never encoded yet: waiting
+                    init_norm(llm.hidden_size))
+
+
+def policy_hidden(llm: LLM, s: LLMState) -> jax.Array:
+    """What the policy sees: [N, H] normalised (if enabled) hidden states. Without LLM calls
+    (`constant_hidden`) the state is zero whatever was restored, so every row is the same."""
+    h = jnp.zeros_like(s.hidden) if llm.cfg.constant_hidden else s.hidden
+    return normalize(s.norm, h) if llm.cfg.normalize else h
+
+
+def _ablate(llm: LLM, hidden, key):
+    if llm.cfg.hidden == "shuffle":
+        return hidden[jax.random.permutation(key, hidden.shape[0])]
+    return hidden
+
+
+def llm_step(llm: LLM, frozen: FrozenLLM | None, s: LLMState, obs, done, step, key, microbatch,
+             axis_name=None):
+    """Hidden states for the observations `obs` [N, D] about to be acted on.
+
+    `done` [N]: the episode of the env ended on the previous step (so `obs` starts a new one);
+    `step`: global env-step counter. Returns (state, metrics dict of scalars).
+
+    Envs whose episode ended are re-encoded in batches of `refresh_batch`, oldest first: as soon
+    as that many are waiting, or when one has waited `refresh_wait` steps (so a refresh rarely
+    encodes padding rows, and no env keeps a previous episode's state longer than that)."""
+    c = llm.cfg
+    n = obs.shape[0]
+    stale = (s.age > 0) | (done & c.refresh_on_reset)
+    age = jnp.where(stale, s.age + 1, 0)
+    zero = jnp.zeros((), jnp.float32)
+    if c.constant_hidden:
+        return s.replace(age=jnp.zeros_like(age)), {k: zero for k in COUNTS}
+    k_full, k_part = jax.random.split(key)
+
+    def full(s):
+        h, tokens = encode_observations(llm, frozen, obs, microbatch)
+        h = _ablate(llm, h, k_full)
+        norm = update_norm(s.norm, h, jnp.ones(n), axis_name)
+        return (LLMState(h, jnp.zeros_like(age), norm),
+                {"llm/calls": jnp.float32(1), "llm/refreshed": zero,
+                 "llm/tokens": tokens.astype(jnp.float32)})
+
+    def refresh(s):
+        r = min(c.refresh_batch, n)
+        idx = jnp.argsort(-age, stable=True)[:r]  # longest-waiting stale envs first
+        valid = stale[idx]
+        h, tokens = encode_observations(llm, frozen, obs[idx], None)
+        h = _ablate(llm, h, k_part)
+        hidden = s.hidden.at[idx].set(jnp.where(valid[:, None], h, s.hidden[idx]))
+        norm = update_norm(s.norm, h, valid, axis_name)
+        return (LLMState(hidden, age.at[idx].set(0), norm),
+                {"llm/calls": zero, "llm/refreshed": valid.sum().astype(jnp.float32),
+                 "llm/tokens": tokens.astype(jnp.float32)})
+
+    def keep(s):
+        return s.replace(age=age), {k: zero for k in COUNTS}
+
+    due = (stale.sum() >= min(c.refresh_batch, n)) | (age.max() >= c.refresh_wait)
+    if axis_name is not None:  # every device must take the same branch (collectives inside)
+        due = jax.lax.psum(due.astype(jnp.int32), axis_name) > 0
+    branch = jnp.where(step % c.skip_n == 0, 0, jnp.where(due, 1, 2))
+    return jax.lax.switch(branch, [full, refresh, keep], s)
+
+
+def hidden_metrics(h: jax.Array) -> dict:
+    """Statistics of raw hidden states h [N, H] across envs."""
+    n = h.shape[0]
+    norms = jnp.linalg.norm(h, axis=-1)
+    unit = h / jnp.maximum(norms[:, None], 1e-12)
+    total = jnp.sum(unit, axis=0)
+    cos = (jnp.dot(total, total) - n) / max(n * (n - 1), 1)
+    per_dim = h.std(axis=0)
+    return {"hidden/mean": h.mean(), "hidden/std": h.std(), "hidden/norm": norms.mean(),
+            "hidden/active_dims": jnp.mean(per_dim > 1e-2 * jnp.maximum(per_dim.mean(), 1e-12)),
+            "hidden/mean_cosine": cos}
+
+
+class LLMInput:
+    """Observation + the LLM's (normalised) hidden state: network input {"obs", "hidden"}."""
+
+    def __init__(self, llm: LLM, microbatch: int, num_envs: int):
+        self.llm = llm
+        self.frozen = llm.frozen
+        self.microbatch = microbatch  # envs per LLM microbatch (per device)
+        self.num_envs = num_envs  # global
+        self._call_seconds: float | None = None
+
+    def init(self, frozen, obs, key, axis_name):
+        k_run, k_llm = jax.random.split(key)
+        n = obs.shape[0]
+        state, _ = llm_step(self.llm, frozen, init_llm_state(self.llm, n), obs,
+                            jnp.zeros(n, bool), jnp.int32(0), k_llm, self.microbatch, axis_name)
+        return state, k_run
+
+    def step(self, frozen, state, obs, done, t, key, axis_name):
+        return llm_step(self.llm, frozen, state, obs, done, t, key, self.microbatch, axis_name)
+
+    def view(self, state: LLMState, obs):
+        return {"obs": obs, "hidden": policy_hidden(self.llm, state)}
+
+    def example(self, obs):
+        return {"obs": obs, "hidden": jnp.zeros((obs.shape[0], self.llm.hidden_size))}
+
+    def summary(self, state: LLMState, step_totals: dict, axis_name) -> dict:
+        # Every device takes the same branch at every step: calls are counted once, the rest
+        # (rows refreshed, tokens encoded) summed over devices.
+        psum = (lambda v: jax.lax.psum(v, axis_name)) if axis_name else (lambda v: v)
+        pmean = (lambda v: jax.lax.pmean(v, axis_name)) if axis_name else (lambda v: v)
+        out = {"llm/calls": step_totals["llm/calls"],
+               "llm/refreshed": psum(step_totals["llm/refreshed"]),
+               "llm/tokens": psum(step_totals["llm/tokens"])}
+        out.update({k: pmean(v) for k, v in hidden_metrics(state.hidden).items()})
+        return out
+
+    def state_specs(self, state: LLMState, env_axis: str):
+        return LLMState(P(env_axis), P(env_axis), jax.tree.map(lambda _: P(), state.norm))
+
+    def host_metrics(self, row: dict, chunk_seconds: float, rows_in_chunk: int, obs) -> dict:
+        """`llm/tokens_per_encode`, and `llm/time_share_est`: this update's encodes x the time
+        of one call over all envs (the jitted encoder alone, timed once after a warm-up) / the
+        update's share of the chunk time (XLA gives no per-op clock inside a compiled chunk).
+        The vllm backend times its host calls itself (no estimate)."""
+        encodes = row["llm/calls"] * self.num_envs + row["llm/refreshed"]
+        out = {"llm/tokens_per_encode": row["llm/tokens"] / max(encodes, 1.0)}
+        if self.llm.backend == "jax":
+            if self._call_seconds is None:
+                self._call_seconds = self._time_one_call(obs)
+            out["llm/time_share_est"] = min(1.0, encodes / self.num_envs * self._call_seconds
+                                            * rows_in_chunk / chunk_seconds)
+        return out
+
+    def _time_one_call(self, obs) -> float:
+        obs = jax.device_get(obs)
+        f = jax.jit(lambda o, fr: encode_observations(self.llm, fr, o, self.microbatch))
+        jax.block_until_ready(f(obs, self.frozen))
+        t = time.perf_counter()
+        jax.block_until_ready(f(obs, self.frozen))
+        return time.perf_counter() - t

@@ -1,0 +1,31 @@
+"""The one-env interface every environment implements (Craftax in `fused.rl.envs`, the probes in
+`fused.rl.probes`); `fused.rl.vec_env.VecEnv` batches any of them."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol
+
+import jax
+
+
+class StepResult(NamedTuple):
+    obs: jax.Array  # [D] float32, observation after the step (before any reset)
+    state: Any
+    reward: jax.Array  # [] float32
+    terminated: jax.Array  # [] bool: a true end (death, boss beaten): the value after it is 0
+    truncated: jax.Array  # [] bool: a time limit: the episode could have gone on
+    achievements: jax.Array  # [A] bool, unlocked so far in this episode
+
+
+class Env(Protocol):
+    """One environment without auto-reset; methods are pure and vmappable."""
+
+    num_actions: int
+    obs_dim: int
+    achievement_names: tuple[str, ...]
+
+    def reset(self, key: jax.Array) -> tuple[jax.Array, Any]:
+        """-> (obs [D], state)"""
+
+    def step(self, key: jax.Array, state: Any, action: jax.Array) -> StepResult:
+        ...

@@ -1,0 +1,96 @@
+"""Craftax behind the one-env interface (`fused.rl.env_api.Env`), and `make_env` for any env name.
+
+`CraftaxEnv` steps ONE environment without resetting and says apart `terminated` (death, boss
+beaten) from `truncated` (time limit), so GAE can bootstrap on truncation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fused.config import EnvConfig
+from fused.envspec import EnvSpec, TextEnvName, spec
+from fused.rl.env_api import Env, StepResult
+from fused.rl.probes import make_probe
+
+
+class CraftaxEnv:
+    """One Craftax env, no auto-reset. Methods are pure and vmappable."""
+
+    def __init__(self, env_spec: EnvSpec, max_episode_steps: int | None = None):
+        from craftax.craftax_env import make_craftax_env_from_name
+
+        self.spec = env_spec
+        self._env = make_craftax_env_from_name(env_spec.name, auto_reset=False)
+        params = self._env.default_params
+        if max_episode_steps is not None:
+            params = params.replace(max_timesteps=max_episode_steps)
+        self.params = params
+        self.achievement_names = env_spec.achievement_names
+        self.num_actions = self._env.action_space(params).n
+        self.obs_dim = self._env.observation_space(params).shape[0]
+        assert (self.num_actions, self.obs_dim) == (env_spec.num_actions, env_spec.obs_dim), \
+            f"fused.envspec disagrees with craftax about {env_spec.name}"
+
+    def reset(self, key: jax.Array) -> tuple[jax.Array, Any]:
+        return self._env.reset_env(key, self.params)
+
+    def observe(self, state: Any) -> jax.Array:
+        """The symbolic observation of a state (after editing it, say)."""
+        return self._env.get_obs(state)
+
+    def step(self, key: jax.Array, state: Any, action: jax.Array) -> StepResult:
+        obs, next_state, reward, done, _ = self._env.step_env(key, state, action, self.params)
+        # Time-limit ends are truncations unless the player also died (or won) on that step.
+        timed_out = next_state.timestep >= self.params.max_timesteps
+        truncated = done & timed_out & (next_state.player_health > 0)
+        return StepResult(obs, next_state, reward.astype(jnp.float32), done & ~truncated,
+                          truncated, next_state.achievements.astype(bool))
+
+
+def make_env(cfg: EnvConfig) -> Env:
+    s = spec(cfg.name)
+    if s.family == "probe":
+        return make_probe(s, cfg.max_episode_steps)
+    return CraftaxEnv(s, cfg.max_episode_steps)
+
+
+def rollout_observations(env_name: TextEnvName, num_states: int, seed: int,
+                         num_envs: int) -> np.ndarray:
+    """Observations of real states from uniform-random-action rollouts: [N, D].
+
+    Envs are reset once and never again (ended episodes keep stepping; world generation is what
+    makes Craftax slow to compile). For Craftax-Symbolic every other observation views the same
+    state from a random floor (all 9 are generated at reset), so darkness, ladders, torches and
+    the deeper floors' blocks and mobs appear, which a random policy on floor 0 rarely sees."""
+    env = CraftaxEnv(spec(env_name))
+    full = env.spec.floors > 1
+    steps = -(-num_states // (2 * num_envs)) if full else -(-num_states // num_envs)
+
+    def observe(state, key):
+        obs = env.observe(state)
+        if not full:
+            return obs[None]
+        level = jax.random.randint(key, (), 0, env.spec.floors)
+        return jnp.stack([obs, env.observe(state.replace(player_level=level))])
+
+    def run(key):
+        k_reset, k_roll = jax.random.split(key)
+        _, state = jax.vmap(env.reset)(jax.random.split(k_reset, num_envs))
+
+        def step(s, k):
+            k_act, k_env, k_floor = jax.random.split(k, 3)
+            action = jax.random.randint(k_act, (num_envs,), 0, env.num_actions)
+            res = jax.vmap(env.step)(jax.random.split(k_env, num_envs), s, action)
+            return res.state, jax.vmap(observe)(s, jax.random.split(k_floor, num_envs))
+
+        _, obs = jax.lax.scan(step, state, jax.random.split(k_roll, steps))
+        return obs.reshape(-1, obs.shape[-1])
+
+    return np.asarray(jax.jit(run)(jax.random.PRNGKey(seed)))[:num_states]
+
+

@@ -1,0 +1,49 @@
+"""Data parallelism over local devices as a wrapper: a `Trainer` built with `axis_name=AXIS`
+runs under `shard_map` on a 1-D mesh. Envs (and per-env input state) are split across devices,
+parameters replicated, gradients averaged; the functions stay un-jitted for the entry point."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from fused.rl.ppo import RunnerState
+from fused.rl.trainer import Trainer
+
+AXIS = "data"
+
+
+def make_mesh(num_devices: int) -> Mesh:
+    return Mesh(np.array(jax.devices()[:num_devices]), (AXIS,))
+
+
+def state_structure(trainer: Trainer, mesh: Mesh, frozen) -> RunnerState:
+    """The state's pytree structure (abstract), from `init` run per device as a vmap over the
+    mesh axis, so collectives resolve without a second, collective-free copy of `init`."""
+    per_device = jax.vmap(trainer.init, in_axes=(None, None), axis_name=AXIS,
+                          axis_size=mesh.shape[AXIS])
+    return jax.eval_shape(per_device, jax.random.PRNGKey(0), frozen)
+
+
+def shard(trainer: Trainer, mesh: Mesh, frozen) -> Trainer:
+    """The same functions, each under shard_map over `mesh` (state in and out split by
+    `trainer.state_specs`; key, frozen arrays and metrics replicated)."""
+    specs = trainer.state_specs(state_structure(trainer, mesh, frozen), AXIS)
+
+    def wrap(f, in_specs, out_specs):
+        return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                             check_vma=False)
+
+    return Trainer(init=wrap(trainer.init, (P(), P()), specs),
+                   chunk=wrap(trainer.chunk, (specs, P()), (specs, P())),
+                   train=wrap(trainer.train, (P(), P()), (specs, P())),
+                   state_specs=trainer.state_specs)
+
+
+def state_shardings(trainer: Trainer, mesh: Mesh | None, state: RunnerState):
+    """Where each leaf of `state` lives: NamedShardings of `state_specs` on `mesh`, or (one
+    device) the state's own shardings. Restore targets for checkpoints."""
+    if mesh is None:
+        return jax.tree.map(lambda x: x.sharding, state)
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), trainer.state_specs(state, AXIS))

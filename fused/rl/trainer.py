@@ -1,0 +1,95 @@
+"""PPO assembled into pure functions: `make_train(cfg, env, network, inputs) -> Trainer`.
+
+`Trainer.init(key, frozen)` builds the full `RunnerState`; `Trainer.chunk(state, frozen)` runs
+`updates_per_chunk` updates (updates past the end of the run are skipped, so the last chunk needs
+no recompile); `Trainer.train(key, frozen)` is the whole run as one pure function, for `jax.vmap`
+over seeds. `frozen` is `inputs.frozen` (an LLM's weights and prefix cache, None for the plain
+observation), an argument rather than a closure so XLA never folds a model into the program as
+constants. Nothing is jitted here: the entry point jits, and `fused.rl.sharding.shard` wraps
+the same functions for several devices (build them with `axis_name` set for that).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from fused.config import TrainConfig
+from fused.rl.env_api import Env
+from fused.rl.policy_input import PolicyInput
+from fused.rl.ppo import Ctx, RunnerState, local_keys, update_step
+from fused.rl.vec_env import VecEnv
+
+
+class Trainer(NamedTuple):
+    init: Callable  # (key, frozen) -> RunnerState
+    chunk: Callable  # (RunnerState, frozen) -> (RunnerState, metrics [updates_per_chunk, ...])
+    train: Callable  # (key, frozen) -> (RunnerState, metrics with leading axis num_updates)
+    state_specs: Callable  # (RunnerState, env_axis) -> PartitionSpecs (per-env leaves split)
+
+
+def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
+    p = cfg.ppo
+    steps = cfg.num_updates * p.update_epochs * p.num_minibatches
+    lr = optax.linear_schedule(p.lr, 0.0, steps) if p.anneal_lr else p.lr
+    return optax.chain(optax.clip_by_global_norm(p.max_grad_norm), optax.adam(lr, eps=p.adam_eps))
+
+
+def strong_types(tree):
+    """The same arrays without weak types. Craftax puts Python scalars into its states (weak
+    types); a checkpoint restores them as ordinary arrays, and a jitted chunk whose input types
+    differ from the ones it was compiled for compiles again (70-100 s on Craftax-Symbolic) after
+    a resume. `init` returns strong types, and `chunk` returns the types it takes (its scan
+    carry), so live and restored states match."""
+    return jax.tree.map(lambda x: jax.lax.convert_element_type(x, x.dtype)
+                        if jax.typeof(x).weak_type else x, tree)
+
+
+def make_train(cfg: TrainConfig, env: Env, network: nn.Module, inputs: PolicyInput,
+               axis_name: str | None = None, num_shards: int = 1) -> Trainer:
+    """Pure functions for training `network` on `env` through `inputs`. With `axis_name`, they
+    hold the collectives of data parallelism over `num_shards` devices (each with
+    num_envs / num_shards envs) and must run under `fused.rl.sharding.shard`."""
+    tx = make_optimizer(cfg)
+    local_envs = cfg.env.num_envs // num_shards
+    ctx = Ctx(network.apply, partial(network.apply, method=type(network).actor),
+              partial(network.apply, method=type(network).critic), inputs, VecEnv(env, cfg.env),
+              tx, cfg.ppo, cfg.env.num_envs, local_envs, axis_name)
+
+    def init(key, frozen):
+        k_net, k_env, k_pool, k_run = jax.random.split(key, 4)
+        params = network.init(k_net, inputs.example(jnp.zeros((1, env.obs_dim))))
+        if axis_name is not None:
+            k_pool = jax.random.fold_in(k_pool, jax.lax.axis_index(axis_name))
+        env_state = ctx.vec_env.reset(local_keys(ctx, k_env), k_pool)
+        state, k_run = inputs.init(frozen, env_state.obs, k_run, axis_name)
+        return strong_types(RunnerState(params, tx.init(params), env_state, k_run, jnp.int32(0),
+                                        state))
+
+    def chunk(rs: RunnerState, frozen):
+        def body(rs, _):
+            skipped = jax.tree.map(jnp.zeros_like,
+                                   jax.eval_shape(lambda r: update_step(ctx, r, frozen), rs)[1])
+            return jax.lax.cond(rs.update_step < cfg.num_updates,
+                                lambda r: update_step(ctx, r, frozen), lambda r: (r, skipped), rs)
+
+        return jax.lax.scan(body, rs, None, length=cfg.updates_per_chunk)
+
+    def train(key, frozen):
+        return jax.lax.scan(lambda r, _: update_step(ctx, r, frozen), init(key, frozen), None,
+                            length=cfg.num_updates)
+
+    def state_specs(state: RunnerState, env_axis: str):
+        """Env states (and per-device reset pools) and per-env input state split on the leading
+        axis; params, optimizer and the rest replicated."""
+        rep = jax.tree.map(lambda _: jax.sharding.PartitionSpec(), state)
+        return rep.replace(env=jax.tree.map(lambda _: jax.sharding.PartitionSpec(env_axis),
+                                            state.env),
+                           inputs=inputs.state_specs(state.inputs, env_axis))
+
+    return Trainer(init, chunk, train, state_specs)

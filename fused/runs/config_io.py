@@ -1,0 +1,90 @@
+"""Configs on the command line and on disk: presets + flags through tyro, saved as JSON and read
+back through pydantic (types and Literals checked), and resuming a run with flags applied over
+its saved config (tyro takes the saved config as the defaults)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pydantic
+import tyro
+
+from fused.config import ConfigError
+
+C = TypeVar("C")
+
+
+def to_dict(cfg) -> dict:
+    return pydantic.TypeAdapter(type(cfg)).dump_python(cfg, mode="json")
+
+
+def to_json(cfg) -> str:
+    return json.dumps(to_dict(cfg), indent=2) + "\n"
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}"""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def from_json(cls: type[C], text: str, source: str) -> C:
+    """A config written by `to_json`; fields it lacks take today's defaults, fields unknown
+    today or values of the wrong type are errors naming them."""
+    try:
+        d = json.loads(text)
+        cfg = pydantic.TypeAdapter(cls).validate_python(d)
+    except (ValueError, pydantic.ValidationError) as e:
+        first = str(e).splitlines()
+        raise ConfigError(f"{source} is not a valid {cls.__name__} "
+                          f"({'; '.join(first[:3])})") from None
+    unknown = sorted(set(flatten(d)) - set(flatten(to_dict(cfg))))
+    if unknown:
+        raise ConfigError(f"{source} has fields this version does not know: {unknown}; was it "
+                          "written by another version of craftax-fused?")
+    return cfg
+
+
+def changes(old, new) -> dict[str, tuple[Any, Any]]:
+    """Fields whose values differ: {"a.b": (old, new)}."""
+    a, b = flatten(to_dict(old)), flatten(to_dict(new))
+    return {k: (a.get(k), b[k]) for k in b if a.get(k) != b[k]}
+
+
+def parse(cls: type[C], presets: dict[str, tuple[str, C]], default_preset: str, argv: list[str],
+          description: str) -> C:
+    """`[PRESET] [--flags]`: a preset name may lead (default `default_preset`); flags override
+    it; `--help` lists every field with its docstring and the preset's value."""
+    if not argv or (argv[0] not in presets and argv[0] not in ("-h", "--help")):
+        argv = [default_preset, *argv]
+    return tyro.extras.overridable_config_cli(presets, args=argv, description=description)
+
+
+def resume(cls: type[C], saved_path: Path, argv: list[str], presets: dict,
+           fixed: tuple[str, ...], free: tuple[str, ...] = ()) -> tuple[C, dict]:
+    """The config saved at `saved_path` with `argv`'s flags applied over it, and what they
+    changed. Fields under a `fixed` prefix (shapes of the saved state, the run's identity) may
+    not change, unless listed in `free`."""
+    if not saved_path.is_file():
+        raise ConfigError(f"--resume {saved_path.parent}: no config.json there; pass a run folder "
+                          "written by this tool")
+    if argv and argv[0] in presets:
+        raise ConfigError(f"preset {argv[0]!r} with --resume: the run's saved config is the base; "
+                          "drop the preset name and give only the flags to change")
+    saved = from_json(cls, saved_path.read_text(), str(saved_path))
+    cfg = tyro.cli(cls, default=saved, args=argv)
+    diff = {k: v for k, v in changes(saved, cfg).items() if k != "resume"}
+    bad = [k for k in diff if k.startswith(fixed) and k not in free]
+    if bad:
+        k = bad[0]
+        raise ConfigError(f"{k} cannot change when resuming (saved {diff[k][0]!r}, given "
+                          f"{diff[k][1]!r}): it fixes the saved state or the run's identity; "
+                          "start a new run instead")
+    return cfg, diff

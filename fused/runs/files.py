@@ -1,0 +1,49 @@
+"""Files that are whole or absent, and JAX's persistent compilation cache: the two host chores
+every entry point, benchmark and test shares."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Iterator
+
+DEFAULT_CACHE = "~/.cache/craftax-fused/jax"
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; once the block ends without an exception, the file
+    written there replaces `path` in one rename (readers see the old file or the new one, never
+    half of one). The temporary keeps the suffix, so writers that go by it (savefig, np.savez)
+    write the right format."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}{path.suffix}")
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:  # on disk before the rename, so a crash keeps one version
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write(path: str | Path, data: str | bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+
+
+def atomic_write_json(path: str | Path, obj, indent: int | None = 1) -> None:
+    atomic_write(path, json.dumps(obj, indent=indent) + "\n")
+
+
+def setup_compilation_cache(default: str = DEFAULT_CACHE) -> str:
+    """Turn on JAX's persistent compilation cache ($JAX_COMPILATION_CACHE_DIR, else `default`):
+    a Craftax-Symbolic PPO chunk then compiles once per machine, not once per process."""
+    import jax
+
+    folder = os.path.expanduser(os.environ.get("JAX_COMPILATION_CACHE_DIR", default))
+    jax.config.update("jax_compilation_cache_dir", folder)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    return folder

@@ -1,0 +1,93 @@
+"""One run's folder, shared by every entry point that trains (train.py, offline.py):
+config.json (read back with flags applied on resume), metrics.jsonl, curve.png, checkpoints/,
+wandb/, and the chores around them (signals, the progress bar, the console).
+
+    run = RunDir.create(cfg.out_dir, name)   or   RunDir.reopen(Path(cfg.resume))
+    run.save_config(cfg); ckpt = run.checkpointer(keep); log = run.log(plot)
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+from pathlib import Path
+
+from fused.config import ConfigError, WandbConfig
+from fused.runs.checkpoint import Checkpointer
+from fused.runs.config_io import to_dict, to_json
+from fused.runs.files import atomic_write
+from fused.runs.metrics import RunLog
+
+
+def default_name(*parts) -> str:
+    """`<parts joined by ->-<time>`, e.g. Craftax-Classic-Symbolic-v1-s0-20261124-101500."""
+    return "-".join(str(p) for p in parts) + "-" + datetime.datetime.now().strftime(
+        "%Y%m%d-%H%M%S")
+
+
+class RunDir:
+    def __init__(self, path: Path, resuming: bool):
+        self.path = path
+        self.resuming = resuming
+
+    @classmethod
+    def create(cls, out_dir: str, name: str) -> RunDir:
+        """A new run's folder (made when the config is saved); an existing run there is an
+        error that names --resume."""
+        path = Path(out_dir).expanduser() / name
+        if (path / "checkpoints").exists():
+            raise ConfigError(f"run folder {path} already has checkpoints; use --resume {path} "
+                              "or another --run-name")
+        return cls(path, resuming=False)
+
+    @classmethod
+    def reopen(cls, path: str | Path) -> RunDir:
+        path = Path(path).expanduser()
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"--resume {path}: no config.json there; pass a run folder "
+                              "written by this tool")
+        return cls(path, resuming=True)
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.json"
+
+    def save_config(self, cfg) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.config_path, to_json(cfg))
+
+    def checkpointer(self, keep: int) -> Checkpointer:
+        return Checkpointer(self.path / "checkpoints", keep)
+
+    def log(self, plot: bool) -> RunLog:
+        return RunLog(self.path, plot)
+
+    def start_wandb(self, w: WandbConfig, cfg):
+        """An offline (default), online or no wandb run in `wandb/`, resumed with the folder."""
+        if w.mode == "disabled":
+            return None
+        import wandb
+
+        os.environ.setdefault("WANDB_SILENT", "true")
+        return wandb.init(project=w.project, entity=w.entity, mode=w.mode, dir=str(self.path),
+                          config=to_dict(cfg), name=self.path.name,
+                          id=self.path.name.replace("/", "_")[:120], resume="allow")
+
+
+class StopFlag:
+    """SIGINT/SIGTERM ask for a checkpoint and a clean exit at the next chunk boundary;
+    a second SIGINT interrupts at once."""
+
+    def __init__(self, console):
+        self.requested = False
+        self.console = console
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.console.print(f"\nsignal {signal.Signals(signum).name}: checkpointing at the end "
+                           "of this chunk")
