@@ -7,7 +7,6 @@ continues a run from its last good checkpoint with its saved config (flags chang
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 
 from fused.config import PRESETS, RESUME_FIXED, RESUME_FREE, ConfigError, TrainConfig, validate
-from fused.runs import config_io
+from fused.runs import cluster, config_io
 from fused.runs.files import setup_compilation_cache
 from fused.runs.run_dir import RunDir, default_name
 
@@ -33,14 +32,13 @@ def load_config(argv: list[str]) -> tuple[TrainConfig, dict]:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    console = Console(soft_wrap=True)
     try:
         cfg, changed = load_config(sys.argv[1:] if argv is None else argv)
         setup_compilation_cache()
+        cluster.initialize()  # several hosts: the cluster the environment describes, if any
         import jax
 
-        if os.environ.get("JAX_COORDINATOR_ADDRESS"):  # multi-host: cluster from the environment
-            jax.distributed.initialize()
+        console = Console(soft_wrap=True, quiet=jax.process_index() != 0)
         num_devices = cfg.num_devices or jax.device_count()
         if num_devices > jax.device_count():
             raise ConfigError(f"num_devices={num_devices} but only {jax.device_count()} "
@@ -69,8 +67,10 @@ def train(online, run: RunDir, console: Console) -> Path:
     from fused.runs.run_dir import StopFlag
 
     cfg, trainer, inputs = online.cfg, online.trainer, online.agent.inputs
-    run.save_config(cfg)
-    log = run.log(cfg.plot)
+    lead = jax.process_index() == 0  # writes the run folder's files; every process checkpoints
+    if lead:
+        run.save_config(cfg)
+    log = run.log(cfg.plot and lead)
     ckpt = run.checkpointer(cfg.keep_checkpoints)
     console.print(f"[bold]craftax-fused[/] {cfg.env.name}: {cfg.env.num_envs} envs x "
                   f"{cfg.ppo.num_steps} steps, {cfg.num_updates} updates "
@@ -82,9 +82,10 @@ def train(online, run: RunDir, console: Console) -> Path:
     state = commit(online, jax.jit(trainer.init)(jax.random.PRNGKey(cfg.seed), online.frozen))
     if run.resuming:
         step, state, _ = ckpt.restore_latest(abstract_like(state, shardings(online, state)))
-        log.truncate_after(step)
+        if lead:
+            log.truncate_after(step)
         console.print(f"resumed from checkpoint at update {step}")
-    wandb_run = run.start_wandb(cfg.wandb, cfg)
+    wandb_run = run.start_wandb(cfg.wandb, cfg) if lead else None
     stop = StopFlag(console)
     update = int(state.update_step)
     last_ckpt_update, last_ckpt_time = update, time.time()
@@ -110,7 +111,8 @@ def train(online, run: RunDir, console: Console) -> Path:
             for r in rows:
                 r["steps_per_s"] = sps
                 r.update(inputs.host_metrics(r, dt, len(rows), state.env.obs))
-            log.write(rows)
+            if lead:
+                log.write(rows)
             if wandb_run is not None:
                 for r in rows:
                     wandb_run.log(r, step=r["env_steps"])

@@ -26,12 +26,16 @@ def default_microbatch(num_envs: int) -> int:
     return max(d for d in range(1, min(num_envs, 32) + 1) if num_envs % d == 0)
 
 
-def make_agent(cfg: TrainConfig, num_devices: int = 1) -> Agent:
-    """Host setup of the policy for `cfg` (with an LLM, loads it and prefills its prompt)."""
+def make_agent(cfg: TrainConfig, num_devices: int = 1, like: Agent | None = None) -> Agent:
+    """Host setup of the policy for `cfg` (with an LLM, loads it and prefills its prompt, unless
+    `like`, an agent of the same config for another env count, already holds it)."""
     s, p = spec(cfg.env.name), cfg.ppo
     if cfg.llm.active_backend == "none":
         return Agent(ActorCritic(s.num_actions, p.layer_width, p.num_layers), Identity())
-    llm = make_llm(cfg.llm, cfg.env.name, cfg.seed)
+    if like is not None and isinstance(like.inputs, LLMInput):
+        llm = like.inputs.llm
+    else:
+        llm = make_llm(cfg.llm, cfg.env.name, cfg.seed)
     local_envs = cfg.env.num_envs // num_devices
     microbatch = cfg.llm.microbatch or default_microbatch(local_envs)
     network = AugmentedActorCritic(s.num_actions, p.layer_width, p.num_layers,

@@ -25,11 +25,11 @@ class ConfigError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
-class EnvConfig:
+class EnvSettings:
+    """Which env and how it resets (everything but how many copies run)."""
+
     name: EnvName = "Craftax-Symbolic-v1"
     """Environment: Craftax-Symbolic-v1, Craftax-Classic-Symbolic-v1, or a probe-* test env."""
-    num_envs: int = 128
-    """Parallel environments (global, across all devices)."""
     reset: Literal["optimistic", "auto"] = "optimistic"
     """`optimistic`: finished envs take worlds from a small pool refilled a few worlds per step
     (Craftax baselines' idea, amortised further); `auto`: every finished episode gets a freshly
@@ -42,6 +42,12 @@ class EnvConfig:
     (counted in the `reset_reuse` metric)."""
     max_episode_steps: int | None = None
     """Override the env's episode limit (truncation); None keeps the env default."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvConfig(EnvSettings):
+    num_envs: int = 128
+    """Parallel environments (global, across all devices)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,11 +212,9 @@ RESUME_FREE = ("llm.url",)
 def validate(cfg: TrainConfig, num_devices: int = 1) -> None:
     """Reject values that cannot work, with one line naming the field and the fix."""
     e, p = cfg.env, cfg.ppo
-    if e.name not in SPECS:
-        raise ConfigError(f"env.name={e.name!r} is unknown; choose one of {', '.join(SPECS)}")
+    validate_env(e, e.num_envs, num_devices)
     positive = {
-        "env.num_envs": e.num_envs, "env.reset_pool": e.reset_pool,
-        "env.worlds_per_step": e.worlds_per_step, "ppo.num_steps": p.num_steps,
+        "ppo.num_steps": p.num_steps,
         "ppo.update_epochs": p.update_epochs, "ppo.num_minibatches": p.num_minibatches,
         "ppo.layer_width": p.layer_width, "ppo.num_layers": p.num_layers,
         "total_timesteps": cfg.total_timesteps, "updates_per_chunk": cfg.updates_per_chunk,
@@ -219,16 +223,6 @@ def validate(cfg: TrainConfig, num_devices: int = 1) -> None:
     for name, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{name}={value} must be positive")
-    if e.max_episode_steps is not None and e.max_episode_steps <= 0:
-        raise ConfigError(f"env.max_episode_steps={e.max_episode_steps} must be positive or None")
-    if e.worlds_per_step > e.reset_pool:
-        raise ConfigError(
-            f"env.worlds_per_step={e.worlds_per_step} exceeds env.reset_pool={e.reset_pool}; "
-            "raise the pool or lower worlds_per_step")
-    if e.num_envs % num_devices:
-        raise ConfigError(
-            f"env.num_envs={e.num_envs} is not divisible by the {num_devices} devices in use; "
-            "pick a multiple or set --num-devices")
     local_batch = e.num_envs // num_devices * p.num_steps
     if local_batch % p.num_minibatches:
         raise ConfigError(
@@ -248,6 +242,26 @@ def validate(cfg: TrainConfig, num_devices: int = 1) -> None:
     if cfg.checkpoint_every_updates < 0 or cfg.checkpoint_every_minutes < 0:
         raise ConfigError("checkpoint_every_updates and checkpoint_every_minutes must be >= 0")
     validate_llm(cfg.llm, cfg.env.name, cfg.env.num_envs // num_devices, num_devices)
+
+
+def validate_env(e: EnvSettings, num_envs: int, num_devices: int = 1,
+                 num_envs_field: str = "env.num_envs") -> None:
+    if e.name not in SPECS:
+        raise ConfigError(f"env.name={e.name!r} is unknown; choose one of {', '.join(SPECS)}")
+    for name, value in {num_envs_field: num_envs, "env.reset_pool": e.reset_pool,
+                        "env.worlds_per_step": e.worlds_per_step}.items():
+        if value <= 0:
+            raise ConfigError(f"{name}={value} must be positive")
+    if e.max_episode_steps is not None and e.max_episode_steps <= 0:
+        raise ConfigError(f"env.max_episode_steps={e.max_episode_steps} must be positive or None")
+    if e.worlds_per_step > e.reset_pool:
+        raise ConfigError(
+            f"env.worlds_per_step={e.worlds_per_step} exceeds env.reset_pool={e.reset_pool}; "
+            "raise the pool or lower worlds_per_step")
+    if num_envs % num_devices:
+        raise ConfigError(
+            f"{num_envs_field}={num_envs} is not divisible by the {num_devices} devices in use; "
+            "pick a multiple or set --num-devices")
 
 
 def validate_llm(m: LLMConfig, env_name: str, local_envs: int, num_devices: int = 1) -> None:

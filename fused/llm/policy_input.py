@@ -157,12 +157,21 @@ class LLMInput:
         The vllm backend times its host calls itself (no estimate)."""
         encodes = row["llm/calls"] * self.num_envs + row["llm/refreshed"]
         out = {"llm/tokens_per_encode": row["llm/tokens"] / max(encodes, 1.0)}
-        if self.llm.backend == "jax":
+        local = not isinstance(obs, jax.Array) or obs.is_fully_addressable
+        if self.llm.backend == "jax" and local:  # (one host's estimate: not across processes)
             if self._call_seconds is None:
                 self._call_seconds = self._time_one_call(obs)
             out["llm/time_share_est"] = min(1.0, encodes / self.num_envs * self._call_seconds
                                             * rows_in_chunk / chunk_seconds)
         return out
+
+    def record(self, state: LLMState) -> dict:
+        """The raw hidden state each env's policy acted on (before normalisation)."""
+        return {"hidden": state.hidden}
+
+    def adopt(self, fresh: LLMState, trained: LLMState) -> LLMState:
+        """The trained run's running normaliser, so the policy sees what it saw in training."""
+        return fresh.replace(norm=trained.norm)
 
     def _time_one_call(self, obs) -> float:
         obs = jax.device_get(obs)

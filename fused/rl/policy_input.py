@@ -52,6 +52,13 @@ class PolicyInput(Protocol, Generic[S, X]):
                      obs: Any) -> dict:
         """Host-side metrics added to one logged row (None-free; {} if there are none)."""
 
+    def record(self, state: S) -> dict:
+        """Per-env arrays [N, ...] a dataset stores beside each transition ({} if none)."""
+
+    def adopt(self, fresh: S, trained: S) -> S:
+        """`fresh` (state for new envs) with what a trained run's state learned (its hidden-state
+        normaliser, say), so a checkpoint's policy acts as it did in training."""
+
 
 class Identity:
     """The plain observation: no state, no metrics (plain PPO)."""
@@ -78,4 +85,10 @@ class Identity:
 
     def host_metrics(self, row, chunk_seconds, rows_in_chunk, obs) -> dict:
         return {}
+
+    def record(self, state) -> dict:
+        return {}
+
+    def adopt(self, fresh, trained) -> None:
+        return fresh
 

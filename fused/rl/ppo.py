@@ -16,7 +16,7 @@ from flax import struct
 
 from fused.config import PPOConfig
 from fused.rl.policy_input import PolicyInput
-from fused.rl.vec_env import VecEnv, VecEnvState
+from fused.rl.vec_env import VecEnv, VecEnvState, per_env_keys
 
 S = TypeVar("S")
 
@@ -128,12 +128,7 @@ def _psum(x, axis_name):
 
 
 def local_keys(ctx: Ctx, key: jax.Array) -> jax.Array:
-    """This device's slice of one key per global env: sharding never changes any env's key."""
-    keys = jax.random.split(key, ctx.num_envs)
-    if ctx.axis_name is None:
-        return keys
-    offset = jax.lax.axis_index(ctx.axis_name) * ctx.local_envs
-    return jax.lax.dynamic_slice_in_dim(keys, offset, ctx.local_envs)
+    return per_env_keys(key, ctx.num_envs, ctx.local_envs, ctx.axis_name)
 
 
 def rollout_step(ctx: Ctx, params, frozen, carry, xs):

@@ -44,6 +44,16 @@ class VecStep(NamedTuple):
     reset_reuse: jax.Array  # [] int32: resets served by an already handed-out pool world
 
 
+def per_env_keys(key: jax.Array, num_envs: int, local_envs: int,
+                 axis_name: str | None = None) -> jax.Array:
+    """This device's slice of one key per global env: sharding never changes any env's key."""
+    keys = jax.random.split(key, num_envs)
+    if axis_name is None:
+        return keys
+    offset = jax.lax.axis_index(axis_name) * local_envs
+    return jax.lax.dynamic_slice_in_dim(keys, offset, local_envs)
+
+
 def _select(mask: jax.Array, on_true: Any, on_false: Any) -> Any:
     def pick(a, b):
         return jnp.where(mask.reshape(mask.shape + (1,) * (a.ndim - 1)), a, b)

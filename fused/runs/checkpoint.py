@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 
 class CheckpointError(RuntimeError):
@@ -22,9 +23,14 @@ class CheckpointError(RuntimeError):
 
 
 def state_digest(state: Any) -> str:
-    """sha256 over every leaf's dtype, shape and bytes (host copy)."""
+    """sha256 over every leaf's dtype, shape and bytes (host copy of the global arrays: with
+    several processes each gathers the others' shards, so every process computes the digest a
+    single-process run would)."""
     h = hashlib.sha256()
-    for leaf in jax.tree.leaves(jax.device_get(state)):
+    leaves = jax.tree.leaves(state)
+    if any(isinstance(x, jax.Array) and not x.is_fully_addressable for x in leaves):
+        leaves = jax.tree.leaves(multihost_utils.process_allgather(state, tiled=True))
+    for leaf in jax.device_get(leaves):
         a = np.asarray(leaf)
         h.update(f"{a.dtype}{a.shape}".encode())
         h.update(np.ascontiguousarray(a).tobytes())
@@ -46,6 +52,20 @@ class Checkpointer:
             state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
         self.manager.wait_until_finished()
 
+    def restore(self, step: int, abstract_state: Any) -> tuple[int, Any, dict]:
+        """Checkpoint `step`, checked against its digest (CheckpointError if it does not read
+        back or does not match)."""
+        try:
+            out = self.manager.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+        except Exception as e:  # orbax raises many kinds on damaged files
+            raise CheckpointError(f"checkpoint {step} in {self.directory} does not read back "
+                                  f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from e
+        if state_digest(out.state) != out.meta.get("digest"):
+            raise CheckpointError(f"checkpoint {step} in {self.directory}: content digest "
+                                  "mismatch")
+        return step, out.state, dict(out.meta)
+
     def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict]:
         """Newest checkpoint that reads back and matches its digest.
 
@@ -56,14 +76,10 @@ class Checkpointer:
                                   "of --resume, or point --resume at a run folder with checkpoints")
         for step in reversed(steps):
             try:
-                out = self.manager.restore(step, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
-                if state_digest(out.state) != out.meta.get("digest"):
-                    raise CheckpointError("content digest mismatch")
-                return step, out.state, dict(out.meta)
-            except Exception as e:  # any damage: fall back to an older checkpoint
+                return self.restore(step, abstract_state)
+            except CheckpointError as e:  # any damage: fall back to an older checkpoint
                 warnings.warn(f"checkpoint step {step} in {self.directory} is unusable "
-                              f"({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+                              f"({str(e.__cause__ or e).splitlines()[0][:200]}); "
                               "trying the previous one", stacklevel=2)
         raise CheckpointError(f"all checkpoints in {self.directory} ({steps}) are corrupt; "
                               "delete the run folder's checkpoints and start again")

@@ -3,6 +3,8 @@ and ETA columns on a terminal; one plain line per step where output goes to a fi
 
 from __future__ import annotations
 
+import time
+
 from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
@@ -14,8 +16,9 @@ class JobProgress:
     the clock at the first `advance`)."""
 
     def __init__(self, console: Console, total: int, done: int = 0, unit: str = "updates",
-                 description: str = "training"):
-        self.console, self.total, self.unit = console, total, unit
+                 description: str = "training", rate: bool = False):
+        self.console, self.total, self.unit, self.rate = console, total, unit, rate
+        self.since: tuple[float, int] | None = None  # (time, done) at the first advance
         self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                             MofNCompleteColumn(), TextColumn(unit), TextColumn("{task.fields[info]}"),
                             TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
@@ -32,7 +35,15 @@ class JobProgress:
         self.bar.__exit__(*exc)
 
     def advance(self, n: int, info: str = "") -> None:
+        """`n` more units done; `info` is shown beside the bar (with a rate, when asked for,
+        over the steps after the first: it excludes compilation)."""
+        now = time.perf_counter()
+        if self.rate and self.since is not None and now > self.since[0]:
+            per_s = (self.done + n - self.since[1]) / (now - self.since[0])
+            info = f"{per_s:,.0f} {self.unit}/s  {info}".rstrip()
         self.done += n
+        if self.since is None:
+            self.since = (now, self.done)
         self.bar.start_task(self.task)
         self.bar.update(self.task, advance=n, info=info)
         if not self.console.is_terminal:
