@@ -95,3 +95,45 @@ def test_garbage_prompt_ablation_reaches_the_vllm_backend(vllm_server):
     h_real, _ = real.host.encode_numpy(obs)
     np.testing.assert_allclose(np.asarray(h_jax), h_vllm, atol=1e-4, rtol=0)
     assert np.abs(h_vllm - h_real).max() > 1e-2
+
+
+@pytest.mark.slow
+def test_label_sets_from_vllm_match_the_jax_path(vllm_server, tmp_path):
+    """`label.py label --llm.backend vllm`: the same layout and rows as the jax backend, the
+    states within 1e-4 (relative to their scale) of ours before storage."""
+    import subprocess
+    import sys
+
+    from rich.console import Console
+
+    from conftest import ROOT, subprocess_env
+    from fused.config import LLMConfig
+    from fused.data.config import LabelConfig
+    from fused.data.labelling import BatchEncoder, label
+    from fused.data.store import Dataset
+    from fused.envspec import spec
+    from fused.llm.encoder import make_llm
+    from fused.rl.collect import ObsCodec
+
+    folder, client = vllm_server
+    data = tmp_path / "d"
+    subprocess.run([sys.executable, str(ROOT / "label.py"), "generate", "smoke", "--steps", "16",
+                    "--out", str(data)], env=subprocess_env(), check=True, capture_output=True,
+                   timeout=600)
+    env = "Craftax-Classic-Symbolic-v1"
+    cfgs = {"jax": LLMConfig(backend="jax", weights=str(folder), post_norm=True, skip_n=4),
+            "vllm": LLMConfig(backend="vllm", weights=str(folder), url=client.url, skip_n=4)}
+    quiet = Console(quiet=True)
+    for name, llm in cfgs.items():
+        label(LabelConfig(data=str(data), name=name, llm=llm, dtype="float16", batch=8), quiet)
+    ds = Dataset(data)
+    for n in ds.shard_names():
+        a, b = ds.read_labels("jax", n), ds.read_labels("vllm", n)
+        np.testing.assert_array_equal(a["label_row"], b["label_row"])
+        np.testing.assert_allclose(a["hidden"].astype(np.float32), b["hidden"].astype(np.float32),
+                                   rtol=2e-3, atol=2e-3 * np.abs(a["hidden"]).max())
+    cols = ds.read(ds.shard_names()[0])
+    obs = ObsCodec(spec(env)).decode(np, cols)[:8]
+    ours, _ = BatchEncoder(make_llm(cfgs["jax"], env), LabelConfig(data="", batch=8), 1)(obs)
+    theirs, _ = BatchEncoder(make_llm(cfgs["vllm"], env), LabelConfig(data="", batch=8), 1)(obs)
+    assert np.abs(ours - theirs).max() <= 1e-4 * np.abs(ours).max()

@@ -1,0 +1,296 @@
+"""`label.py generate`: roll out a behaviour policy and write a trajectory dataset.
+
+Each stream (num_envs / streams envs with their own keys) runs jitted blocks of `block_steps`
+steps on this process's devices; the host assembles whole episodes and commits shards of
+`shard_rows` rows (`fused.data.episodes`). After every commit the stream saves a resume point
+(the device carry, the rows still waiting, the counters) as one more committed group, so a run
+killed at any moment and started again writes the same bytes. Process i of n (jax.distributed)
+takes streams i, i + n, ...; process 0 writes the manifest once all are done.
+
+Per row: the observation acted on (map bits packed, the rest float32: exact), action, reward,
+terminated, truncated, log_prob and value of the behaviour policy, the critic's value of the
+final observation where truncated, step within the episode, stream step `t`, global env index,
+achievements unlocked at that step (bits), episode id. An LLM-augmented behaviour policy's
+hidden states go to the label set `behaviour`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import jax
+import ml_dtypes
+import numpy as np
+
+from fused.config import ConfigError
+from fused.data.config import GenerateConfig
+from fused.data.episodes import EpisodeAssembler, Rows
+from fused.data.store import (Dataset, DatasetError, attrs, commit_group, committed,
+                               read_group)
+from fused.envspec import spec
+from fused.policy import load_policy
+from fused.rl.collect import EpsilonPolicy, UniformRandom, make_collect
+from fused.rl.envs import make_env
+from fused.rl.policy_input import Identity
+from fused.rl.sharding import AXIS
+from fused.runs.cluster import barrier
+from fused.runs.config_io import to_dict
+from fused.runs.progress import JobProgress
+
+# Fields that do not change the data (a rerun may differ in them).
+OPERATIONAL = ("out", "num_devices")
+
+
+def repo_commit() -> str:
+    root = Path(__file__).resolve().parents[2]
+    try:
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "fused",
+                                "llm_jax", "label.py"], capture_output=True, text=True).stdout
+        return rev + ("+dirty" if dirty.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def shard_name(stream: int, index: int) -> str:
+    return f"s{stream:03d}-{index:06d}"
+
+
+class ActingPolicy:
+    """Who acts: the behaviour policy, its parameters and policy input (host setup)."""
+
+    def __init__(self, c: GenerateConfig, num_devices: int):
+        s = spec(c.env.name)
+        if c.policy == "random":
+            self.act, self.params, self.inputs = UniformRandom(s.num_actions), None, Identity()
+            self.trained_inputs, self.source = None, {"policy": "random"}
+            return
+        pol = load_policy(c.policy, c.envs_per_stream, c.checkpoint, num_devices)
+        if pol.cfg.env.name != c.env.name:
+            raise ConfigError(f"env.name={c.env.name!r} but the policy {c.policy} was trained on "
+                              f"{pol.cfg.env.name!r}")
+        net = pol.agent.network
+        self.act = EpsilonPolicy(lambda p, x: net.apply(p, x, method=type(net).actor),
+                                 lambda p, x: net.apply(p, x, method=type(net).critic),
+                                 s.num_actions, c.epsilon)
+        self.params, self.inputs, self.trained_inputs = pol.params, pol.agent.inputs, \
+            pol.inputs_state
+        self.source = {"policy": str(pol.run_dir), "checkpoint": pol.step,
+                       "epsilon": c.epsilon, "run_config": to_dict(pol.cfg)}
+
+
+def generate(c: GenerateConfig, console) -> Dataset:
+    ds = Dataset(c.out)
+    proc, nproc = jax.process_index(), jax.process_count()
+    devices = jax.local_devices()[:c.num_devices or jax.local_device_count()]
+    behaviour = ActingPolicy(c, len(devices))
+    card = {"env": c.env.name, "generate": {k: v for k, v in to_dict(c).items()
+                                            if k not in OPERATIONAL}, **behaviour.source}
+    check_card(ds, card)
+    if proc == 0 and not ds.card_path.exists():
+        ds.write_card(dict(card, commit=repo_commit(), labels={}, returns={}))
+    writer = StreamWriter(ds, c, behaviour, devices)
+    mine = [g for g in range(c.streams) if g % nproc == proc]
+    t_start = time.time()
+    with JobProgress(console, len(mine) * c.steps * c.envs_per_stream, unit="steps",
+                     description="generating", rate=True) as progress:
+        for g in mine:
+            writer.run(g, progress)
+    barrier("label.py generate: streams done")
+    if proc == 0:
+        finish(ds, c, card, time.time() - t_start, console)
+    return ds
+
+
+def check_card(ds: Dataset, card: dict) -> None:
+    """A dataset already at --out must have been started by the same command (then it is
+    resumed); anything else is an error naming the first difference."""
+    if not ds.root.exists() or not any(ds.root.iterdir()):
+        return
+    if not ds.card_path.is_file():
+        raise ConfigError(f"out={ds.root} exists and is not a dataset; choose another --out")
+    old = ds.card()
+    for k in ("env", "policy", "checkpoint", "epsilon"):
+        if old.get(k) != card.get(k):
+            raise ConfigError(f"out={ds.root} holds a dataset with {k}={old.get(k)!r}, not "
+                              f"{card.get(k)!r}; choose another --out")
+    for k, v in card["generate"].items():
+        if old["generate"].get(k) != v:
+            raise ConfigError(f"out={ds.root} holds a dataset generated with {k}="
+                              f"{old['generate'].get(k)!r}, not {v!r}; choose another --out")
+
+
+class StreamWriter:
+    """Generates one stream after another on this process's devices."""
+
+    def __init__(self, ds: Dataset, c: GenerateConfig, behaviour: ActingPolicy,
+                 devices: list):
+        self.ds, self.c, self.b = ds, c, behaviour
+        s = spec(c.env.name)
+        n = len(devices)
+        col = make_collect(s, make_env(c.env), c.env, behaviour.act,
+                           behaviour.inputs, c.envs_per_stream, c.block_steps,
+                           AXIS if n > 1 else None, n)
+        init, block = col.init, col.block
+        if n > 1:
+            init, block = shard_collector(init, block, devices, behaviour.inputs)
+        self.init = jax.jit(init)
+        self.block = jax.jit(block, donate_argnums=0)
+        self.frozen = behaviour.inputs.frozen
+
+    def fresh(self, g: int):
+        key = jax.random.fold_in(jax.random.PRNGKey(self.c.seed), g)
+        state = self.init(key, self.frozen)
+        if self.b.trained_inputs is not None:
+            state = state.replace(inputs=self.b.inputs.adopt(state.inputs, self.b.trained_inputs))
+        return state
+
+    def run(self, g: int, progress: JobProgress) -> None:
+        c, ds = self.c, self.ds
+        work = ds.work / f"stream-{g:03d}"
+        if (work / "done.json").is_file():
+            done = json.loads((work / "done.json").read_text())
+            if all(committed(ds.shard_dir(shard_name(g, i)), verify=True)
+                   for i in range(done["shards"])):
+                progress.advance(c.steps * c.envs_per_stream)
+                return
+            (work / "done.json").unlink()  # a shard is damaged: regenerate the stream
+        asm = EpisodeAssembler(c.envs_per_stream, c.shard_rows, g, c.streams, c.min_return)
+        state, t0, shards = self.fresh(g), 0, 0
+        resumed = self.resume_point(g, work, state, asm)
+        if resumed is not None:
+            state, t0, shards = resumed
+            progress.advance(t0 * c.envs_per_stream)
+        while t0 < c.steps:
+            state, rec = self.block(state, self.b.params, self.frozen, np.int32(t0))
+            rows = host_rows(jax.device_get(rec), t0, g * c.envs_per_stream)
+            valid = min(c.block_steps, c.steps - t0)
+            before = shards
+            for shard in asm.add_block({k: v[:valid] for k, v in rows.items()}):
+                self.commit(g, shards, shard)
+                shards += 1
+            t0 += c.block_steps
+            progress.advance(valid * c.envs_per_stream)
+            if shards > before and t0 < c.steps:
+                self.save_resume_point(work, state, t0, shards, asm)
+        for shard in asm.finish():
+            self.commit(g, shards, shard)
+            shards += 1
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "done.json").write_text(json.dumps({"shards": shards, "stats": asm.stats}))
+        for old in work.glob("resume-*"):
+            shutil.rmtree(old)
+
+    def commit(self, g: int, index: int, rows: Rows) -> None:
+        name = shard_name(g, index)
+        hidden = rows.pop("behaviour_hidden", None)
+        commit_group(self.ds.shard_dir(name), rows)
+        if hidden is not None:
+            self.ds.label_dir("behaviour").mkdir(parents=True, exist_ok=True)
+            commit_group(self.ds.label_dir("behaviour", name),
+                         {"hidden": hidden, "label_row": np.arange(len(hidden), dtype=np.int32)})
+
+    # --- resume ---------------------------------------------------------------------------------
+    def save_resume_point(self, work: Path, state, t0: int, shards: int,
+                          asm: EpisodeAssembler) -> None:
+        work.mkdir(parents=True, exist_ok=True)
+        rows, meta = asm.state()
+        carry = {f"carry_{i:04d}": np.asarray(x).reshape((-1,) if np.ndim(x) == 0 else
+                                                         np.shape(x))
+                 for i, x in enumerate(jax.tree.leaves(jax.device_get(state)))}
+        commit_group(work / f"resume-{shards:06d}", {**rows, **carry},
+                     dict(meta, t0=t0, shards=shards))
+        for old in work.glob("resume-*"):
+            if old.name != f"resume-{shards:06d}":
+                shutil.rmtree(old, ignore_errors=True)
+
+    def resume_point(self, g: int, work: Path, fresh, asm: EpisodeAssembler):
+        """(state, t0, shards) of the stream's latest resume point, or None to start over: no
+        point yet, or a shard written before it is missing or damaged (found by its digest;
+        the stream is then regenerated from its start, rewriting the good shards unchanged)."""
+        points = sorted(p for p in work.glob("resume-*") if committed(p, verify=False))
+        if not points:
+            return None
+        meta = attrs(points[-1])
+        before = [self.ds.shard_dir(shard_name(g, i)) for i in range(int(meta["shards"]))]
+        if not all(committed(p, verify=True) for p in before):
+            for p in points:
+                shutil.rmtree(p)
+            return None
+        cols = read_group(points[-1])
+        leaves, treedef = jax.tree.flatten(fresh)
+        restored = [jax.device_put(cols.pop(f"carry_{i:04d}").reshape(np.shape(x)).astype(x.dtype),
+                                   x.sharding) for i, x in enumerate(leaves)]
+        asm.restore(cols, meta)
+        return jax.tree.unflatten(treedef, restored), int(meta["t0"]), int(meta["shards"])
+
+
+def host_rows(rec, t0: int, env_offset: int) -> Rows:
+    """A block's records as dataset columns [T, N, ...] (numpy)."""
+    if not rec.obs_exact.all():
+        raise DatasetError("observation map entries outside {0, 1}: they cannot be stored as "
+                           "bits; this env's layout in fused.envspec is wrong")
+    t, n = rec.action.shape
+    rows = dict(rec.obs)
+    rows.update(action=rec.action.astype(np.uint8), reward=rec.reward,
+                terminated=rec.terminated, truncated=rec.truncated, log_prob=rec.log_prob,
+                value=rec.value, truncation_value=rec.truncation_value,
+                step=rec.step.astype(np.int32), unlocked=rec.unlocked,
+                t=np.broadcast_to((t0 + np.arange(t, dtype=np.int32))[:, None], (t, n)),
+                env=np.broadcast_to(env_offset + np.arange(n, dtype=np.int32), (t, n)))
+    if "hidden" in rec.extra:
+        rows["behaviour_hidden"] = np.asarray(rec.extra["hidden"]).astype(ml_dtypes.bfloat16)
+    return rows
+
+
+def shard_collector(init, block, devices, inputs):
+    """init/block under shard_map over this process's devices (envs split)."""
+    from jax.sharding import Mesh, PartitionSpec as P
+
+    mesh = Mesh(np.array(devices), (AXIS,))
+    per_device = jax.vmap(init, in_axes=(None, None), axis_name=AXIS, axis_size=len(devices))
+    shape = jax.eval_shape(per_device, jax.random.PRNGKey(0), inputs.frozen)
+    specs = shape.replace(env=jax.tree.map(lambda _: P(AXIS), shape.env),
+                          inputs=inputs.state_specs(shape.inputs, AXIS), rng=P(),
+                          achieved=P(AXIS))
+    rec_spec = P(None, AXIS)
+
+    def wrap(f, i, o):
+        return jax.shard_map(f, mesh=mesh, in_specs=i, out_specs=o, check_vma=False)
+
+    return (wrap(init, (P(), P()), specs),
+            wrap(block, (specs, P(), P(), P()), (specs, rec_spec)))
+
+
+def finish(ds: Dataset, c: GenerateConfig, card: dict, seconds: float, console) -> None:
+    """Manifest from the committed shards (and the behaviour label set), card with counts."""
+    names = sorted(p.name for p in (ds.root / "shards").iterdir() if not p.name.startswith("."))
+    shards = [committed(ds.shard_dir(n), verify=False) for n in names]
+    if any(s is None for s in shards):
+        raise DatasetError(f"{ds.root}: a shard lost its record during generation; rerun")
+    manifest = {"shards": shards, "labels": {}, "returns": {}}
+    stats: dict = {}
+    for g in range(c.streams):
+        done = json.loads((ds.work / f"stream-{g:03d}" / "done.json").read_text())
+        for k, v in done["stats"].items():
+            stats[k] = stats.get(k, 0) + v
+    old = ds.card()
+    labels = dict(old.get("labels", {}))
+    if ds.label_dir("behaviour").is_dir():
+        manifest["labels"]["behaviour"] = {"shards": [
+            committed(ds.label_dir("behaviour", n), verify=False) for n in names]}
+        run = card.get("run_config", {})
+        labels["behaviour"] = {"source": "the behaviour policy's own hidden states (raw, before "
+                                         "its normaliser)", "llm": run.get("llm"),
+                               "dtype": "bfloat16", "skip_n": (run.get("llm") or {}).get("skip_n")}
+    counts = {"rows": sum(s["rows"] for s in shards), "shards": len(shards), **stats}
+    ds.write_manifest(manifest)
+    ds.write_card(dict(old, labels=labels, counts=counts))
+    console.print(f"done: {counts['shards']} shards, {counts['rows']:,} rows, "
+                  f"{stats['episodes_kept']:,} episodes kept ({stats['episodes_incomplete']} cut "
+                  f"by the end of the data), {seconds:.0f}s -> {ds.root}")

@@ -1,0 +1,232 @@
+"""`label.py label`: hidden states of a dataset's observations as a named label set.
+
+Which rows get a label follows online training at `--llm.skip-n K`: the policy input calls the
+LLM when the stream step t is a multiple of K and re-encodes an env at the first step of each
+episode; every other row carries the label of the latest labelled row of its episode (what the
+online policy acts on with immediate refreshes: `--llm.refresh-wait 1`). A label set stores,
+per shard, the encoded states `hidden` [M, H] (bf16 or fp16) and, per row, `label_row` [rows]:
+the index of its state. A row whose label comes from an earlier shard (its episode began there)
+has that observation re-encoded here, so every shard is self-contained and the shards of one
+set are independent units of work (process i of n takes shards i, i + n, ...).
+
+Rendering and encoding are the training path's own (`fused.llm.encoder.encode_observations`:
+device renderer, cached prompt prefix, length buckets); `--llm.backend vllm` sends the same
+prompts to a vLLM server instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+from fused.config import ConfigError
+from fused.data.config import LabelConfig
+from fused.data.store import Dataset, DatasetError, array_names, commit_group, committed
+from fused.envspec import spec
+from fused.llm.encoder import LLM, encode_observations, make_llm
+from fused.rl.collect import ObsCodec
+from fused.runs.cluster import barrier
+from fused.runs.config_io import to_dict
+from fused.runs.progress import JobProgress
+
+STORAGE = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+
+
+def labelled(t: np.ndarray, step: np.ndarray, skip_n: int) -> np.ndarray:
+    """Rows the online path encodes at skip_n: a call (t % skip_n == 0) or an episode start."""
+    return (t % skip_n == 0) | (step == 0)
+
+
+def label_sources(cols: dict, skip_n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Which states one shard (episode-contiguous rows) encodes, and which each row uses.
+
+    Returns (source [M]: the row of each state to encode, or -1 for a row of an earlier shard;
+    label_row [rows]: each row's state; carried [M, 2]: (episode_id, step) of those earlier
+    rows, (-1, -1) for rows of this shard)."""
+    t, step, ep = cols["t"], cols["step"], cols["episode_id"]
+    is_label = labelled(t, step, skip_n)
+    first = np.ones(len(t), bool)
+    first[1:] = ep[1:] != ep[:-1]  # first row of each episode inside the shard
+    source, carried = [], []
+    label_row = np.empty(len(t), np.int32)
+    for i in range(len(t)):
+        if is_label[i] or first[i]:
+            label_row[i] = len(source)
+            if is_label[i]:
+                source.append(i)
+                carried.append((-1, -1))
+            else:  # the latest labelled step of this episode lies before the shard
+                at = max(t[i] - step[i], (t[i] // skip_n) * skip_n)
+                source.append(-1)
+                carried.append((int(ep[i]), int(step[i] - (t[i] - at))))
+        else:
+            label_row[i] = label_row[i - 1]
+    return np.array(source, np.int64), label_row, np.array(carried, np.int64).reshape(-1, 2)
+
+
+def find_rows(ds: Dataset, names: list[str], shard: int, wanted: np.ndarray,
+              columns: list[str]) -> dict:
+    """`columns` of the rows (episode_id, step) in `wanted` [k, 2], looked up in the shards
+    before `shard` of its stream (the episodes that continue into it began there)."""
+    stream = names[shard].split("-")[0]
+    where: list = [None] * len(wanted)
+    i = shard - 1
+    while any(w is None for w in where):
+        if i < 0 or names[i].split("-")[0] != stream:
+            missing = [tuple(x) for x, w in zip(wanted.tolist(), where) if w is None]
+            raise DatasetError(f"{ds.root}: rows (episode, step) {missing} that shard "
+                               f"{names[shard]} continues are in no earlier shard; the dataset "
+                               "is damaged")
+        cols = ds.read(names[i], ["episode_id", "step"])
+        for k, (e, s) in enumerate(wanted):
+            hit = np.flatnonzero((cols["episode_id"] == e) & (cols["step"] == s))
+            if where[k] is None and hit.size:
+                where[k] = (names[i], int(hit[0]))
+        i -= 1
+    rows = [ds.read(name, columns, np.array([r])) for name, r in where]
+    return {c: np.concatenate([r[c] for r in rows]) for c in columns}
+
+
+def obs_columns(ds: Dataset, name: str) -> list[str]:
+    return ["obs_bits", "obs_aux"] if "obs_bits" in array_names(ds.shard_dir(name)) else ["obs"]
+
+
+def folder_digest(folder: str | None, random_model: str, seed: int) -> str:
+    """sha256 over a weights folder's files (sorted names and bytes); a random model is named."""
+    if folder is None:
+        return f"random:{random_model}:seed{seed}"
+    h = hashlib.sha256()
+    for p in sorted(Path(folder).expanduser().iterdir()):
+        if p.is_file() and not p.name.endswith(".log"):
+            h.update(p.name.encode() + b"\0")
+            with open(p, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 22), b""):
+                    h.update(chunk)
+    return h.hexdigest()
+
+
+def label_card(c: LabelConfig, llm: LLM, seed: int) -> dict:
+    prompt = hashlib.sha256(np.asarray(llm.prefix_ids, np.int32).tobytes()
+                            + np.asarray(llm.frozen.tail if llm.frozen else llm.host.tail,
+                                         np.int32).tobytes()).hexdigest()
+    return {"llm": to_dict(c.llm), "backend": llm.backend,
+            "weights_digest": folder_digest(c.llm.weights, c.llm.random_model, seed),
+            "model": dict(llm.qcfg.__dict__), "layer": llm.layer, "pool": c.llm.pool,
+            "post_norm": c.llm.post_norm or llm.backend == "vllm", "prompt_digest": prompt,
+            "prompt_tokens": int(len(llm.prefix_ids)), "skip_n": c.llm.skip_n,
+            "dtype": c.dtype, "hidden": c.llm.hidden}
+
+
+def label(c: LabelConfig, console, num_devices: int = 1) -> Dataset:
+    ds = Dataset(c.data)
+    card, manifest = ds.card(), ds.manifest()
+    env = card["env"]
+    if not spec(env).has_text:
+        raise ConfigError(f"data={ds.root} holds {env!r}, which has no text format to label")
+    done = manifest["labels"].get(c.name)
+    old = card.get("labels", {}).get(c.name)
+    if done and not c.overwrite:
+        raise ConfigError(f"label set {c.name!r} is already in {ds.root}; pass --overwrite to "
+                          "replace it or --name for another")
+    llm = make_llm(c.llm, env, seed=0)
+    entry = label_card(c, llm, 0)
+    if old and not c.overwrite:
+        if {k: v for k, v in old.items() if k in entry} != entry:
+            raise ConfigError(f"a partial label set {c.name!r} with other settings is in "
+                              f"{ds.root}; pass --overwrite or another --name")
+    proc, nproc = jax.process_index(), jax.process_count()
+    if proc == 0 and (c.overwrite or not old):
+        import shutil
+
+        shutil.rmtree(ds.label_dir(c.name), ignore_errors=True)
+        manifest["labels"].pop(c.name, None)
+        ds.write_manifest(manifest)
+        ds.write_card(dict(card, labels={**card.get("labels", {}), c.name: entry}))
+    barrier("label.py label: set prepared")
+    ds.label_dir(c.name).mkdir(parents=True, exist_ok=True)
+    names = [s["name"] for s in manifest["shards"]]
+    rows = {s["name"]: s["rows"] for s in manifest["shards"]}
+    mine = [i for i in range(len(names)) if i % nproc == proc]
+    encoder = BatchEncoder(llm, c, num_devices)
+    codec = ObsCodec(spec(env))
+    t0, states, tokens = time.time(), 0, 0
+    with JobProgress(console, sum(rows[names[i]] for i in mine), unit="rows",
+                     description=f"labelling {c.name}", rate=True) as progress:
+        for i in mine:
+            target = ds.label_dir(c.name, names[i])
+            if committed(target, verify=True) is None:
+                n_states, n_tokens = label_shard(ds, names, i, c, codec, encoder, target)
+                states, tokens = states + n_states, tokens + n_tokens
+            progress.advance(rows[names[i]], info=f"{states:,} states encoded")
+    barrier("label.py label: shards done")
+    if proc == 0:
+        entries = [committed(ds.label_dir(c.name, n), verify=False) for n in names]
+        manifest = ds.manifest()
+        manifest["labels"][c.name] = {"shards": entries}
+        ds.write_manifest(manifest)
+        console.print(f"done: label set {c.name!r}: {len(names)} shards, {sum(rows.values()):,} "
+                      f"rows; this process encoded {states:,} states ({tokens:,} tokens, with "
+                      f"the padding rows of each shard's last batch) in "
+                      f"{time.time() - t0:.0f}s -> {ds.label_dir(c.name)}")
+    return ds
+
+
+def label_shard(ds: Dataset, names: list[str], i: int, c: LabelConfig, codec: ObsCodec,
+                encoder: "BatchEncoder", target: Path) -> tuple[int, int]:
+    ocols = obs_columns(ds, names[i])
+    cols = ds.read(names[i], ["t", "step", "episode_id"] + ocols)
+    source, label_row, carried = label_sources(cols, c.llm.skip_n)
+    obs = codec.decode(np, {k: cols[k] for k in ocols})
+    states = obs[np.maximum(source, 0)]
+    earlier = source < 0
+    if earlier.any():
+        states[earlier] = codec.decode(np, find_rows(ds, names, i, carried[earlier], ocols))
+    hidden, tokens = encoder(states)
+    commit_group(target, {"hidden": hidden.astype(STORAGE[c.dtype]), "label_row": label_row})
+    return len(states), tokens
+
+
+class BatchEncoder:
+    """Observations [M, D] -> hidden [M, H] float32, in jitted batches of `batch` rows split over
+    this process's devices (the last batch padded with its first row)."""
+
+    def __init__(self, llm: LLM, c: LabelConfig, num_devices: int):
+        self.llm, self.batch = llm, c.batch
+        local = c.batch // num_devices
+        microbatch = c.llm.microbatch or max(
+            d for d in range(1, min(local, 32) + 1) if local % d == 0)
+
+        def encode(obs, frozen):
+            return encode_observations(llm, frozen, obs, microbatch)
+
+        if num_devices > 1:
+            from jax.sharding import Mesh, PartitionSpec as P
+
+            mesh = Mesh(np.array(jax.local_devices()[:num_devices]), ("rows",))
+            encode = jax.shard_map(lambda o, f: _summed(encode(o, f), "rows"), mesh=mesh,
+                                   in_specs=(P("rows"), P()), out_specs=(P("rows"), P()),
+                                   check_vma=False)
+        self.fn = jax.jit(encode)
+
+    def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, int]:
+        out, tokens = [], 0
+        for s in range(0, len(obs), self.batch):
+            chunk = obs[s:s + self.batch]
+            n = len(chunk)
+            if n < self.batch:
+                chunk = np.concatenate([chunk, np.repeat(chunk[:1], self.batch - n, 0)])
+            h, tok = self.fn(jnp.asarray(chunk), self.llm.frozen)
+            out.append(np.asarray(h)[:n])
+            tokens += int(tok)
+        return np.concatenate(out) if out else np.zeros((0, self.llm.hidden_size)), tokens
+
+
+def _summed(out, axis):
+    h, tokens = out
+    return h, jax.lax.psum(tokens, axis)
