@@ -181,8 +181,8 @@ def test_sigkill_then_rerun_writes_identical_bytes(smoke_data, tmp_path):
     digest (one warning) and redone."""
     env = subprocess_env()
     out = tmp_path / "k"
-    proc = subprocess.Popen(label_cmd("generate", *SMOKE, "--out", str(out)), env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cmd = label_cmd("generate", *SMOKE, "--resume-seconds", "0", "--out", str(out))
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
         if len(list((out / "shards").glob("s*"))) >= 4:
@@ -191,8 +191,8 @@ def test_sigkill_then_rerun_writes_identical_bytes(smoke_data, tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (out / "manifest.json").exists(), "finished before it could be killed"
-    p = subprocess.run(label_cmd("generate", *SMOKE, "--out", str(out)), env=env,
-                       capture_output=True, text=True, timeout=600)
+    assert list((out / "work").glob("*/resume-*")), "no resume point to continue from"
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     assert manifest(out)["shards"] == manifest(smoke_data)["shards"]
     victim = next((out / "shards" / "s000-000003").rglob("c/*"))
@@ -290,9 +290,9 @@ def test_disk_full_keeps_committed_shards(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_labels_equal_encoding_from_scratch_and_the_online_carry(smoke_data, tmp_path):
-    """A label set at skip 7 (float16): every row's state equals what the online policy input
-    (llm_step, refreshing at once) holds for that env at that step, replayed over the same
-    observations; and labelled rows equal the full prompt encoded from scratch."""
+    """A label set at skip 7 (float16), encoded on 2 devices: every row's state equals what the
+    online policy input (llm_step, refreshing at once) holds for that env at that step, replayed
+    over the same observations; and labelled rows equal the full prompt encoded from scratch."""
     from fused.config import LLMConfig
     from fused.data.config import LabelConfig
     from fused.data.labelling import label
@@ -307,7 +307,7 @@ def test_labels_equal_encoding_from_scratch_and_the_online_carry(smoke_data, tmp
     data = tmp_path / "d"
     shutil.copytree(smoke_data, data)
     label(LabelConfig(data=str(data), name="h", llm=LLMConfig(backend="jax", skip_n=7),
-                      dtype="float16", batch=16), QUIET)
+                      dtype="float16", batch=16), QUIET, num_devices=2)  # rows split over 2
     ds = Dataset(data)
     names = ds.shard_names()
     cols = {k: np.concatenate([ds.read(n, [k])[k] for n in names])

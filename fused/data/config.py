@@ -42,6 +42,9 @@ class GenerateConfig:
     are then dropped too: they cannot be judged); None keeps everything."""
     num_devices: int | None = None
     """Local devices a stream's envs are split over; None uses all."""
+    resume_seconds: float = 30.0
+    """Save a resume point (device carry and the rows still waiting) at most this often: a
+    killed run redoes at most this much work (0: after every block)."""
 
     @property
     def envs_per_stream(self) -> int:
@@ -94,6 +97,8 @@ def validate_generate(c: GenerateConfig, num_devices: int = 1) -> None:
     if c.streams <= 0 or c.num_envs % c.streams:
         raise ConfigError(f"streams={c.streams} must be positive and divide num_envs={c.num_envs}")
     validate_env(c.env, c.envs_per_stream, num_devices, "num_envs / streams")
+    if c.resume_seconds < 0:
+        raise ConfigError(f"resume_seconds={c.resume_seconds} must be >= 0")
     for name, value in {"steps": c.steps, "block_steps": c.block_steps,
                         "shard_rows": c.shard_rows}.items():
         if value <= 0:

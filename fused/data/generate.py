@@ -42,7 +42,7 @@ from fused.runs.config_io import to_dict
 from fused.runs.progress import JobProgress
 
 # Fields that do not change the data (a rerun may differ in them).
-OPERATIONAL = ("out", "num_devices")
+OPERATIONAL = ("out", "num_devices", "resume_seconds")
 
 
 def repo_commit() -> str:
@@ -166,18 +166,27 @@ class StreamWriter:
         if resumed is not None:
             state, t0, shards = resumed
             progress.advance(t0 * c.envs_per_stream)
-        while t0 < c.steps:
-            state, rec = self.block(state, self.b.params, self.frozen, np.int32(t0))
+        # Block k + 1 is dispatched before block k's rows are written, so the device steps
+        # while the host assembles and compresses (a resume point needs the carry after block
+        # k, which the next dispatch donates: then the next block waits for it).
+        last_point = time.monotonic()
+        running = self.dispatch(state, t0) if t0 < c.steps else None
+        while running is not None:
+            state, rec = running
+            t_next = t0 + c.block_steps
+            point = t_next < c.steps and time.monotonic() - last_point >= c.resume_seconds
+            running = self.dispatch(state, t_next) if t_next < c.steps and not point else None
             rows = host_rows(jax.device_get(rec), t0, g * c.envs_per_stream)
             valid = min(c.block_steps, c.steps - t0)
-            before = shards
             for shard in asm.add_block({k: v[:valid] for k, v in rows.items()}):
                 self.commit(g, shards, shard)
                 shards += 1
-            t0 += c.block_steps
+            t0 = t_next
             progress.advance(valid * c.envs_per_stream)
-            if shards > before and t0 < c.steps:
+            if point:
                 self.save_resume_point(work, state, t0, shards, asm)
+                last_point = time.monotonic()
+                running = self.dispatch(state, t0)
         for shard in asm.finish():
             self.commit(g, shards, shard)
             shards += 1
@@ -185,6 +194,10 @@ class StreamWriter:
         (work / "done.json").write_text(json.dumps({"shards": shards, "stats": asm.stats}))
         for old in work.glob("resume-*"):
             shutil.rmtree(old)
+
+    def dispatch(self, state, t0: int):
+        """Starts one block (asynchronously): (state after it, its records)."""
+        return self.block(state, self.b.params, self.frozen, np.int32(t0))
 
     def commit(self, g: int, index: int, rows: Rows) -> None:
         name = shard_name(g, index)
@@ -203,10 +216,10 @@ class StreamWriter:
         carry = {f"carry_{i:04d}": np.asarray(x).reshape((-1,) if np.ndim(x) == 0 else
                                                          np.shape(x))
                  for i, x in enumerate(jax.tree.leaves(jax.device_get(state)))}
-        commit_group(work / f"resume-{shards:06d}", {**rows, **carry},
-                     dict(meta, t0=t0, shards=shards))
+        name = f"resume-{t0:010d}"
+        commit_group(work / name, {**rows, **carry}, dict(meta, t0=t0, shards=shards))
         for old in work.glob("resume-*"):
-            if old.name != f"resume-{shards:06d}":
+            if old.name != name:
                 shutil.rmtree(old, ignore_errors=True)
 
     def resume_point(self, g: int, work: Path, fresh, asm: EpisodeAssembler):

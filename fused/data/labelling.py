@@ -111,10 +111,15 @@ def folder_digest(folder: str | None, random_model: str, seed: int) -> str:
     return h.hexdigest()
 
 
+def prompt_digest(llm: LLM) -> str:
+    """sha256 of the prompt's token ids around an observation (prefix, then tail)."""
+    return hashlib.sha256(np.asarray(llm.prefix_ids, np.int32).tobytes()
+                          + np.asarray(llm.frozen.tail if llm.frozen else llm.host.tail,
+                                       np.int32).tobytes()).hexdigest()
+
+
 def label_card(c: LabelConfig, llm: LLM, seed: int) -> dict:
-    prompt = hashlib.sha256(np.asarray(llm.prefix_ids, np.int32).tobytes()
-                            + np.asarray(llm.frozen.tail if llm.frozen else llm.host.tail,
-                                         np.int32).tobytes()).hexdigest()
+    prompt = prompt_digest(llm)
     return {"llm": to_dict(c.llm), "backend": llm.backend,
             "weights_digest": folder_digest(c.llm.weights, c.llm.random_model, seed),
             "model": dict(llm.qcfg.__dict__), "layer": llm.layer, "pool": c.llm.pool,
@@ -205,14 +210,15 @@ class BatchEncoder:
         def encode(obs, frozen):
             return encode_observations(llm, frozen, obs, microbatch)
 
+        fn = encode
         if num_devices > 1:
             from jax.sharding import Mesh, PartitionSpec as P
 
             mesh = Mesh(np.array(jax.local_devices()[:num_devices]), ("rows",))
-            encode = jax.shard_map(lambda o, f: _summed(encode(o, f), "rows"), mesh=mesh,
-                                   in_specs=(P("rows"), P()), out_specs=(P("rows"), P()),
-                                   check_vma=False)
-        self.fn = jax.jit(encode)
+            fn = jax.shard_map(lambda o, f: _summed(encode(o, f), "rows"), mesh=mesh,
+                               in_specs=(P("rows"), P()), out_specs=(P("rows"), P()),
+                               check_vma=False)
+        self.fn = jax.jit(fn)
 
     def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, int]:
         out, tokens = [], 0
