@@ -63,8 +63,7 @@ def train(online, run: RunDir, console: Console) -> Path:
     from fused.online import commit, shardings
     from fused.runs.checkpoint import abstract_like
     from fused.runs.metrics import chunk_rows
-    from fused.runs.progress import JobProgress
-    from fused.runs.run_dir import StopFlag
+    from fused.runs.loop import Cadence, Chunk, run_chunks
 
     cfg, trainer, inputs = online.cfg, online.trainer, online.agent.inputs
     lead = jax.process_index() == 0  # writes the run folder's files; every process checkpoints
@@ -81,60 +80,47 @@ def train(online, run: RunDir, console: Console) -> Path:
     t0 = time.time()
     state = commit(online, jax.jit(trainer.init)(jax.random.PRNGKey(cfg.seed), online.frozen))
     if run.resuming:
-        step, state, _ = ckpt.restore_latest(abstract_like(state, shardings(online, state)))
+        restored, state, _ = ckpt.restore_latest(abstract_like(state, shardings(online, state)))
         if lead:
-            log.truncate_after(step)
-        console.print(f"resumed from checkpoint at update {step}")
+            log.truncate_after(restored)
+        console.print(f"resumed from checkpoint at update {restored}")
     wandb_run = run.start_wandb(cfg.wandb, cfg) if lead else None
-    stop = StopFlag(console)
-    update = int(state.update_step)
-    last_ckpt_update, last_ckpt_time = update, time.time()
-    first, profiled = True, False
-    with JobProgress(console, cfg.num_updates, update) as progress:
-        while update < cfg.num_updates:
-            # Trace the second chunk: the first one includes compilation.
-            profiling = cfg.profile_dir is not None and not first and not profiled
-            if profiling:
-                jax.profiler.start_trace(cfg.profile_dir)
-            tc = time.time()
-            state, metrics = chunk(state, online.frozen)
-            metrics = jax.device_get(metrics)  # waits for the chunk
-            dt = time.time() - tc
-            if profiling:
-                jax.profiler.stop_trace()
-                profiled = True
-                progress.print(f"profile of one chunk written to {cfg.profile_dir}")
-            new_update = min(update + cfg.updates_per_chunk, cfg.num_updates)
-            rows = chunk_rows(metrics, cfg.steps_per_update, online.env.achievement_names,
-                              update, new_update)
-            sps = (new_update - update) * cfg.steps_per_update / dt
-            for r in rows:
-                r["steps_per_s"] = sps
-                r.update(inputs.host_metrics(r, dt, len(rows), state.env.obs))
-            if lead:
-                log.write(rows)
-            if wandb_run is not None:
-                for r in rows:
-                    wandb_run.log(r, step=r["env_steps"])
-            returns = [r["return"] for r in rows if "return" in r]
-            progress.advance(new_update - update, info=(
-                f"{rows[-1]['env_steps']:>11,} steps  {sps:>8,.0f} steps/s  return "
-                f"{sum(returns) / len(returns) if returns else float('nan'):6.2f}"
-                + (f"  (first chunk incl. compile {dt:.0f}s)" if first else "")))
-            update, first = new_update, False
-            due_updates = (cfg.checkpoint_every_updates
-                           and update - last_ckpt_update >= cfg.checkpoint_every_updates)
-            due_time = (cfg.checkpoint_every_minutes
-                        and time.time() - last_ckpt_time >= 60 * cfg.checkpoint_every_minutes)
-            if due_updates or due_time or stop.requested or update >= cfg.num_updates:
-                ckpt.save(update, state, {"update": update,
-                                          "env_steps": update * cfg.steps_per_update})
-                last_ckpt_update, last_ckpt_time = update, time.time()
-                log.plot()
-            if stop.requested:
-                progress.print(f"stopped at update {update}; continue with: python train.py "
-                               f"--resume {run.path}")
-                break
+    profiled = False
+
+    def step(state, update: int, first: bool) -> Chunk:
+        nonlocal profiled
+        # Trace the second chunk: the first one includes compilation.
+        profiling = cfg.profile_dir is not None and not first and not profiled
+        if profiling:
+            jax.profiler.start_trace(cfg.profile_dir)
+        tc = time.time()
+        state, metrics = chunk(state, online.frozen)
+        metrics = jax.device_get(metrics)  # waits for the chunk
+        dt = time.time() - tc
+        if profiling:
+            jax.profiler.stop_trace()
+            profiled = True
+            console.print(f"profile of one chunk written to {cfg.profile_dir}")
+        new_update = min(update + cfg.updates_per_chunk, cfg.num_updates)
+        rows = chunk_rows(metrics, cfg.steps_per_update, online.env.achievement_names,
+                          update, new_update)
+        sps = (new_update - update) * cfg.steps_per_update / dt
+        for r in rows:
+            r["steps_per_s"] = sps
+            r.update(inputs.host_metrics(r, dt, len(rows), state.env.obs))
+        returns = [r["return"] for r in rows if "return" in r]
+        return Chunk(state, rows, new_update, (
+            f"{rows[-1]['env_steps']:>11,} steps  {sps:>8,.0f} steps/s  return "
+            f"{sum(returns) / len(returns) if returns else float('nan'):6.2f}"
+            + (f"  (first chunk incl. compile {dt:.0f}s)" if first else "")))
+
+    state, update = run_chunks(
+        state, int(state.update_step), cfg.num_updates, step, console=console, ckpt=ckpt,
+        log=log, lead=lead, wandb_run=wandb_run, wandb_step="env_steps",
+        cadence=Cadence(cfg.checkpoint_every_updates, cfg.checkpoint_every_minutes),
+        meta=lambda u: {"update": u, "env_steps": u * cfg.steps_per_update,
+                        "num_devices": online.mesh.size if online.mesh else 1},
+        resume_command=f"python train.py --resume {run.path}")
     ckpt.close()
     if wandb_run is not None:
         wandb_run.finish()

@@ -21,6 +21,7 @@ EnvName = Literal[
     "probe-action-reward",
     "probe-obs-action",
     "probe-truncated",
+    "probe-lengths",
 ]
 
 TextEnvName = Literal["Craftax-Symbolic-v1", "Craftax-Classic-Symbolic-v1"]  # with a text format

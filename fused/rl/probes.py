@@ -34,6 +34,7 @@ class ProbeKind:
     reward: Callable[[ProbeState, jax.Array, jax.Array], jax.Array]
     horizon: int = 1  # episode length; a probe that truncates takes its time limit instead
     truncates: bool = False  # the episode ends by a time limit (truncation), not termination
+    long_horizon: int | None = None  # episodes drawn with sign +1 last this long instead
 
 
 _BLANK = lambda s: jnp.array([0.0, 1.0])  # noqa: E731
@@ -46,6 +47,9 @@ KINDS: dict[str, ProbeKind] = {
     "action-reward": ProbeKind(_BLANK, lambda s, a, t: _good(a)),
     "obs-action": ProbeKind(_SIGN, lambda s, a, t: _good(a) * s.sign),
     "truncated": ProbeKind(_BLANK, lambda s, a, t: jnp.float32(1.0), horizon=5, truncates=True),
+    # Half the episodes last 1 step, half 8, +1 reward a step: expected return 4.5, but the
+    # first episodes to finish are mostly short ones (the evaluation-bias probe).
+    "lengths": ProbeKind(_SIGN, lambda s, a, t: jnp.float32(1.0), horizon=1, long_horizon=8),
 }
 
 
@@ -69,7 +73,9 @@ class Probe:
         del key
         t = s.t + 1
         reward = self.kind.reward(s, action, t)
-        end = t >= self.horizon
+        horizon = self.horizon if self.kind.long_horizon is None else jnp.where(
+            s.sign > 0, self.kind.long_horizon, self.horizon)
+        end = t >= horizon
         truncated = end & self.kind.truncates
         ns = ProbeState(t, s.sign)
         return StepResult(self.kind.obs(ns), ns, reward.astype(jnp.float32), end & ~truncated,

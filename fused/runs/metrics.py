@@ -73,7 +73,7 @@ class RunLog:
 
         rows = [r for r in self.read() if "return" in r]
         if not rows:
-            return None
+            return self._plot_losses(plt)
         steps = np.array([r["env_steps"] for r in rows])
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
         ret = np.array([r["return"] for r in rows])
@@ -90,6 +90,23 @@ class RunLog:
         ax2.set(xlabel="env steps", ylabel="% of episodes (smoothed)", title="Achievement unlock rate")
         if top:
             ax2.legend(fontsize=7)
+        fig.tight_layout()
+        out = self.run_dir / "curve.png"
+        with atomic_path(out) as tmp:
+            fig.savefig(tmp, dpi=90)
+        plt.close(fig)
+        return out
+
+    def _plot_losses(self, plt) -> Path | None:
+        """Runs without episodes (offline training): the loss terms vs update."""
+        rows = [r for r in self.read() if "loss/actor" in r]
+        if not rows:
+            return None
+        update = np.array([r["update"] for r in rows])
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+        for ax, key in zip(axes, ("loss/actor", "loss/value")):
+            ax.plot(update, [r[key] for r in rows])
+            ax.set(xlabel="update", ylabel=key, title=key)
         fig.tight_layout()
         out = self.run_dir / "curve.png"
         with atomic_path(out) as tmp:

@@ -1,0 +1,157 @@
+"""`offline.py eval`: a run's policy (online or offline) played for N whole episodes from fixed
+seeds; `eval.json` and a bar chart of achievement rates in the run folder.
+
+An LLM-augmented policy computes its hidden states online with the fused path at the settings it
+was trained under (layer, prompt, skip_n). For an offline run they come from its label set, and
+the model and prompt built now are checked against that set's card (weights and prompt digests,
+layer, pooling, post-norm): a mismatch is an error unless `allow_mismatch`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from fused.config import ConfigError
+from fused.policy import TrainedPolicy, is_offline, load_policy
+from fused.rl.envs import make_env
+from fused.rl.evaluate import make_evaluate, summarise
+from fused.runs.config_io import from_json
+from fused.runs.files import atomic_write_json
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    run: str
+    """Run folder (train.py or offline.py)."""
+    episodes: int = 128
+    """Episodes, one per seed; each is played to its end."""
+    seed: int = 0
+    """Seed of the episodes' worlds (the same seeds for every policy evaluated with it)."""
+    checkpoint: int | None = None
+    """Checkpoint (update) to evaluate; default the newest good one."""
+    max_steps: int | None = None
+    """Stop episodes still running after this many steps and report them as censored (their
+    return so far is included, flagged); None plays every episode to its end."""
+    greedy: bool = False
+    """Act by the most probable action instead of sampling the policy."""
+    block_steps: int = 256
+    """Env steps per compiled block (the host checks between blocks whether all ended)."""
+    allow_mismatch: bool = False
+    """Evaluate an LLM-augmented offline policy even if the model or prompt built now differs
+    from the ones its label set was made with."""
+    plot: bool = True
+    """Write eval_achievements.png beside eval.json."""
+    video: int = 0
+    """Also write this many episodes as GIFs into RUN/videos/ (Craftax's pixel renderer; an
+    LLM-augmented policy's frames show the observation text beside them)."""
+    video_max_steps: int = 500
+    """Frames per video at most."""
+    video_text: bool = True
+    """With an LLM-augmented policy, put the text its LLM saw beside each frame."""
+    out: str | None = None
+    """Write the results here instead of RUN/eval.json."""
+
+
+def check_llm_matches_labels(run_dir: Path, pol: TrainedPolicy) -> None:
+    """An offline policy's LLM, built now, against the label set it was trained on."""
+    from fused.data.labelling import folder_digest, prompt_digest
+    from fused.data.store import Dataset
+    from fused.offline import OfflineConfig
+
+    ocfg = from_json(OfflineConfig, (run_dir / "config.json").read_text(),
+                     str(run_dir / "config.json"))
+    if not ocfg.labels:
+        return
+    try:
+        entry = Dataset(ocfg.data).card()["labels"][ocfg.labels]
+    except (ConfigError, KeyError):
+        raise ConfigError(f"the label set {ocfg.labels!r} of {ocfg.data} that {run_dir} was "
+                          "trained on cannot be read to check the LLM against; pass "
+                          "--allow-mismatch to evaluate anyway") from None
+    llm, m = pol.agent.inputs.llm, pol.cfg.llm
+    now = {"weights_digest": folder_digest(m.weights, m.random_model, 0),
+           "prompt_digest": prompt_digest(llm), "layer": llm.layer, "pool": m.pool,
+           "post_norm": m.post_norm}
+    for k, v in now.items():
+        if entry.get(k) != v:
+            raise ConfigError(f"{k} of the LLM built for evaluation ({v!r}) differs from the "
+                              f"label set {ocfg.labels!r} it was trained on ({entry.get(k)!r}); "
+                              "fix the weights folder or prompt, or pass --allow-mismatch")
+
+
+def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None) -> dict:
+    if c.episodes <= 1:
+        raise ConfigError(f"episodes={c.episodes}: at least 2 for a confidence interval")
+    if c.max_steps is not None and c.max_steps <= 0:
+        raise ConfigError(f"max_steps={c.max_steps} must be positive or None")
+    if c.block_steps <= 0:
+        raise ConfigError(f"block_steps={c.block_steps} must be positive")
+    if c.video < 0 or c.video_max_steps <= 0:
+        raise ConfigError("video must be >= 0 and video_max_steps positive")
+    run_dir = Path(c.run).expanduser()
+    pol = load_policy(run_dir, c.episodes, c.checkpoint, llm_overrides=llm_overrides)
+    if is_offline(run_dir) and pol.cfg.llm.active_backend != "none" and not c.allow_mismatch:
+        check_llm_matches_labels(run_dir, pol)
+    env = make_env(pol.cfg.env)
+    net = pol.agent.network
+    ev = make_evaluate(env, lambda p, x: net.apply(p, x, method=type(net).actor),
+                       pol.agent.inputs, c.episodes, c.block_steps, c.greedy, c.max_steps)
+    frozen = pol.agent.inputs.frozen
+    t0 = time.time()
+    state = jax.jit(ev.init)(jax.random.PRNGKey(c.seed), frozen, pol.inputs_state)
+    block = jax.jit(ev.block, donate_argnums=0)
+    cap = c.max_steps or 10 ** 9
+    while not bool(np.asarray(state.done).all()) and int(state.t) < cap:
+        state = block(state, pol.params, frozen)
+        console.print(f"  {int(state.t):,} steps: {int(np.asarray(state.done).sum())}/"
+                      f"{c.episodes} episodes ended")
+    out = summarise(state, env.achievement_names, c.max_steps)
+    out.update(run=str(run_dir), checkpoint=pol.step, seed=c.seed, greedy=c.greedy,
+               env=pol.cfg.env.name, seconds=time.time() - t0,
+               llm=None if pol.cfg.llm.active_backend == "none" else {
+                   "layer": pol.agent.inputs.llm.layer, "skip_n": pol.cfg.llm.skip_n,
+                   "hidden": pol.cfg.llm.hidden, "weights": pol.cfg.llm.weights})
+    path = Path(c.out) if c.out else run_dir / "eval.json"
+    atomic_write_json(path, out)
+    if c.plot and out["achievements"]:
+        plot_achievements(out, path.with_name(path.stem + "_achievements.png"))
+    if c.video:
+        from fused.video import record, write_gifs
+
+        frames = record(run_dir, pol.step, c.video, c.seed, c.video_max_steps, c.greedy,
+                        c.video_text and pol.cfg.llm.active_backend != "none")
+        out["videos"] = [str(p) for p in write_gifs(frames, path.parent / "videos")]
+        atomic_write_json(path, out)
+    lo, hi = out["return_ci95"]
+    console.print(f"return {out['return_mean']:.2f} (95% CI {lo:.2f}-{hi:.2f}) over "
+                  f"{out['episodes']} episodes, length {out['length_mean']:.0f}"
+                  + (f", {out['censored']} censored at {c.max_steps} steps"
+                     if out["censored"] else "") + f" -> {path}")
+    return out
+
+
+def plot_achievements(out: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted(out["achievements"], key=lambda k: -out["achievements"][k])
+    rates = [100 * out["achievements"][k] for k in names]
+    fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(names)), 4))
+    ax.bar(range(len(names)), rates)
+    ax.set_xticks(range(len(names)), names, rotation=75, fontsize=7)
+    ax.set_ylabel("success rate (%)")
+    lo, hi = out["return_ci95"]
+    ax.set_title(f"{Path(out['run']).name}: return {out['return_mean']:.2f} "
+                 f"[{lo:.2f}, {hi:.2f}], {out['episodes']} episodes")
+    fig.tight_layout()
+    tmp = path.with_name(".tmp-" + path.name)
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(path)

@@ -1,0 +1,279 @@
+"""Offline AWR / BC assembled for one config: the dataset's rows on the device, the online
+agent's own network (plain, or LLM-augmented when a label set is named), the pure trainer
+(`fused.rl.awr`). `offline.py` jits and runs it through the shared run machinery.
+
+An offline run folder holds, besides config.json and checkpoints, `policy.json`: the train.py
+config the policy acts under (env, network, and for an LLM-augmented policy the label set's
+--llm.* settings), so evaluation, probes and online fine-tuning build the same agent as for an
+online run (`fused.policy.load_policy`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Literal, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fused.config import (
+    ConfigError,
+    EnvConfig,
+    LLMConfig,
+    PPOConfig,
+    TrainConfig,
+    WandbConfig,
+    model_config,
+)
+from fused.data.loader import TrainingData, load_training_data
+from fused.envspec import spec
+from fused.llm.norm import RunningNorm, normalize
+from fused.rl.awr import AWRSettings, OfflineTrainer, make_offline_train
+from fused.rl.collect import ObsCodec
+from fused.rl.networks import ActorCritic, AugmentedActorCritic
+from fused.runs.run_dir import RunDir
+
+
+@dataclasses.dataclass(frozen=True)
+class OfflineConfig:
+    data: str = ""
+    """Dataset folder (written by `label.py generate`, with a returns set)."""
+    labels: str | None = None
+    """Label set to train an LLM-augmented policy on (its hidden states); None: plain policy."""
+    returns: str | None = None
+    """Returns set (`label.py returns`); default the dataset's only one."""
+    algo: Literal["awr", "bc"] = "awr"
+    """Set by the command (`offline.py awr|bc`)."""
+    seed: int = 0
+    """PRNG seed (initialisation and minibatch sampling)."""
+    num_updates: int = 100_000
+    """Minibatch updates."""
+    batch_size: int = 256
+    """Rows per minibatch, sampled uniformly among the rows with a valid return-to-go."""
+    lr: float = 3e-4
+    """Adam learning rate."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm."""
+    beta: float = 10.0
+    """AWR temperature: weight exp((A - mean A) / beta)."""
+    max_weight: float = 20.0
+    """AWR weights are clipped at this."""
+    value_coef: float = 1.0
+    """Weight of the critic's 0.5 (R - V)^2 in the loss."""
+    layer_width: int = 512
+    """Hidden width of the actor and critic (the online networks')."""
+    num_layers: int = 3
+    """Hidden layers of the actor and critic."""
+    projection: Literal["dense", "layernorm"] = "dense"
+    """With labels: the hidden-state branch's projection (as train.py's --llm.projection)."""
+    updates_per_chunk: int = 1000
+    """Updates compiled into one jitted chunk (the host logs and checkpoints between chunks)."""
+    out_dir: str = "runs"
+    """Folder under which each run gets its own folder."""
+    run_name: str | None = None
+    """Run folder name; default `offline-<algo>-<labels|plain>-s<seed>-<time>`."""
+    resume: str | None = None
+    """Resume this run folder from its latest good checkpoint (flags apply over its config)."""
+    checkpoint_every_updates: int = 10_000
+    """Checkpoint after at least this many updates; 0 disables."""
+    checkpoint_every_minutes: float = 10.0
+    """Also checkpoint when this many minutes passed; 0 disables."""
+    keep_checkpoints: int = 3
+    """Checkpoints kept on disk."""
+    plot: bool = True
+    """Write a learning-curve PNG into the run folder."""
+    wandb: WandbConfig = WandbConfig()
+    """Weights & Biases logging."""
+
+    @property
+    def num_chunks(self) -> int:
+        return -(-self.num_updates // self.updates_per_chunk)
+
+
+def _preset(**kw) -> OfflineConfig:
+    return dataclasses.replace(OfflineConfig(), **kw)
+
+
+PRESETS: dict[str, tuple[str, OfflineConfig]] = {
+    "cpu": ("Default: width 256, 20k updates of 256 rows (minutes on 2 cores).",
+            _preset(layer_width=256, num_updates=20_000, updates_per_chunk=1000)),
+    "smoke": ("Seconds: width 32, 200 updates of 64 rows (tests).",
+              _preset(layer_width=32, num_updates=200, batch_size=64, updates_per_chunk=50,
+                      checkpoint_every_updates=100, plot=False,
+                      wandb=WandbConfig(mode="disabled"))),
+    "gpu": ("The prior system's AWR: width 512, 100k updates of 256 rows.",
+            _preset()),
+}
+RESUME_FIXED = ("data", "labels", "returns", "algo", "seed", "layer_width", "num_layers",
+                "projection", "out_dir", "run_name")
+
+
+def validate(c: OfflineConfig) -> None:
+    if not c.data:
+        raise ConfigError("data is required: --data DIR (a dataset from `label.py generate`)")
+    for name in ("num_updates", "batch_size", "layer_width", "num_layers", "updates_per_chunk"):
+        if getattr(c, name) <= 0:
+            raise ConfigError(f"{name}={getattr(c, name)} must be positive")
+    for name in ("lr", "beta", "max_weight"):
+        if not getattr(c, name) > 0:
+            raise ConfigError(f"{name}={getattr(c, name)} must be positive")
+
+
+def acting_config(c: OfflineConfig, card: dict) -> TrainConfig:
+    """The train.py config whose agent is this offline policy: same env, network and, with
+    labels, the label set's LLM (jax backend; a vLLM-made set is post-norm last layer)."""
+    llm = LLMConfig()
+    if c.labels:
+        entry = card.get("labels", {}).get(c.labels)
+        if entry is None or entry.get("llm") is None:
+            raise ConfigError(f"label set {c.labels!r} has no LLM settings in {c.data}/card.json "
+                              "(the `behaviour` set of an LLM run is not trainable here yet)")
+        fields = {f.name for f in dataclasses.fields(LLMConfig)}
+        saved = {k: v for k, v in entry["llm"].items() if k in fields}
+        llm = dataclasses.replace(LLMConfig(**saved), backend="jax", hidden="real",
+                                  normalize=True, projection=c.projection,
+                                  post_norm=bool(entry["post_norm"]), layer=entry["layer"])
+    return TrainConfig(env=EnvConfig(name=card["env"], num_envs=1),
+                       ppo=PPOConfig(layer_width=c.layer_width, num_layers=c.num_layers),
+                       llm=llm, seed=0, plot=False, wandb=WandbConfig(mode="disabled"))
+    # seed 0: a random-weight model is made from the seed; label.py labels with seed 0
+
+
+class Offline(NamedTuple):
+    cfg: OfflineConfig
+    acting: TrainConfig
+    network: nn.Module
+    data: TrainingData
+    device_data: dict
+    trainer: OfflineTrainer
+    norm: RunningNorm | None
+    returns: str
+
+
+def network_inputs(codec: ObsCodec, has_hidden: bool):
+    """(rows, data, norm) -> the network input of sampled rows: observations decoded from their
+    stored form, hidden states looked up in the table and normalised as the policy input does."""
+    def inputs_of(rows, data, norm):
+        obs = codec.decode(jnp, {k: rows[k] for k in ("obs", "obs_bits", "obs_aux")
+                                 if k in rows})
+        if not has_hidden:
+            return obs
+        h = data["hidden_table"][rows["hidden_index"]].astype(jnp.float32)
+        return {"obs": obs, "hidden": normalize(norm, h)}
+
+    return inputs_of
+
+
+def build(c: OfflineConfig) -> Offline:
+    """Reads the dataset (host), builds the agent and the trainer; nothing compiles yet."""
+    from fused.data.store import Dataset
+
+    card = Dataset(c.data).card()
+    data, ret_name, _ = load_training_data(c.data, c.returns, c.labels)
+    acting = acting_config(c, card)
+    network = training_network(acting)
+    trainer = make_trainer(c, network, network_inputs(ObsCodec(spec(data.env)), bool(c.labels)))
+    norm = None
+    if c.labels:
+        norm = RunningNorm(jnp.float32(data.valid), jnp.asarray(data.hidden_mean, jnp.float32),
+                           jnp.asarray(data.hidden_var, jnp.float32))
+    return Offline(c, acting, network, data, jax.device_put(data.arrays), trainer, norm,
+                   ret_name)
+
+
+def make_trainer(c: OfflineConfig, network, inputs_of=None) -> OfflineTrainer:
+    tx = optax.chain(optax.clip_by_global_norm(c.max_grad_norm), optax.adam(c.lr))
+    settings = AWRSettings(c.algo, c.beta, c.max_weight, c.value_coef)
+    return make_offline_train(network, settings, tx, c.batch_size, c.updates_per_chunk,
+                              c.num_updates, inputs_of)
+
+
+def training_network(acting: TrainConfig):
+    """The network `make_agent(acting)` builds, without loading an LLM (training reads hidden
+    states from the labels; the LLM is loaded only to act, by `fused.policy.load_policy`)."""
+    s, p = spec(acting.env.name), acting.ppo
+    if acting.llm.active_backend == "none":
+        return ActorCritic(s.num_actions, p.layer_width, p.num_layers)
+    return AugmentedActorCritic(s.num_actions, p.layer_width, p.num_layers,
+                                acting.llm.projection == "layernorm", acting.llm.constant_hidden)
+
+
+def example_input(acting: TrainConfig):
+    obs = jnp.zeros((1, spec(acting.env.name).obs_dim), jnp.float32)
+    if acting.llm.active_backend == "none":
+        return obs
+    return {"obs": obs, "hidden": jnp.zeros((1, model_config(acting.llm).hidden_size),
+                                            jnp.float32)}
+
+
+def abstract_state(c: OfflineConfig, acting: TrainConfig):
+    """Shapes and dtypes of an offline run's checkpointed state (its restore target)."""
+    trainer = make_trainer(c, training_network(acting))
+    norm = None
+    if acting.llm.active_backend != "none":
+        h = model_config(acting.llm).hidden_size
+        norm = RunningNorm(jnp.float32(0), jnp.zeros(h), jnp.ones(h))
+    return jax.eval_shape(trainer.init, jax.random.PRNGKey(0), example_input(acting), norm)
+
+
+def train(off: Offline, run: RunDir, console) -> Path:
+    """Trains to `num_updates` (or resumes `run`) with the shared run machinery."""
+    from fused.runs.checkpoint import abstract_like
+    from fused.runs.config_io import to_json
+    from fused.runs.files import atomic_write
+    from fused.runs.loop import Cadence, Chunk, run_chunks
+
+    cfg = off.cfg
+    run.save_config(cfg)
+    atomic_write(run.path / "policy.json", to_json(off.acting))
+    log = run.log(cfg.plot)
+    ckpt = run.checkpointer(cfg.keep_checkpoints)
+    d = off.data
+    labels = f", labels {cfg.labels!r} (H={d.hidden_size})" if cfg.labels else ""
+    console.print(f"[bold]craftax-fused offline[/] {cfg.algo.upper()} on {cfg.data} ({d.env}: "
+                  f"{d.valid:,} of {d.rows:,} rows with a valid return, returns "
+                  f"{off.returns!r}{labels}), {cfg.num_updates:,} updates of {cfg.batch_size} "
+                  f"-> {run.path}")
+    t0 = time.time()
+    state = jax.jit(off.trainer.init)(jax.random.PRNGKey(cfg.seed), example_input(off.acting),
+                                      off.norm)
+    if run.resuming:
+        restored, state, _ = ckpt.restore_latest(abstract_like(state))
+        log.truncate_after(restored)
+        console.print(f"resumed from checkpoint at update {restored}")
+    chunk = jax.jit(off.trainer.chunk, donate_argnums=0)
+    wandb_run = run.start_wandb(cfg.wandb, cfg)
+
+    def step(state, update: int, first: bool) -> Chunk:
+        tc = time.time()
+        state, metrics = chunk(state, off.device_data)
+        metrics = jax.device_get(metrics)
+        dt = time.time() - tc
+        active = np.asarray(metrics.pop("active"))
+        new_update = update + int(active.sum())
+        rows = [{"update": update + i + 1, **{k: float(v[i]) for k, v in metrics.items()},
+                 "samples_per_s": cfg.batch_size * int(active.sum()) / dt}
+                for i in range(new_update - update)]
+        last = rows[-1]
+        return Chunk(state, rows, new_update, (
+            f"loss {last['loss']:.4f}  value {last['loss/value']:.4f}  "
+            f"{last['samples_per_s']:,.0f} samples/s"
+            + (f"  (first chunk incl. compile {dt:.0f}s)" if first else "")))
+
+    state, update = run_chunks(
+        state, int(state.update), cfg.num_updates, step, console=console, ckpt=ckpt, log=log,
+        lead=True, wandb_run=wandb_run,
+        cadence=Cadence(cfg.checkpoint_every_updates, cfg.checkpoint_every_minutes),
+        meta=lambda u: {"update": u}, resume_command=f"python offline.py {cfg.algo} --resume "
+                                                      f"{run.path}")
+    ckpt.close()
+    if wandb_run is not None:
+        wandb_run.finish()
+    console.print(f"done: {update}/{cfg.num_updates} updates in {time.time() - t0:.0f}s -> "
+                  f"{run.path} (evaluate: python offline.py eval --run {run.path})")
+    return run.path

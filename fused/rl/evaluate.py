@@ -1,0 +1,122 @@
+"""Unbiased evaluation: N episodes from N fixed seeds, each played to its end.
+
+Every env plays exactly one episode (no auto-reset); the host calls `block` until all have
+ended or a step cap is reached (episodes still running then are reported as censored, never
+dropped). Stopping at the first K episodes to finish, as the prior evaluation did, keeps the
+short ones and over-represents early deaths; here every seed's episode counts once, so the mean
+return estimates the policy's expected return.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from fused.rl.env_api import Env
+from fused.rl.policy_input import PolicyInput
+
+
+@struct.dataclass
+class EvalState:
+    env: Any  # [N] env states
+    obs: jax.Array  # [N, D]
+    inputs: Any  # the policy input's state
+    done: jax.Array  # [N] bool: the episode has ended
+    ret: jax.Array  # [N] float32, undiscounted return so far
+    length: jax.Array  # [N] int32
+    achievements: jax.Array  # [N, A] bool, at the episode's end (so far while running)
+    terminated: jax.Array  # [N] bool: ended by termination (vs truncation)
+    t: jax.Array  # [] int32 steps taken
+    rng: jax.Array
+
+
+class Evaluator(NamedTuple):
+    init: Callable  # (seed key, frozen, inputs_state or None) -> EvalState
+    block: Callable  # (EvalState, params, frozen) -> EvalState (block_steps steps)
+
+
+def episode_keys(key: jax.Array, n: int) -> jax.Array:
+    """Episode i's reset key depends on (key, i) only: the same seeds for every policy."""
+    return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(n))
+
+
+def make_evaluate(env: Env, actor: Callable, inputs: PolicyInput, num_episodes: int,
+                  block_steps: int, greedy: bool = False,
+                  max_steps: int | None = None) -> Evaluator:
+    """`actor(params, x) -> logits`; `init`'s `trained` is the trained run's policy-input state
+    (its normaliser), installed with `inputs.adopt`. Steps past `max_steps` are not counted:
+    episodes running then stay not done (censored)."""
+    cap = jnp.int32(max_steps if max_steps is not None else jnp.iinfo(jnp.int32).max)
+    n_ach = len(env.achievement_names)
+
+    def init(key, frozen, trained=None):
+        k_reset, k_inp, k_run = jax.random.split(key, 3)
+        obs, states = jax.vmap(env.reset)(episode_keys(k_reset, num_episodes))
+        istate, k_run = inputs.init(frozen, obs, k_run, None)
+        if trained is not None:
+            istate = inputs.adopt(istate, trained)
+        del k_inp
+        z = jnp.zeros(num_episodes)
+        return EvalState(states, obs, istate, z.astype(bool), z.astype(jnp.float32),
+                         z.astype(jnp.int32), jnp.zeros((num_episodes, n_ach), bool),
+                         z.astype(bool), jnp.int32(0), k_run)
+
+    def step(s: EvalState, params, frozen, key):
+        k_act, k_env, k_inp = jax.random.split(key, 3)
+        logits = actor(params, inputs.view(s.inputs, s.obs))
+        action = (logits.argmax(-1) if greedy else
+                  jax.random.categorical(k_act, logits)).astype(jnp.int32)
+        res = jax.vmap(env.step)(jax.random.split(k_env, num_episodes), s.env, action)
+        live = ~s.done & (s.t < cap)
+        ended = live & (res.terminated | res.truncated)
+        # Finished envs are not refreshed (done=False): their hidden state no longer matters.
+        istate, _ = inputs.step(frozen, s.inputs, res.obs, jnp.zeros_like(s.done), s.t + 1,
+                                k_inp, None)
+        return s.replace(
+            env=res.state, obs=res.obs, inputs=istate, done=s.done | ended,
+            ret=s.ret + jnp.where(live, res.reward, 0.0),
+            length=s.length + live.astype(jnp.int32),
+            achievements=jnp.where(live[:, None], res.achievements.astype(bool),
+                                   s.achievements),
+            terminated=s.terminated | (live & res.terminated), t=s.t + 1)
+
+    def block(s: EvalState, params, frozen):
+        rng, k = jax.random.split(s.rng)
+
+        def body(s, key):
+            return step(s, params, frozen, key), None
+
+        s, _ = jax.lax.scan(body, s.replace(rng=rng), jax.random.split(k, block_steps))
+        return s
+
+    return Evaluator(init, block)
+
+
+def mean_ci95(x: np.ndarray) -> tuple[float, float, float]:
+    """Mean and a 95% confidence interval (normal approximation, sample standard deviation)."""
+    x = np.asarray(x, np.float64)
+    m = float(x.mean())
+    if len(x) < 2:
+        return m, float("nan"), float("nan")
+    half = 1.959964 * float(x.std(ddof=1)) / np.sqrt(len(x))
+    return m, m - half, m + half
+
+
+def summarise(s: EvalState, achievement_names, max_steps: int | None) -> dict:
+    """eval.json's figures from the final state (host numpy)."""
+    ret, length = np.asarray(s.ret), np.asarray(s.length)
+    done = np.asarray(s.done)
+    m, lo, hi = mean_ci95(ret)
+    ach = np.asarray(s.achievements)
+    return {
+        "episodes": len(ret), "return_mean": m, "return_ci95": [lo, hi],
+        "return_std": float(ret.std(ddof=1)) if len(ret) > 1 else 0.0,
+        "length_mean": float(length.mean()), "length_max": int(length.max()),
+        "censored": int((~done).sum()), "step_cap": max_steps,
+        "terminated": int(np.asarray(s.terminated).sum()),
+        "achievements": {n: float(ach[:, i].mean()) for i, n in enumerate(achievement_names)},
+        "returns": ret.tolist(), "lengths": length.tolist()}

@@ -1,0 +1,161 @@
+"""`offline.py study`: the research question for one dataset and model, answered alike for every
+variant. Trains plain and LLM-augmented AWR (and BC) on the same data with several seeds each,
+evaluates every policy on the same episode seeds (whole episodes), and the behaviour policy
+too when the dataset names a run folder, then writes `study.json` and `study.md`: per variant
+the mean return over seeds with a 95% confidence interval (over the pooled episodes), per-seed
+means, and the ratio to the behaviour policy.
+
+Every run is its own run folder under the study folder; a study started again skips the runs
+that finished and the evaluations already written, so it resumes after a kill.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+
+from fused.config import ConfigError
+from fused.evaluation import EvalConfig, evaluate
+from fused.offline import PRESETS, build, train, validate
+from fused.rl.evaluate import mean_ci95
+from fused.runs.files import atomic_write, atomic_write_json
+from fused.runs.run_dir import RunDir
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyConfig:
+    data: str
+    """Dataset folder (with a returns set)."""
+    labels: str | None = None
+    """Label set for the augmented variants; None compares the algorithms without an LLM."""
+    returns: str | None = None
+    """Returns set; default the dataset's only one."""
+    out: str = "runs/study"
+    """Study folder (one run folder per variant and seed, study.json, study.md)."""
+    preset: str = "cpu"
+    """offline.py preset the runs train with (cpu, smoke, gpu)."""
+    num_updates: int | None = None
+    """Override the preset's updates."""
+    lr: float | None = None
+    """Override the preset's learning rate."""
+    beta: float | None = None
+    """Override the AWR temperature."""
+    algos: tuple[str, ...] = ("awr", "bc")
+    """Algorithms, each trained plain and (with --labels) augmented."""
+    seeds: int = 3
+    """Training seeds per variant."""
+    episodes: int = 128
+    """Evaluation episodes per policy (the same episode seeds for every policy)."""
+    eval_seed: int = 1000
+    """Seed of the evaluation episodes."""
+    max_steps: int | None = None
+    """Evaluation step cap (episodes still running are censored); None plays them out."""
+    behaviour: bool = True
+    """Also evaluate the dataset's behaviour policy when it is a run folder that still exists."""
+
+
+def variants(c: StudyConfig) -> list[tuple[str, str | None]]:
+    return [(a, lab) for a in c.algos for lab in ([None, c.labels] if c.labels else [None])]
+
+
+def run_study(c: StudyConfig, console) -> dict:
+    if c.preset not in PRESETS:
+        raise ConfigError(f"preset={c.preset!r}; choose one of {', '.join(PRESETS)}")
+    if c.seeds <= 0 or c.episodes <= 1:
+        raise ConfigError("seeds must be positive and episodes at least 2")
+    bad = [a for a in c.algos if a not in ("awr", "bc")]
+    if bad:
+        raise ConfigError(f"algos={bad}: choose among awr, bc")
+    root = Path(c.out).expanduser()
+    base = PRESETS[c.preset][1]
+    overrides = {k: getattr(c, k) for k in ("num_updates", "lr", "beta")
+                 if getattr(c, k) is not None}
+    base = dataclasses.replace(base, **overrides)
+    ev = EvalConfig(run="", episodes=c.episodes, seed=c.eval_seed, max_steps=c.max_steps)
+    results: dict = {"config": dataclasses.asdict(c), "variants": {}}
+    for algo, labels in variants(c):
+        name = f"{algo}-{labels or 'plain'}"
+        per_seed = []
+        for seed in range(c.seeds):
+            cfg = dataclasses.replace(base, data=c.data, labels=labels, returns=c.returns,
+                                      algo=algo, seed=seed, out_dir=str(root),
+                                      run_name=f"{name}-s{seed}")
+            validate(cfg)
+            run_path = root / cfg.run_name
+            if not _finished(run_path, cfg.num_updates):
+                console.print(f"[bold]study[/] training {name} seed {seed}")
+                run = (RunDir.reopen(run_path) if (run_path / "checkpoints").is_dir()
+                       else RunDir.create(str(root), cfg.run_name))
+                train(build(dataclasses.replace(cfg, resume=str(run_path) if run.resuming
+                                                else None)), run, console)
+            per_seed.append(_evaluated(run_path, ev, console))
+        results["variants"][name] = summarise(per_seed)
+    behaviour = _behaviour(c, ev, root, console)
+    if behaviour is not None:
+        results["behaviour"] = behaviour
+        for v in results["variants"].values():
+            v["vs_behaviour"] = v["return_mean"] / behaviour["return_mean"]
+    atomic_write_json(root / "study.json", results)
+    atomic_write(root / "study.md", table(results))
+    console.print(table(results))
+    return results
+
+
+def _finished(run_path: Path, num_updates: int) -> bool:
+    ckpts = run_path / "checkpoints"
+    return ckpts.is_dir() and (ckpts / str(num_updates)).is_dir()
+
+
+def _evaluated(run_path: Path, ev: EvalConfig, console) -> dict:
+    path = run_path / "eval.json"
+    if path.is_file():
+        saved = json.loads(path.read_text())
+        if saved.get("seed") == ev.seed and saved.get("episodes") == ev.episodes:
+            return saved
+    return evaluate(dataclasses.replace(ev, run=str(run_path)), console)
+
+
+def _behaviour(c: StudyConfig, ev: EvalConfig, root: Path, console) -> dict | None:
+    from fused.data.store import Dataset
+
+    policy = Dataset(c.data).card().get("policy")
+    if not c.behaviour or policy in (None, "random") or not Path(policy).is_dir():
+        return None
+    out = root / "behaviour_eval.json"
+    if out.is_file():
+        saved = json.loads(out.read_text())
+        if saved.get("seed") == ev.seed and saved.get("episodes") == ev.episodes:
+            return summarise([saved])
+    return summarise([evaluate(dataclasses.replace(ev, run=policy, out=str(out)), console)])
+
+
+def summarise(evals: list[dict]) -> dict:
+    """Mean return over all episodes of all seeds with its 95% CI, and per-seed means."""
+    pooled = np.concatenate([e["returns"] for e in evals])
+    m, lo, hi = mean_ci95(pooled)
+    names = evals[0]["achievements"]
+    return {"return_mean": m, "return_ci95": [lo, hi],
+            "seed_means": [e["return_mean"] for e in evals],
+            "length_mean": float(np.mean([e["length_mean"] for e in evals])),
+            "episodes": int(len(pooled)), "censored": int(sum(e["censored"] for e in evals)),
+            "runs": [e["run"] for e in evals],
+            "achievements": {k: float(np.mean([e["achievements"][k] for e in evals]))
+                             for k in names}}
+
+
+def table(results: dict) -> str:
+    rows = ["| variant | mean return | 95% CI | per seed | vs behaviour | episodes |",
+            "|---|---|---|---|---|---|"]
+    items = list(results["variants"].items())
+    if "behaviour" in results:
+        items = [("behaviour policy", results["behaviour"])] + items
+    for name, v in items:
+        lo, hi = v["return_ci95"]
+        seeds = ", ".join(f"{x:.2f}" for x in v["seed_means"])
+        ratio = f"{v['vs_behaviour']:.2f}x" if "vs_behaviour" in v else "-"
+        rows.append(f"| {name} | {v['return_mean']:.2f} | {lo:.2f}-{hi:.2f} | {seeds} | {ratio} "
+                    f"| {v['episodes']} |")
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,116 @@
+"""Episodes of a policy as GIFs (`offline.py eval --video N`): Craftax's own pixel renderer,
+and beside each frame, for an LLM-augmented policy, the observation text its LLM was given.
+
+Craftax builds a texture cache inside its package the first time its pixel renderer is made
+(about a minute); that is announced once. Videos play their own episodes (episode i uses the
+same world seed as evaluation episode i) and stop at `max_steps` frames.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fused.envspec import spec
+from fused.policy import load_policy
+from fused.rl.envs import make_env
+from fused.rl.evaluate import episode_keys
+
+
+def pixel_renderer(env_name: str, block_pixel_size: int = 16):
+    """state -> [H, W, 3] pixels (jnp, 0..255), Craftax's renderer for this env."""
+    s = spec(env_name)
+    if s.family != "craftax":
+        raise ValueError(f"{env_name} has no pixel renderer (videos are for Craftax envs)")
+    constants = importlib.import_module(s.constants)
+    if not os.path.exists(constants.TEXTURE_CACHE_FILE):
+        warnings.warn(f"building Craftax's texture cache for {env_name} (first use only, about "
+                      "a minute; kept in the craftax package)", stacklevel=2)
+    renderer = importlib.import_module(s.constants.rsplit(".", 1)[0] + ".renderer")
+    return renderer.make_craftax_pixel_renderer(block_pixel_size)
+
+
+def record(run_dir: Path, checkpoint: int | None, episodes: int, seed: int, max_steps: int,
+           greedy: bool, with_text: bool) -> list[list[np.ndarray]]:
+    """Frames [H, W, 3] uint8 of `episodes` episodes (each to its end or max_steps) of a run's
+    policy (set up for that many envs)."""
+    pol = load_policy(run_dir, episodes, checkpoint)
+    env = make_env(pol.cfg.env)
+    net, inputs = pol.agent.network, pol.agent.inputs
+    frozen = inputs.frozen
+    render = jax.jit(jax.vmap(pixel_renderer(pol.cfg.env.name)))
+    layout = spec(pol.cfg.env.name).layout
+    k_reset, k_inp, k_run = jax.random.split(jax.random.PRNGKey(seed), 3)
+    obs, states = jax.vmap(env.reset)(episode_keys(k_reset, episodes))
+    istate, _ = jax.jit(lambda o, k, f: inputs.init(f, o, k, None))(obs, k_inp, frozen)
+    if pol.inputs_state is not None:
+        istate = inputs.adopt(istate, pol.inputs_state)
+
+    @jax.jit
+    def step(states, obs, istate, t, key, params, frozen):
+        k_act, k_env, k_inp = jax.random.split(key, 3)
+        logits = net.apply(params, inputs.view(istate, obs), method=type(net).actor)
+        action = logits.argmax(-1) if greedy else jax.random.categorical(k_act, logits)
+        res = jax.vmap(env.step)(jax.random.split(k_env, episodes), states, action)
+        istate, _ = inputs.step(frozen, istate, res.obs, jnp.zeros(episodes, bool), t + 1,
+                                k_inp, None)
+        return res.state, res.obs, istate, res.terminated | res.truncated
+
+    frames: list[list[np.ndarray]] = [[] for _ in range(episodes)]
+    done = np.zeros(episodes, bool)
+    for t in range(max_steps):
+        pixels = np.asarray(render(states)).clip(0, 255).astype(np.uint8)
+        host_obs = np.asarray(obs)
+        for e in np.flatnonzero(~done):
+            frame = pixels[e]
+            if with_text:
+                from fused.text.format import render_text
+
+                frame = beside(frame, render_text(layout, host_obs[e]))
+            frames[e].append(frame)
+        k_run, k = jax.random.split(k_run)
+        states, obs, istate, ended = step(states, obs, istate, jnp.int32(t), k, pol.params,
+                                          frozen)
+        done |= np.asarray(ended)
+        if done.all():
+            break
+    return frames
+
+
+def beside(frame: np.ndarray, text: str, width: int = 420) -> np.ndarray:
+    """The frame with a panel of `text` on its right."""
+    from PIL import Image, ImageDraw
+
+    h = frame.shape[0]
+    panel = Image.new("RGB", (width, h), (250, 250, 250))
+    draw = ImageDraw.Draw(panel)
+    lines = []
+    for line in text.splitlines():
+        while len(line) > 68:
+            cut = line.rfind(",", 0, 68) + 1 or 68
+            lines.append(line[:cut])
+            line = "  " + line[cut:].lstrip()
+        lines.append(line)
+    draw.multiline_text((6, 6), "\n".join(lines[: max(1, h // 12)]), fill=(20, 20, 20),
+                        spacing=2)
+    return np.concatenate([frame, np.asarray(panel)], axis=1)
+
+
+def write_gifs(frames: list[list[np.ndarray]], folder: Path, fps: int = 8) -> list[Path]:
+    import imageio.v3 as iio
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, ep in enumerate(frames):
+        path = folder / f"episode_{i:03d}.gif"
+        tmp = path.with_name(".tmp-" + path.name)
+        iio.imwrite(tmp, np.stack(ep), extension=".gif", duration=1000 / fps, loop=0)
+        tmp.replace(path)
+        paths.append(path)
+    return paths

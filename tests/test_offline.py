@@ -1,0 +1,293 @@
+"""offline.py: AWR / BC losses against hand-computed values, BC recovering a known behaviour
+policy, AWR preferring the better action, exact resume, the unbiased evaluation estimator
+against "first K finished", eval.json of an offline and an online run, an LLM-augmented run on
+a label set (its normaliser against numpy), one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import ROOT, subprocess_env
+from rich.console import Console
+
+from fused.config import EnvConfig
+from fused.data.config import ReturnsConfig
+from fused.data.returns import compute_returns
+from fused.data.store import Dataset, commit_group
+from fused.policy import load_policy
+from fused.rl.awr import AWRSettings, awr_weights, offline_loss
+from fused.rl.envs import make_env
+from fused.rl.evaluate import make_evaluate, mean_ci95
+from fused.rl.policy_input import Identity
+from fused.rl.vec_env import VecEnv
+
+QUIET = Console(quiet=True)
+ENV = "Craftax-Classic-Symbolic-v1"
+
+
+def offline_main(*args):
+    import offline
+
+    return offline.main(list(args))
+
+
+def test_awr_weights_and_losses_by_hand():
+    adv = jnp.array([1.0, -1.0, 3.0, 1.0])  # mean 1: centred (0, -2, 2, 0)
+    w = awr_weights(adv, beta=2.0, max_weight=2.0)
+    np.testing.assert_allclose(w, [1.0, np.exp(-1.0), 2.0, 1.0], rtol=1e-6)  # e^1 clipped
+    # Two rows, two actions; the "network" returns fixed logits and values.
+    logits = jnp.array([[0.0, 0.0], [np.log(3.0), 0.0]])  # pi(row 1) = (0.75, 0.25)
+    value = jnp.array([1.0, 3.0])
+    action, rtg = jnp.array([1, 0]), jnp.array([2.0, 2.0])
+    actor, critic = (lambda p, x: p["logits"]), (lambda p, x: p["v"])
+    params = {"logits": logits, "v": value}
+    # A = (1, -1), centred the same; beta 1: w = (e, e^-1), max 20 not reached
+    s = AWRSettings("awr", beta=1.0, max_weight=20.0, value_coef=0.5)
+    loss, m = offline_loss(actor, critic, s, params, None, action, rtg)
+    actor_loss = -(np.e * np.log(0.5) + np.exp(-1) * np.log(0.75)) / 2
+    critic_loss = 0.5 * (1 + 1) / 2
+    np.testing.assert_allclose(m["loss/actor"], actor_loss, rtol=1e-6)
+    np.testing.assert_allclose(m["loss/value"], critic_loss, rtol=1e-6)
+    np.testing.assert_allclose(loss, actor_loss + 0.5 * critic_loss, rtol=1e-6)
+    bc, mb = offline_loss(actor, critic, s._replace(algo="bc"), params, None, action, rtg)
+    np.testing.assert_allclose(mb["loss/actor"], -(np.log(0.5) + np.log(0.75)) / 2, rtol=1e-6)
+    np.testing.assert_allclose(bc, mb["loss/actor"] + 0.5 * critic_loss, rtol=1e-6)
+    # the weights carry no gradient: d(actor loss)/d(value) is 0, only the critic's term
+    g = jax.grad(lambda p: offline_loss(actor, critic, s, p, None, action, rtg)[0])(params)
+    np.testing.assert_allclose(g["v"], 0.5 * -(rtg - value) / 2, rtol=1e-6)
+
+
+def probe_dataset(root, env: str, obs, action, reward, shard_rows=1000):
+    """One-step episodes (each row terminated) written with the store's own API, with a
+    returns set from `label.py returns`."""
+    ds = Dataset(root)
+    ds.write_card({"env": env, "generate": {}, "labels": {}, "returns": {}})
+    (root / "shards").mkdir(parents=True)
+    n, entries = len(action), []
+    for i, s in enumerate(range(0, n, shard_rows)):
+        sl = slice(s, min(n, s + shard_rows))
+        k = sl.stop - sl.start
+        entries.append(commit_group(ds.shard_dir(f"s000-{i:06d}"), {
+            "obs": obs[sl].astype(np.float32), "action": action[sl].astype(np.uint8),
+            "reward": reward[sl].astype(np.float32), "terminated": np.ones(k, bool),
+            "truncated": np.zeros(k, bool), "value": np.zeros(k, np.float32),
+            "truncation_value": np.zeros(k, np.float32),
+            "episode_id": np.arange(sl.start, sl.stop, dtype=np.int64),
+            "step": np.zeros(k, np.int32), "t": np.zeros(k, np.int32)}))
+    ds.write_manifest({"shards": entries, "labels": {}, "returns": {}})
+    compute_returns(ReturnsConfig(data=str(root), gamma=0.99), QUIET)
+    return ds
+
+
+def action_probs(run, obs):
+    pol = load_policy(run, len(obs))
+    net = pol.agent.network
+    logits = net.apply(pol.params, jnp.asarray(obs, jnp.float32), method=type(net).actor)
+    return np.asarray(jax.nn.softmax(logits))
+
+
+SIGNS = np.array([[1.0, 1.0], [-1.0, 1.0]])
+
+
+@pytest.fixture(scope="module")
+def probe_data(tmp_path_factory):
+    """probe-obs-action states; behaviour P(a=1 | +1) = 0.8, P(a=1 | -1) = 0.3; the reward
+    is +1 for the action matching the sign (1 for +1, 0 for -1), else -1."""
+    rng = np.random.default_rng(0)
+    n = 4000
+    sign = rng.choice([-1.0, 1.0], n)
+    action = (rng.random(n) < np.where(sign > 0, 0.8, 0.3)).astype(np.int32)
+    reward = np.where((action == 1) == (sign > 0), 1.0, -1.0)
+    obs = np.stack([sign, np.ones(n)], 1)
+    return probe_dataset(tmp_path_factory.mktemp("probe") / "d", "probe-obs-action", obs,
+                         action, reward).root
+
+
+def test_bc_recovers_the_behaviour_policy_and_awr_prefers_the_better_action(probe_data,
+                                                                           tmp_path):
+    common = ["smoke", "--data", str(probe_data), "--out-dir", str(tmp_path),
+              "--num-updates", "600", "--lr", "3e-3", "--batch-size", "256"]
+    bc = offline_main("bc", *common, "--run-name", "bc")
+    awr = offline_main("awr", *common, "--run-name", "awr", "--beta", "0.5", "--plot")
+    p_bc = action_probs(bc, SIGNS)[:, 1]
+    np.testing.assert_allclose(p_bc, [0.8, 0.3], atol=0.05)
+    p_awr = action_probs(awr, SIGNS)
+    assert p_awr[0, 1] > 0.9 and p_awr[1, 0] > 0.9, p_awr  # the rewarded action per sign
+    rows = [json.loads(x) for x in (awr / "metrics.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in rows] == list(range(1, 601))
+    assert (awr / "policy.json").is_file() and (awr / "curve.png").is_file()
+
+
+def test_resume_is_exact(probe_data, tmp_path):
+    """300 updates then resumed to 600 == 600 straight: same checkpoint digest."""
+    common = ["smoke", "--data", str(probe_data), "--out-dir", str(tmp_path)]
+    straight = offline_main("awr", *common, "--run-name", "a", "--num-updates", "600")
+    part = offline_main("awr", *common, "--run-name", "b", "--num-updates", "300")
+    offline_main("awr", "--resume", str(part), "--num-updates", "600")
+    assert digest(part, 600) == digest(straight, 600)
+    rows = [json.loads(x)["update"] for x in (part / "metrics.jsonl").read_text().splitlines()]
+    assert rows == list(range(1, 601))
+
+
+def digest(run, step):
+    return json.loads((run / "checkpoints" / str(step) / "meta" / "metadata").read_text())[
+        "digest"]
+
+
+def first_k_finished(env_name: str, k: int, seed: int) -> float:
+    """The prior evaluation: k envs with auto-reset, stop at the first k episodes to finish."""
+    cfg = EnvConfig(name=env_name, num_envs=k, reset="auto")
+    venv = VecEnv(make_env(cfg), cfg)
+    state = venv.reset(jax.random.split(jax.random.PRNGKey(seed), k), jax.random.PRNGKey(1))
+    step = jax.jit(venv.step)
+    returns, running = [], np.zeros(k)
+    key = jax.random.PRNGKey(seed + 1)
+    while len(returns) < k:
+        key, ka, ks, kp = jax.random.split(key, 4)
+        action = jax.random.randint(ka, (k,), 0, 2)
+        state, out = step(jax.random.split(ks, k), kp, state, action)
+        running += np.asarray(out.reward)
+        for e in np.flatnonzero(np.asarray(out.terminated | out.truncated)):
+            returns.append(running[e])
+            running[e] = 0
+    return float(np.mean(returns[:k]))
+
+
+def test_evaluation_is_unbiased_where_first_k_finished_is_not():
+    """probe-lengths: half the episodes return 1 (1 step), half 8 (8 steps): E[return] 4.5."""
+    env = make_env(EnvConfig(name="probe-lengths", num_envs=1))
+    n = 2000
+    ev = make_evaluate(env, lambda p, x: jnp.zeros((x.shape[0], 2)), Identity(), n, 4)
+    s = jax.jit(ev.init)(jax.random.PRNGKey(0), None)
+    while not bool(s.done.all()):
+        s = jax.jit(ev.block)(s, None, None)
+    m, lo, hi = mean_ci95(np.asarray(s.ret))
+    assert lo < 4.5 < hi and hi - lo < 0.5
+    assert sorted(set(np.asarray(s.length).tolist())) == [1, 8]
+    biased = first_k_finished("probe-lengths", 256, 0)
+    assert biased < 3.0, biased  # mostly the short episodes: far below 4.5
+    # a step cap censors the long episodes instead of dropping them
+    ev = make_evaluate(env, lambda p, x: jnp.zeros((x.shape[0], 2)), Identity(), 64, 4,
+                       max_steps=3)
+    s = jax.jit(ev.block)(jax.jit(ev.init)(jax.random.PRNGKey(0), None), None, None)
+    long = np.asarray(s.length) > 1
+    assert long.any() and (np.asarray(s.length)[long] == 3).all()
+    assert not np.asarray(s.done)[long].any() and np.asarray(s.done)[~long].all()
+    np.testing.assert_array_equal(np.asarray(s.ret), np.where(long, 3.0, 1.0))
+
+
+@pytest.mark.slow
+def test_eval_cli_writes_eval_json_for_offline_and_online_runs(probe_data, tmp_path):
+    run = offline_main("bc", "smoke", "--data", str(probe_data), "--out-dir", str(tmp_path),
+                       "--run-name", "bc", "--num-updates", "50")
+    out = offline_main("eval", "--run", str(run), "--episodes", "64", "--seed", "3")
+    saved = json.loads((run / "eval.json").read_text())
+    assert saved["episodes"] == 64 and saved["return_mean"] == out["return_mean"]
+    lo, hi = saved["return_ci95"]
+    assert lo <= saved["return_mean"] <= hi
+    assert {"length_mean", "achievements", "censored"} <= set(saved)
+    import train
+
+    online = train.main(["smoke", "--out-dir", str(tmp_path), "--run-name", "ppo"])
+    out = offline_main("eval", "--run", str(online), "--episodes", "8", "--max-steps", "50",
+                       "--video", "2", "--video-max-steps", "5")
+    saved = json.loads((online / "eval.json").read_text())
+    import imageio.v3 as iio
+
+    gifs = [iio.imread(p) for p in saved["videos"]]
+    assert len(gifs) == 2 and all(g.shape[0] == 5 and g.shape[-1] == 3 for g in gifs)
+    assert gifs[0].std() > 0  # a picture, not a blank
+    assert saved["episodes"] == 8 and set(saved["achievements"]) >= {"collect_wood"}
+    assert all(0 <= v <= 1 for v in saved["achievements"].values())
+    assert max(saved["lengths"]) <= 50
+    assert (online / "eval_achievements.png").is_file()
+
+
+def test_bad_inputs_are_one_line_errors(probe_data, tmp_path):
+    env = subprocess_env()
+
+    def error(*args):
+        p = subprocess.run([sys.executable, str(ROOT / "offline.py"), *args], env=env,
+                           capture_output=True, text=True, timeout=300)
+        lines = [x for x in p.stderr.splitlines() if x.strip()]
+        assert p.returncode != 0 and len(lines) == 1 and lines[0].startswith("error: "), \
+            p.stderr[-2000:]
+        return lines[0]
+
+    assert "no card.json" in error("awr", "smoke", "--data", str(tmp_path / "nothing"))
+    assert "label set 'x'" in error("awr", "smoke", "--data", str(probe_data), "--labels", "x")
+    assert "beta" in error("awr", "smoke", "--data", str(probe_data), "--beta", "0")
+    assert "episodes" in error("eval", "--run", str(tmp_path), "--episodes", "1")
+
+
+@pytest.mark.slow
+def test_llm_augmented_awr_on_a_label_set_and_its_evaluation(tmp_path):
+    """A Classic dataset labelled by the tiny random Qwen3 at skip 5: AWR trains the online
+    augmented network on it, the normaliser in the checkpoint is the label rows' moments
+    (numpy), and eval runs the fused LLM path; a label set made with another prompt is a
+    one-line error unless --allow-mismatch."""
+    import label
+
+    data = tmp_path / "d"
+    label.main(["generate", "smoke", "--out", str(data), "--env.max-episode-steps", "20"])
+    label.main(["label", "--data", str(data), "--name", "h", "--llm.skip-n", "5",
+                "--llm.backend", "jax", "--batch", "16"])
+    label.main(["returns", "--data", str(data)])
+    run = offline_main("awr", "smoke", "--data", str(data), "--labels", "h", "--out-dir",
+                       str(tmp_path), "--run-name", "awr", "--num-updates", "50")
+    ds = Dataset(data)
+    hidden, valid = [], []
+    for name in ds.shard_names():
+        lab = ds.read_labels("h", name)
+        hidden.append(lab["hidden"].astype(np.float64)[lab["label_row"]])
+        valid.append(ds.read_returns("gamma0.99", name)["valid"])
+    h = np.concatenate(hidden)[np.concatenate(valid)]
+    pol = load_policy(run, 4)
+    norm = pol.inputs_state.norm
+    np.testing.assert_allclose(norm.mean, h.mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(norm.var, h.var(0), rtol=1e-4, atol=1e-6)
+    assert pol.cfg.llm.skip_n == 5
+    out = offline_main("eval", "--run", str(run), "--episodes", "4", "--max-steps", "12",
+                       "--block-steps", "6", "--video", "1", "--video-max-steps", "3")
+    assert out["llm"]["skip_n"] == 5 and out["episodes"] == 4
+    import imageio.v3 as iio
+
+    from fused.video import pixel_renderer
+
+    frames = iio.imread(out["videos"][0])
+    plain_width = pixel_renderer(ENV)(make_env(EnvConfig(name=ENV, num_envs=1)).reset(
+        jax.random.PRNGKey(0))[1]).shape[1]
+    assert frames.shape[0] == 3 and frames.shape[2] == plain_width + 420  # the text panel
+    card = json.loads((data / "card.json").read_text())
+    card["labels"]["h"]["prompt_digest"] = "0" * 64
+    (data / "card.json").write_text(json.dumps(card))
+    with pytest.raises(SystemExit, match="prompt_digest"):
+        offline_main("eval", "--run", str(run), "--episodes", "4", "--max-steps", "6")
+    offline_main("eval", "--run", str(run), "--episodes", "4", "--max-steps", "6",
+                 "--block-steps", "6", "--allow-mismatch")
+
+
+def test_study_trains_and_evaluates_every_variant_alike(probe_data, tmp_path):
+    """A smoke study (2 algorithms x 2 seeds on probe-obs-action): one table, every policy
+    evaluated on the same episodes, AWR (rewarded action) above BC (the behaviour's mix);
+    started again it trains and evaluates nothing (same table)."""
+    out = tmp_path / "study"
+    args = ["study", "--data", str(probe_data), "--out", str(out), "--preset", "smoke",
+            "--num-updates", "300", "--lr", "3e-3", "--beta", "0.5", "--seeds", "2",
+            "--episodes", "200"]
+    res = offline_main(*args)
+    awr, bc = res["variants"]["awr-plain"], res["variants"]["bc-plain"]
+    assert awr["episodes"] == bc["episodes"] == 400 and len(awr["seed_means"]) == 2
+    # behaviour: +1 w.p. 0.8 (sign +1) or 0.7 (sign -1): expected return 0.5; AWR learns the
+    # rewarded action (towards +1), BC imitates the mix (about 0.5)
+    assert awr["return_ci95"][0] > bc["return_ci95"][1], (awr, bc)
+    assert bc["return_ci95"][0] < 0.5 < bc["return_ci95"][1] + 0.1
+    assert (out / "study.md").read_text().count("| awr-plain |") == 1
+    mtimes = {p: p.stat().st_mtime for p in out.rglob("eval.json")}
+    again = offline_main(*args)
+    assert again["variants"] == res["variants"]
+    assert {p: p.stat().st_mtime for p in out.rglob("eval.json")} == mtimes
