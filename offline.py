@@ -3,6 +3,7 @@
     python offline.py awr|bc [PRESET] --data D [--labels NAME] --out-dir DIR --run-name NAME
     python offline.py eval --run R --episodes N --seed K      (train.py run folders too)
     python offline.py study --data D --labels NAME            plain vs augmented, 3 seeds each
+    python offline.py probe --run R                           LLM-reliance probes
 
 `awr` / `bc` train the online agent's own networks (plain, or LLM-augmented on the label set
 NAME) in jitted chunks of minibatch updates sampled on the device, with train.py's run folder,
@@ -25,7 +26,9 @@ DESCRIPTIONS = {"awr": "Advantage-weighted regression on a dataset.",
                 "bc": "Behaviour cloning on a dataset.",
                 "eval": "Play N whole episodes from fixed seeds with a run's policy.",
                 "study": "Plain vs LLM-augmented AWR (and BC), several seeds each, evaluated "
-                         "alike: one comparison table."}
+                         "alike: one comparison table.",
+                "probe": "Value and action changes of a run's policy on edited states, under "
+                         "real, ablated and counterfactual hidden states."}
 
 
 def resume_arg(argv: list[str]) -> str | None:
@@ -59,7 +62,7 @@ def main(argv: list[str] | None = None):
     argv = sys.argv[1:] if argv is None else argv
     console = Console(soft_wrap=True)
     if not argv or argv[0] not in DESCRIPTIONS:
-        sys.exit("usage: python offline.py awr|bc|eval|study [--flags] (--help for each)")
+        sys.exit("usage: python offline.py awr|bc|eval|study|probe [--flags] (--help for each)")
     cmd, rest = argv[0], argv[1:]
     try:
         if cmd == "eval":
@@ -70,6 +73,14 @@ def main(argv: list[str] | None = None):
             cfg = tyro.cli(EvalConfig, args=rest, description=DESCRIPTIONS[cmd])
             setup_compilation_cache()
             return evaluate(cfg, console)
+        if cmd == "probe":
+            import tyro
+
+            from fused.probing import ProbeConfig, run_probe
+
+            cfg = tyro.cli(ProbeConfig, args=rest, description=DESCRIPTIONS[cmd])
+            setup_compilation_cache()
+            return run_probe(cfg, console)
         if cmd == "study":
             import tyro
             from fused.study import StudyConfig, run_study

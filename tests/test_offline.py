@@ -262,13 +262,25 @@ def test_llm_augmented_awr_on_a_label_set_and_its_evaluation(tmp_path):
     plain_width = pixel_renderer(ENV)(make_env(EnvConfig(name=ENV, num_envs=1)).reset(
         jax.random.PRNGKey(0))[1]).shape[1]
     assert frames.shape[0] == 3 and frames.shape[2] == plain_width + 420  # the text panel
-    card = json.loads((data / "card.json").read_text())
+    good = (data / "card.json").read_text()
+    card = json.loads(good)
     card["labels"]["h"]["prompt_digest"] = "0" * 64
     (data / "card.json").write_text(json.dumps(card))
     with pytest.raises(SystemExit, match="prompt_digest"):
         offline_main("eval", "--run", str(run), "--episodes", "4", "--max-steps", "6")
     offline_main("eval", "--run", str(run), "--episodes", "4", "--max-steps", "6",
                  "--block-steps", "6", "--allow-mismatch")
+    # probes under every hidden-state variant, and evaluations under each ablation
+    (data / "card.json").write_text(good)
+    res = offline_main("probe", "--run", str(run), "--states", "4", "--eval-episodes", "2",
+                       "--eval-max-steps", "6")
+    variants = {"real", "zero", "shuffle", "garbage"}
+    assert all(set(v) == variants for v in res["edits"].values())
+    assert set(res["ablations"]["zombie_adjacent"]) == variants - {"real"} | {"counterfactual"}
+    assert "counterfactual" not in res["ablations"]["food_low"]
+    # the zero ablation gives every state one hidden state: only the observation varies
+    assert res["edits"]["food_low"]["zero"]["kl"] >= 0
+    assert set(res["eval"]) == {"real", "zero", "shuffle", "garbage-prompt"}
 
 
 def test_study_trains_and_evaluates_every_variant_alike(probe_data, tmp_path):
@@ -291,3 +303,65 @@ def test_study_trains_and_evaluates_every_variant_alike(probe_data, tmp_path):
     again = offline_main(*args)
     assert again["variants"] == res["variants"]
     assert {p: p.stat().st_mtime for p in out.rglob("eval.json")} == mtimes
+
+
+def changed_cells(layout, before, after):
+    """{(row, col): set of channel names} where the map part differs, and aux indices."""
+    diff = np.flatnonzero(before != after)
+    names = list(layout.blocks) + list(layout.items) + [m or "-" for m in layout.mobs]
+    cells, aux = {}, set()
+    for i in diff:
+        if i >= layout.map_size:
+            aux.add(int(i - layout.map_size))
+            continue
+        cell, ch = divmod(int(i), layout.channels)
+        cells.setdefault(divmod(cell, layout.cols), set()).add(names[ch])
+    return cells, aux
+
+
+def test_probe_edits_change_only_what_they_say():
+    """Each edit of real Classic states changes the observation only at its own tile (or
+    inventory entry), and there the way its name says."""
+    from fused.envspec import spec
+    from fused.probing import EDITS, edits_for, probe_states
+
+    layout = spec(ENV).layout
+    env = make_env(EnvConfig(name=ENV, num_envs=1))
+    states = probe_states(env, 8, 0, 10)
+    observe = jax.jit(jax.vmap(env.observe))
+    base = np.asarray(observe(states))
+    c = (layout.rows // 2, layout.cols // 2)  # the player
+    food = next(a.index for a in layout.aux if a.label == "Food")
+    want = {"arrow_adjacent": ((c[0], c[1] + 1), "arrow"), "arrow_far": ((c[0], c[1] + 4), "arrow"),
+            "zombie_adjacent": ((c[0] + 1, c[1]), "zombie"),
+            "iron_in_view": ((c[0], c[1] + 2), "iron"),
+            "diamond_in_view": ((c[0], c[1] + 2), "diamond")}
+    assert set(edits_for(ENV)) == set(want) | {"food_low", "drink_low", "energy_low"}
+    for name in edits_for(ENV):
+        after = np.asarray(observe(jax.vmap(EDITS[name][0])(states)))
+        for b, a in zip(base, after):
+            cells, aux = changed_cells(layout, b, a)
+            if name in want:
+                tile, what = want[name]
+                assert not aux and set(cells) <= {tile}, (name, cells, aux)
+                i = (tile[0] * layout.cols + tile[1]) * layout.channels
+                names = list(layout.blocks) + list(layout.mobs)
+                assert a[i + names.index(what)] == 1, name  # it is there now
+                # besides it, only the block under a placed mob (now grass) may change
+                assert cells.get(tile, set()) <= {what} | set(layout.blocks), (name, cells)
+            else:
+                assert not cells and len(aux) <= 1, (name, cells, aux)
+        if name == "food_low":
+            assert (after[:, layout.map_size + food] < base[:, layout.map_size + food]).any()
+
+
+@pytest.mark.slow
+def test_probe_of_a_plain_online_run(tmp_path):
+    import train
+
+    run = train.main(["smoke", "--out-dir", str(tmp_path), "--run-name", "ppo"])
+    res = offline_main("probe", "--run", str(run), "--states", "8")
+    assert set(res["edits"]) >= {"zombie_adjacent", "food_low"}
+    assert all(set(v) == {"real"} for v in res["edits"].values())  # no hidden state to ablate
+    assert all(v["real"]["kl"] >= 0 for v in res["edits"].values())
+    assert (run / "probe.md").is_file() and (run / "probe.png").is_file()
