@@ -37,6 +37,11 @@ class Encode:
     """Apply the final RMSNorm."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Compute dtype."""
+    attention: Literal["auto", "cudnn", "blocked", "row", "pallas"] = "auto"
+    """Attention form (llm_jax.model.attention); pallas runs interpreted on CPU."""
+    prefix_text_file: str | None = None
+    """Encode this file's text first as a cached prefix (`prefill`), then the text after it
+    (the layout of the LLM-augmented policy's prompt); the .npz then also holds `prefix_ids`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +62,7 @@ def run_encode(a: Encode) -> Path:
     import jax.numpy as jnp
 
     from llm_jax.loader import load_params
-    from llm_jax.model import encode
+    from llm_jax.model import AttentionConfig, encode, prefill
     from llm_jax.tokenizer import load_tokenizer
 
     cfg, params = load_params(a.weights, jnp.float32 if a.dtype == "float32" else jnp.bfloat16)
@@ -74,11 +79,21 @@ def run_encode(a: Encode) -> Path:
     if int(ids.max()) >= cfg.vocab_size:
         raise SystemExit(f"error: token id {int(ids.max())} >= the model's vocab_size "
                          f"{cfg.vocab_size}; tokenizer and weights do not belong together")
-    fn = jax.jit(lambda p, t, n: encode(p, cfg, t, n, layer, a.pool, a.post_norm))
-    hidden = fn(params, jnp.asarray(ids)[None], jnp.array([ids.size]))[0]
+    attn = AttentionConfig(form=a.attention)
+    extra = {}
+    cache = None
+    if a.prefix_text_file is not None:
+        prefix_ids = np.asarray(tok.encode(Path(a.prefix_text_file).read_text()), np.int32)
+        if prefix_ids.size == 0:
+            raise SystemExit("error: --prefix-text-file encodes to no tokens")
+        cache = jax.jit(lambda p, t: prefill(p, cfg, t, max(layer, 1), attn))(
+            params, jnp.asarray(prefix_ids))
+        extra["prefix_ids"] = prefix_ids
+    fn = jax.jit(lambda p, t, n, c: encode(p, cfg, t, n, layer, a.pool, a.post_norm, c, attn))
+    hidden = fn(params, jnp.asarray(ids)[None], jnp.array([ids.size]), cache)[0]
     out = Path(a.out)
     tmp = out.with_name(out.name + ".tmp.npz")
-    np.savez(tmp, hidden=np.asarray(hidden, np.float32), token_ids=ids)
+    np.savez(tmp, hidden=np.asarray(hidden, np.float32), token_ids=ids, **extra)
     os.replace(tmp, out)
     print(f"{ids.size} tokens, layer {layer}, pool {a.pool}, hidden {tuple(hidden.shape)} -> {out}")
     return out

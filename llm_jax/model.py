@@ -110,8 +110,8 @@ def rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
 
 
-AttentionForm = Literal["auto", "cudnn", "blocked", "row"]
-FORMS: tuple[str, ...] = ("cudnn", "blocked", "row")  # the concrete forms "auto" chooses from
+AttentionForm = Literal["auto", "cudnn", "blocked", "row", "pallas"]
+FORMS: tuple[str, ...] = ("cudnn", "blocked", "row", "pallas")  # the concrete forms
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,8 +151,19 @@ def attention(q, k, v, mask, lengths, prefix_k=None, prefix_v=None,
       the prefix per batch row (products in the input dtype, accumulated in float32);
     - "row" (CPU): one (batch row, kv head) pair at a time, so that a block's scores stay in
       cache instead of a [B, heads, T, S] array going through memory (see
-      `_causal_attention_by_row`, `_prefix_attention_by_row`)."""
+      `_causal_attention_by_row`, `_prefix_attention_by_row`);
+    - "pallas": `kernels.prefix_attention`, a flash-style kernel that reads the shared prefix
+      once per block of queries (through Pallas' interpreter on CPU: exact, slow; for tests).
+      "auto" does not pick it: it has not been measured on a GPU yet."""
     form = resolve_form(cfg.form, q.dtype)
+    if form == "pallas":
+        from kernels import prefix_attention
+
+        if prefix_k is None:
+            prefix_k = prefix_v = jnp.zeros((0, *k.shape[2:]), k.dtype)
+        return prefix_attention(q, k, v, lengths, prefix_k, prefix_v, block_q=cfg.query_block,
+                                block_k=cfg.query_block,
+                                interpret=jax.default_backend() == "cpu")
     if form == "cudnn":
         return _cudnn_attention(q, k, v, lengths, prefix_k, prefix_v)
     if prefix_k is None:
@@ -180,7 +191,7 @@ def attention(q, k, v, mask, lengths, prefix_k=None, prefix_v=None,
     return rearrange(out, "b t k g d -> b t (k g) d").astype(q.dtype)
 
 
-def resolve_form(form: AttentionForm, dtype) -> Literal["row", "blocked", "cudnn"]:
+def resolve_form(form: AttentionForm, dtype) -> Literal["row", "blocked", "cudnn", "pallas"]:
     """The concrete form `attention` traces: `form` itself unless it is "auto", which picks row
     by row on CPU, cuDNN on a GPU for bf16/fp16 where it compiles, and blocked otherwise."""
     if form != "auto":

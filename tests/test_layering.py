@@ -1,4 +1,5 @@
-"""The package layering, read from the sources' import statements: llm_jax never imports fused;
+"""The package layering, read from the sources' import statements: kernels import neither llm_jax
+nor fused; llm_jax never imports fused;
 the RL core (fused.rl) never imports the LLM glue, the text observations or the assembly above
 it; text never imports the LLM glue; and no module imports another that imports it back."""
 
@@ -11,7 +12,7 @@ from conftest import ROOT
 def module_imports() -> dict[str, set[str]]:
     """{module: project modules it imports (at any depth of the file)}."""
     graph = {}
-    for pkg in ("fused", "llm_jax"):
+    for pkg in ("fused", "llm_jax", "kernels"):
         for path in (ROOT / pkg).rglob("*.py"):
             name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
             deps = set()
@@ -26,8 +27,9 @@ def module_imports() -> dict[str, set[str]]:
 
 def test_one_way_imports():
     graph = module_imports()
-    assert "fused.rl.ppo" in graph and "fused.llm.policy_input" in graph
+    assert "fused.rl.ppo" in graph and "kernels.prefix_attention" in graph
     rules = {  # importer prefix -> prefixes it must not import
+        "kernels": ("fused", "llm_jax"),
         "llm_jax": ("fused",),
         "fused.envspec": ("fused.rl", "fused.text", "fused.llm", "fused.runs", "fused.agent",
                           "fused.online"),

@@ -115,6 +115,19 @@ def test_cli_encode_and_truncate(tiny_folder, tmp_path):
     ref = encode(params, cfg, jnp.asarray([ids]), jnp.array([len(ids)]), 1, pool="none")[0]
     np.testing.assert_allclose(z["hidden"], ref, atol=1e-5)
 
+    # the text after a cached prefix, through the Pallas kernel (interpreted): the same states
+    # as the prefix and text token ids encoded together by the default form
+    (tmp_path / "prefix.txt").write_text("You play Craftax. " * 5)
+    cmd = [sys.executable, "-m", "llm_jax", "encode", "--weights", str(tiny_folder), "--text",
+           MIXED, "--layer", "2", "--pool", "none", "--prefix-text-file",
+           str(tmp_path / "prefix.txt"), "--attention", "pallas", "--out", str(out)]
+    subprocess.run(cmd, check=True, env=env, cwd=ROOT, capture_output=True, timeout=300)
+    z = np.load(out)
+    both = np.concatenate([z["prefix_ids"], z["token_ids"]])
+    assert z["prefix_ids"].tolist() == tok.encode("You play Craftax. " * 5)
+    ref = encode(params, cfg, jnp.asarray([both]), jnp.array([len(both)]), 2, pool="none")[0]
+    np.testing.assert_allclose(z["hidden"], ref[len(z["prefix_ids"]):], atol=1e-5)
+
     short = tmp_path / "short"
     subprocess.run([sys.executable, "-m", "llm_jax", "truncate", "--weights", str(tiny_folder),
                     "--layers", "1", "--out", str(short)], check=True, env=env, cwd=ROOT,

@@ -35,11 +35,13 @@ def tiny(request, tmp_path_factory):
 # (form, query block): the row form with blocks of 4 (13 tokens span several blocks and a ragged
 # last one) and of 16 (the whole sequence is one block: its batched branch).
 # The blocked form is the accelerators' float32 form: on CPU it is checked in the slow lane.
-FORMS = [("row", 4), ("row", 16), pytest.param(("blocked", 4), marks=pytest.mark.slow)] + (
-    [("cudnn", 4)] if jax.default_backend() == "gpu" else [])
+# The Pallas kernel (kernels/prefix_attention.py) runs interpreted on CPU, blocks of 4.
+FORMS = [("row", 4), ("row", 16), pytest.param(("blocked", 4), marks=pytest.mark.slow),
+         ("pallas", 4)] + ([("cudnn", 4)] if jax.default_backend() == "gpu" else [])
 
 
-@pytest.fixture(params=FORMS, ids=["row-4", "row-16", "blocked-4", "cudnn-4"][:len(FORMS)])
+@pytest.fixture(params=FORMS,
+                ids=["row-4", "row-16", "blocked-4", "pallas-4", "cudnn-4"][:len(FORMS)])
 def attn(request):
     """Every attention form this machine can run (CPU traces "row" by default, a GPU "cudnn" in
     bf16 and "blocked" in float32), with small query blocks so every code path of each runs."""
