@@ -63,7 +63,8 @@ def jax_row(a: Args, obs_dim: int, num_actions: int, data) -> dict:
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(3e-4))
     trainer = make_offline_train(net, AWRSettings("awr", 10.0, 20.0, 1.0), tx, a.batch,
                                  a.updates, 10 ** 9, lambda rows, d, n: rows["obs"])
-    dev = jax.device_put({"rows": data, "valid_index": jnp.arange(a.rows, dtype=jnp.int32)})
+    dev = jax.device_put({"rows": data, "valid_index": jnp.arange(a.rows, dtype=jnp.int32),
+                          "num_valid": jnp.int32(a.rows)})
     state = jax.jit(trainer.init)(jax.random.PRNGKey(0), jnp.zeros((1, obs_dim)))
     chunk = jax.jit(trainer.chunk, donate_argnums=0)
     t = time.perf_counter()

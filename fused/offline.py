@@ -30,7 +30,8 @@ from fused.config import (
     WandbConfig,
     model_config,
 )
-from fused.data.loader import TrainingData, load_training_data
+from fused.data.loader import (TrainingData, WindowStream, hidden_moments, load_training_data,
+                               open_training_set)
 from fused.envspec import spec
 from fused.llm.norm import RunningNorm, normalize
 from fused.rl.awr import AWRSettings, OfflineTrainer, make_offline_train
@@ -73,6 +74,10 @@ class OfflineConfig:
     """With labels: the hidden-state branch's projection (as train.py's --llm.projection)."""
     updates_per_chunk: int = 1000
     """Updates compiled into one jitted chunk (the host logs and checkpoints between chunks)."""
+    device_rows: int = 0
+    """0: the whole dataset goes on the device. N: data larger than N rows is streamed, each
+    chunk training on a window of whole shards of at most N rows (seeded per chunk, read one
+    window ahead with the dataset's zarr reader)."""
     out_dir: str = "runs"
     """Folder under which each run gets its own folder."""
     run_name: str | None = None
@@ -116,6 +121,8 @@ RESUME_FIXED = ("data", "labels", "returns", "algo", "seed", "layer_width", "num
 def validate(c: OfflineConfig) -> None:
     if not c.data:
         raise ConfigError("data is required: --data DIR (a dataset from `label.py generate`)")
+    if c.device_rows < 0:
+        raise ConfigError(f"device_rows={c.device_rows} must be >= 0 (0 = all on the device)")
     for name in ("num_updates", "batch_size", "layer_width", "num_layers", "updates_per_chunk"):
         if getattr(c, name) <= 0:
             raise ConfigError(f"{name}={getattr(c, name)} must be positive")
@@ -149,10 +156,17 @@ class Offline(NamedTuple):
     acting: TrainConfig
     network: nn.Module
     data: TrainingData
-    device_data: dict
+    device_data: dict | None
     trainer: OfflineTrainer
     norm: RunningNorm | None
     returns: str
+    stream: WindowStream | None  # data larger than the device: a window per chunk
+
+    def chunk_data(self, update: int):
+        """The device data of the chunk starting at `update`."""
+        if self.stream is None:
+            return self.device_data
+        return jax.device_put(self.stream.window(update // self.cfg.updates_per_chunk))
 
 
 def network_inputs(codec: ObsCodec, has_hidden: bool):
@@ -174,7 +188,20 @@ def build(c: OfflineConfig) -> Offline:
     from fused.data.store import Dataset
 
     card = Dataset(c.data).card()
-    data, ret_name, _ = load_training_data(c.data, c.returns, c.labels)
+    ts = open_training_set(c.data, c.returns, c.labels)
+    stream = device_data = None
+    if c.device_rows and sum(ts.rows) > c.device_rows:
+        stream = WindowStream(ts, c.device_rows, c.seed)
+        mean = var = None
+        size = 0
+        if c.labels:
+            mean, var, _ = hidden_moments(ts)
+            size = len(mean)
+        valid = sum(int(ts.ds.read_returns(ts.returns, n)["valid"].sum()) for n in ts.names)
+        data = TrainingData(None, ts.env, sum(ts.rows), valid, size, mean, var)
+    else:
+        data, _, _ = load_training_data(c.data, c.returns, c.labels)
+        device_data = jax.device_put(data.arrays)
     acting = acting_config(c, card)
     network = training_network(acting)
     trainer = make_trainer(c, network, network_inputs(ObsCodec(spec(data.env)), bool(c.labels)))
@@ -182,8 +209,7 @@ def build(c: OfflineConfig) -> Offline:
     if c.labels:
         norm = RunningNorm(jnp.float32(data.valid), jnp.asarray(data.hidden_mean, jnp.float32),
                            jnp.asarray(data.hidden_var, jnp.float32))
-    return Offline(c, acting, network, data, jax.device_put(data.arrays), trainer, norm,
-                   ret_name)
+    return Offline(c, acting, network, data, device_data, trainer, norm, ts.returns, stream)
 
 
 def make_trainer(c: OfflineConfig, network, inputs_of=None) -> OfflineTrainer:
@@ -235,10 +261,12 @@ def train(off: Offline, run: RunDir, console) -> Path:
     ckpt = run.checkpointer(cfg.keep_checkpoints)
     d = off.data
     labels = f", labels {cfg.labels!r} (H={d.hidden_size})" if cfg.labels else ""
+    streamed = (f", streamed in windows of {cfg.device_rows:,} rows" if off.stream is not None
+                else "")
     console.print(f"[bold]craftax-fused offline[/] {cfg.algo.upper()} on {cfg.data} ({d.env}: "
                   f"{d.valid:,} of {d.rows:,} rows with a valid return, returns "
-                  f"{off.returns!r}{labels}), {cfg.num_updates:,} updates of {cfg.batch_size} "
-                  f"-> {run.path}")
+                  f"{off.returns!r}{labels}{streamed}), {cfg.num_updates:,} updates of "
+                  f"{cfg.batch_size} -> {run.path}")
     t0 = time.time()
     state = jax.jit(off.trainer.init)(jax.random.PRNGKey(cfg.seed), example_input(off.acting),
                                       off.norm)
@@ -251,7 +279,7 @@ def train(off: Offline, run: RunDir, console) -> Path:
 
     def step(state, update: int, first: bool) -> Chunk:
         tc = time.time()
-        state, metrics = chunk(state, off.device_data)
+        state, metrics = chunk(state, off.chunk_data(update))
         metrics = jax.device_get(metrics)
         dt = time.time() - tc
         active = np.asarray(metrics.pop("active"))

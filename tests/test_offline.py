@@ -229,7 +229,7 @@ def test_llm_augmented_awr_on_a_label_set_and_its_evaluation(tmp_path):
     """A Classic dataset labelled by the tiny random Qwen3 at skip 5: AWR trains the online
     augmented network on it, the normaliser in the checkpoint is the label rows' moments
     (numpy), and eval runs the fused LLM path; a label set made with another prompt is a
-    one-line error unless --allow-mismatch."""
+    one-line error; probes under every variant."""
     import label
 
     data = tmp_path / "d"
@@ -268,9 +268,8 @@ def test_llm_augmented_awr_on_a_label_set_and_its_evaluation(tmp_path):
     (data / "card.json").write_text(json.dumps(card))
     with pytest.raises(SystemExit, match="prompt_digest"):
         offline_main("eval", "--run", str(run), "--episodes", "4", "--max-steps", "6")
-    offline_main("eval", "--run", str(run), "--episodes", "4", "--max-steps", "6",
-                 "--block-steps", "6", "--allow-mismatch")
-    # probes under every hidden-state variant, and evaluations under each ablation
+    # probes under every hidden-state variant, and evaluations under each ablation (which run
+    # with the mismatch allowed: a garbage prompt differs from the label set's on purpose)
     (data / "card.json").write_text(good)
     res = offline_main("probe", "--run", str(run), "--states", "4", "--eval-episodes", "2",
                        "--eval-max-steps", "6")
@@ -283,6 +282,7 @@ def test_llm_augmented_awr_on_a_label_set_and_its_evaluation(tmp_path):
     assert set(res["eval"]) == {"real", "zero", "shuffle", "garbage-prompt"}
 
 
+@pytest.mark.slow
 def test_study_trains_and_evaluates_every_variant_alike(probe_data, tmp_path):
     """A smoke study (2 algorithms x 2 seeds on probe-obs-action): one table, every policy
     evaluated on the same episodes, AWR (rewarded action) above BC (the behaviour's mix);
@@ -319,6 +319,7 @@ def changed_cells(layout, before, after):
     return cells, aux
 
 
+@pytest.mark.slow
 def test_probe_edits_change_only_what_they_say():
     """Each edit of real Classic states changes the observation only at its own tile (or
     inventory entry), and there the way its name says."""
@@ -365,3 +366,27 @@ def test_probe_of_a_plain_online_run(tmp_path):
     assert all(set(v) == {"real"} for v in res["edits"].values())  # no hidden state to ablate
     assert all(v["real"]["kl"] >= 0 for v in res["edits"].values())
     assert (run / "probe.md").is_file() and (run / "probe.png").is_file()
+
+
+def test_streamed_windows_train_like_the_whole_data_and_resume_exactly(probe_data, tmp_path):
+    """--device-rows 2000 on 4 shards of 1,000 rows: every chunk trains on a seeded window of 2
+    whole shards (padding never sampled); BC still recovers the behaviour policy, and a
+    resumed streamed run ends where an uninterrupted one does."""
+    from fused.data.loader import WindowStream, open_training_set
+
+    ts = open_training_set(str(probe_data))
+    stream = WindowStream(ts, 2000, seed=0)
+    windows = [stream.shards(c) for c in range(6)]
+    assert all(len(w) == 2 for w in windows) and len({tuple(w) for w in windows}) > 1
+    assert windows == [WindowStream(ts, 2000, seed=0).shards(c) for c in range(6)]
+    w = stream.window(3)
+    assert len(w["rows"]["action"]) == 2000 and int(w["num_valid"]) == 2000  # one-step episodes
+    with pytest.raises(Exception, match="device_rows=500"):
+        WindowStream(ts, 500, seed=0)
+    common = ["bc", "smoke", "--data", str(probe_data), "--out-dir", str(tmp_path),
+              "--device-rows", "2000", "--lr", "3e-3", "--batch-size", "256"]
+    run = offline_main(*common, "--run-name", "s", "--num-updates", "600")
+    np.testing.assert_allclose(action_probs(run, SIGNS)[:, 1], [0.8, 0.3], atol=0.05)
+    part = offline_main(*common, "--run-name", "p", "--num-updates", "300")
+    offline_main("bc", "--resume", str(part), "--num-updates", "600")
+    assert digest(part, 600) == digest(run, 600)

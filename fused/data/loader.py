@@ -44,9 +44,20 @@ def pick_set(kind: str, available: dict, name: str | None, root) -> str:
     return next(iter(available))
 
 
-def load_training_data(root: str, returns: str | None = None,
-                       labels: str | None = None) -> tuple[TrainingData, str, str | None]:
-    """(data, returns set used, label set used)."""
+class TrainingSet(NamedTuple):
+    """A dataset checked for training: its shards (manifest order) and the sets to read."""
+
+    ds: Dataset
+    env: str
+    names: list[str]
+    rows: list[int]  # per shard
+    obs_cols: list[str]
+    returns: str
+    labels: str | None
+
+
+def open_training_set(root: str, returns: str | None = None,
+                      labels: str | None = None) -> TrainingSet:
     ds = Dataset(root)
     card, manifest = ds.card(), ds.manifest()
     ret_name = pick_set("return", manifest.get("returns", {}), returns, ds.root)
@@ -61,50 +72,112 @@ def load_training_data(root: str, returns: str | None = None,
                                    "shards; rerun the label.py command that writes it")
     obs_cols = ["obs_bits", "obs_aux"] if "obs_bits" in array_names(ds.shard_dir(names[0])) \
         else ["obs"]
-    parts: dict[str, list] = {k: [] for k in obs_cols + ["action", "rtg", "valid"]}
+    return TrainingSet(ds, card["env"], names, [s["rows"] for s in manifest["shards"]],
+                       obs_cols, ret_name, labels)
+
+
+def read_window(ts: TrainingSet, shards: list[int], pad_rows: int | None = None) -> dict:
+    """The rows of `shards` as training arrays: {"rows": columns, "valid_index", "num_valid",
+    "hidden_table"}; with `pad_rows`, every array is padded to that many rows (padding is never
+    sampled), so windows of any shards share one compiled chunk."""
+    parts: dict[str, list] = {k: [] for k in ts.obs_cols + ["action", "rtg", "valid"]}
     hidden, hidden_index, offset = [], [], 0
-    for name in names:
-        cols = ds.read(name, obs_cols + ["action"])
-        ret = ds.read_returns(ret_name, name)
-        for k in obs_cols:
+    for i in shards:
+        name = ts.names[i]
+        cols = ts.ds.read(name, ts.obs_cols + ["action"])
+        ret = ts.ds.read_returns(ts.returns, name)
+        for k in ts.obs_cols:
             parts[k].append(cols[k])
         parts["action"].append(cols["action"].astype(np.int32))
         parts["rtg"].append(ret["rtg"].astype(np.float32))
         parts["valid"].append(ret["valid"])
-        if labels:
-            lab = ds.read_labels(labels, name)
+        if ts.labels:
+            lab = ts.ds.read_labels(ts.labels, name)
             hidden.append(lab["hidden"])
             hidden_index.append(lab["label_row"].astype(np.int64) + offset)
             offset += len(lab["hidden"])
     rows = {k: np.concatenate(v) for k, v in parts.items()}
     valid = rows.pop("valid")
-    arrays = {"rows": rows, "valid_index": np.flatnonzero(valid).astype(np.int32)}
-    if not len(arrays["valid_index"]):
-        raise DatasetError(f"{ds.root}: no row has a valid return-to-go (every episode cut by "
-                           "the end of the data?); generate more steps or use "
+    index = np.flatnonzero(valid).astype(np.int32)
+    out = {"rows": rows, "valid_index": index, "num_valid": np.int32(len(index))}
+    if ts.labels:
+        out["hidden_table"] = np.concatenate(hidden)
+        rows["hidden_index"] = np.concatenate(hidden_index).astype(np.int32)
+    if pad_rows is not None:
+        pad = lambda a: np.concatenate([a, np.zeros((pad_rows - len(a),) + a.shape[1:],  # noqa
+                                                    a.dtype)])
+        out["rows"] = {k: pad(v) for k, v in rows.items()}
+        out["valid_index"] = pad(index)
+        if ts.labels:
+            out["hidden_table"] = pad(out["hidden_table"])
+    return out
+
+
+def hidden_moments(ts: TrainingSet) -> tuple[np.ndarray, np.ndarray, int]:
+    """Mean and variance of the hidden state over the rows with a valid return (each row's state
+    counted once per row that uses it), shard by shard; and the count."""
+    total, acc, acc2 = 0, None, None
+    for name in ts.names:
+        lab = ts.ds.read_labels(ts.labels, name)
+        valid = ts.ds.read_returns(ts.returns, name)["valid"]
+        counts = np.bincount(lab["label_row"][valid], minlength=len(lab["hidden"]))
+        h = lab["hidden"].astype(np.float64)
+        acc = counts @ h if acc is None else acc + counts @ h
+        acc2 = counts @ h ** 2 if acc2 is None else acc2 + counts @ h ** 2
+        total += int(counts.sum())
+    mean = acc / total
+    return mean, np.maximum(acc2 / total - mean ** 2, 0.0), total
+
+
+class WindowStream:
+    """Data larger than the device: each chunk trains on a window of whole shards (at most
+    `window_rows` rows) drawn by a seeded permutation for that chunk index, read with the
+    dataset's zarr reader one window ahead in a background thread. The window of chunk c
+    depends on (seed, c) only, so a resumed run sees the windows an uninterrupted one does."""
+
+    def __init__(self, ts: TrainingSet, window_rows: int, seed: int):
+        if window_rows < max(ts.rows):
+            raise DatasetError(f"device_rows={window_rows} is below the largest shard's "
+                               f"{max(ts.rows)} rows; raise it (a window holds whole shards)")
+        self.ts, self.window_rows, self.seed = ts, window_rows, seed
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool = ThreadPoolExecutor(1)
+        self.pending: dict[int, object] = {}
+
+    def shards(self, chunk: int) -> list[int]:
+        order = np.random.default_rng([self.seed, chunk]).permutation(len(self.ts.names))
+        picked, rows = [], 0
+        for i in order:
+            if rows + self.ts.rows[i] <= self.window_rows:
+                picked.append(int(i))
+                rows += self.ts.rows[i]
+        return sorted(picked)
+
+    def _read(self, chunk: int) -> dict:
+        return read_window(self.ts, self.shards(chunk), self.window_rows)
+
+    def window(self, chunk: int) -> dict:
+        """Chunk `chunk`'s window (host arrays); starts reading the next one."""
+        fut = self.pending.pop(chunk, None)
+        data = fut.result() if fut is not None else self._read(chunk)
+        self.pending = {chunk + 1: self.pool.submit(self._read, chunk + 1)}
+        return data
+
+
+def load_training_data(root: str, returns: str | None = None,
+                       labels: str | None = None) -> tuple[TrainingData, str, str | None]:
+    """The whole dataset in memory: (data, returns set used, label set used)."""
+    ts = open_training_set(root, returns, labels)
+    arrays = read_window(ts, list(range(len(ts.names))))
+    if not arrays["num_valid"]:
+        raise DatasetError(f"{ts.ds.root}: no row has a valid return-to-go (every episode cut "
+                           "by the end of the data?); generate more steps or use "
                            "`label.py returns --incomplete bootstrap`")
     mean = var = None
     size = 0
     if labels:
-        table = np.concatenate(hidden)
-        index = np.concatenate(hidden_index)
-        arrays["hidden_table"] = table
-        rows["hidden_index"] = index.astype(np.int32)
-        mean, var = weighted_moments(table, np.bincount(index[valid], minlength=len(table)))
-        size = table.shape[1]
-    return (TrainingData(arrays, card["env"], len(valid), int(valid.sum()), size, mean, var),
-            ret_name, labels)
-
-
-def weighted_moments(table: np.ndarray, counts: np.ndarray, block: int = 65536):
-    """Mean and variance over the rows of `table` [M, H] counted `counts` [M] times each
-    (float64, in blocks so that a large table is never copied whole)."""
-    total = counts.sum()
-    acc = np.zeros(table.shape[1])
-    for s in range(0, len(table), block):
-        acc += counts[s:s + block] @ table[s:s + block].astype(np.float64)
-    mean = acc / total
-    acc[:] = 0
-    for s in range(0, len(table), block):
-        acc += counts[s:s + block] @ (table[s:s + block].astype(np.float64) - mean) ** 2
-    return mean, acc / total
+        mean, var, _ = hidden_moments(ts)
+        size = arrays["hidden_table"].shape[1]
+    return (TrainingData(arrays, ts.env, sum(ts.rows), int(arrays["num_valid"]), size, mean,
+                         var), ts.returns, labels)

@@ -9,7 +9,8 @@ maximises log pi(a|s) (w = 1), the critic the same regression.
 
 `make_offline_train(...)` -> pure `init(key, example, norm)` and `chunk(state, data)`:
 `updates_per_chunk` minibatch updates, each sampling `batch_size` rows of `data["rows"]` (device
-arrays, rows along axis 0) uniformly among `data["valid_index"]`, on the device.
+arrays, rows along axis 0) uniformly among the first `data["num_valid"]` entries of
+`data["valid_index"]`, on the device.
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ def make_offline_train(network: nn.Module, settings: AWRSettings, tx: optax.Grad
                        inputs_of: Callable[[dict, dict, Any], Any]) -> OfflineTrainer:
     """`inputs_of(rows, data, norm)` turns sampled rows into the network input (decoding
     observations, looking up and normalising hidden states); `data` holds `rows` (with `action`
-    and `rtg`), `valid_index` [V] and whatever else `inputs_of` reads (a hidden-state table)."""
+    and `rtg`), `valid_index` [V] with `num_valid` (entries past it are padding) and whatever
+    else `inputs_of` reads (a hidden-state table)."""
     actor = lambda p, x: network.apply(p, x, method=type(network).actor)  # noqa: E731
     critic = lambda p, x: network.apply(p, x, method=type(network).critic)  # noqa: E731
 
@@ -90,7 +92,7 @@ def make_offline_train(network: nn.Module, settings: AWRSettings, tx: optax.Grad
 
     def one_update(state: OfflineState, data) -> tuple[OfflineState, dict]:
         rng, k = jax.random.split(state.rng)
-        pick = jax.random.randint(k, (batch_size,), 0, data["valid_index"].shape[0])
+        pick = jax.random.randint(k, (batch_size,), 0, data["num_valid"])
         rows = jax.tree.map(lambda a: a[data["valid_index"][pick]], data["rows"])
         x = inputs_of(rows, data, state.norm)
         grad_fn = jax.value_and_grad(
