@@ -104,8 +104,11 @@ def launch_server(script: str | Path, model_dir: str | Path, port: int,
     log_path = model_dir / "server.log"
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(["bash", str(script), "serve", str(model_dir), str(port)],
-                                stdout=log, stderr=subprocess.STDOUT, env=env,
+        # cwd: the model folder, not a source tree whose packages would shadow the server's own
+        # (transformers probes an optional package named `kernels`, as is ours)
+        proc = subprocess.Popen(["bash", str(Path(script).resolve()), "serve",
+                                 str(model_dir.resolve()), str(port)], stdout=log,
+                                stderr=subprocess.STDOUT, env=env, cwd=model_dir,
                                 start_new_session=True)
     client = VLLMClient(f"http://127.0.0.1:{port}", retries=0, timeout=5)
     deadline = time.time() + timeout

@@ -147,6 +147,7 @@ def test_resume_without_checkpoints_is_clear_error(tmp_path):
     assert p.returncode != 0 and "no config.json" in p.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_profile_trace_and_offline_wandb_outputs(tmp_path):
     env = subprocess_env()
     env.pop("WANDB_MODE", None)

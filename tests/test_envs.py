@@ -52,6 +52,7 @@ def test_optimistic_pool_hands_out_pool_worlds_and_counts_reuse():
     assert int(before.pool.cursor[3][0]) == 1
 
 
+@pytest.mark.slow
 def test_auto_reset_on_classic_truncates_and_starts_fresh_worlds():
     cfg = EnvConfig(name="Craftax-Classic-Symbolic-v1", num_envs=4, reset="auto",
                     max_episode_steps=4)

@@ -53,6 +53,7 @@ def test_encoder_equals_full_prompt_from_scratch(llm, obs):
     assert int(tokens) == sum(len(x) - prefix for x in ids)  # observation + tail tokens
 
 
+@pytest.mark.slow
 def test_refresh_on_reset_and_skip(llm, obs):
     n = obs.shape[0]
     step = jax.jit(lambda s, d, t: llm_step(llm, llm.frozen, s, jnp.asarray(obs), d, t,

@@ -98,6 +98,7 @@ def test_loader_rejects_non_qwen3_and_empty_folders(tiny_folder, tmp_path):
         load_params(no_weights)
 
 
+@pytest.mark.slow
 def test_cli_encode_and_truncate(tiny_folder, tmp_path):
     env = subprocess_env()
     out = tmp_path / "h.npz"
