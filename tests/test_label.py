@@ -210,7 +210,8 @@ def test_sigkill_then_rerun_writes_identical_bytes(smoke_data, tmp_path):
 @pytest.mark.slow
 def test_two_processes_equal_one(tmp_path):
     """Two processes on localhost (jax.distributed, gloo) split the streams and the label
-    shards; the dataset and its labels equal a one-process run's, digest for digest."""
+    shards; the dataset and its labels equal a one-process run's, digest for digest; so do
+    two --part runs (a job array) finished by the command without --part."""
     args = ["generate", *SMOKE, "--streams", "2"]
     lab = ["label", "--name", "h", "--llm.skip-n", "5", "--batch", "16"]
     one, two = tmp_path / "one", tmp_path / "two"
@@ -227,6 +228,18 @@ def test_two_processes_equal_one(tmp_path):
     a, b = manifest(one), manifest(two)
     assert len(a["shards"]) == 12 and a["shards"] == b["shards"]
     assert a["labels"]["h"] == b["labels"]["h"]
+    # a SLURM job array: independent parts, then the command without --part finishes
+    arr = tmp_path / "array"
+    for cmd in (args + ["--out", str(arr)], lab + ["--data", str(arr)]):
+        for part in ("1/2", "0/2"):
+            p = subprocess.run(label_cmd(*cmd, "--part", part), env=env, capture_output=True,
+                               text=True, timeout=600)
+            assert p.returncode == 0, p.stderr[-2000:]
+            if cmd[0] == "generate":
+                assert not (arr / "manifest.json").exists()
+        subprocess.run(label_cmd(*cmd), env=env, check=True, capture_output=True, timeout=600)
+    c = manifest(arr)
+    assert c["shards"] == a["shards"] and c["labels"]["h"] == a["labels"]["h"]
 
 
 def test_bad_inputs_are_one_line_errors(tmp_path):
@@ -259,6 +272,10 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     assert "holds a dataset" in error("generate", "smoke", "--out", str(ds.root))
     assert "streams=3" in error("generate", "smoke", "--out", str(tmp_path / "x"), "--streams",
                                 "3")
+    assert "part='2/2'" in error("generate", "smoke", "--out", str(tmp_path / "x"), "--part",
+                                 "2/2")
+    assert "overwrite with part" in error("label", "--data", str(ds.root), "--name", "g",
+                                          "--part", "0/2", "--overwrite")
 
 
 def test_disk_full_keeps_committed_shards(tmp_path, monkeypatch):

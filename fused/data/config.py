@@ -42,6 +42,10 @@ class GenerateConfig:
     are then dropped too: they cannot be judged); None keeps everything."""
     num_devices: int | None = None
     """Local devices a stream's envs are split over; None uses all."""
+    part: str | None = None
+    """`I/N`: write only streams I, I + N, ... and stop (for SLURM job arrays, whose tasks need
+    not run at once); then the same command without --part checks every stream and writes the
+    manifest. Not with jax.distributed (which splits the work itself)."""
     resume_seconds: float = 30.0
     """Save a resume point (device carry and the rows still waiting) at most this often: a
     killed run redoes at most this much work (0: after every block)."""
@@ -72,6 +76,9 @@ class LabelConfig:
     """Replace a label set of this name (default: an existing complete one is an error)."""
     num_devices: int | None = None
     """Local devices to split each batch over; None uses all."""
+    part: str | None = None
+    """`I/N`: label only shards I, I + N, ... and stop (SLURM job arrays); then the same command
+    without --part labels what is missing and writes the manifest."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,10 +100,27 @@ class ReturnsConfig:
         return self.name or f"gamma{self.gamma:g}"
 
 
+def parse_part(part: str | None, processes: int) -> tuple[int, int] | None:
+    """`I/N` -> (I, N), checked; None without --part."""
+    if part is None:
+        return None
+    try:
+        i, n = (int(x) for x in part.split("/"))
+    except ValueError:
+        raise ConfigError(f"part={part!r}: write it as I/N, e.g. 0/4") from None
+    if not 0 <= i < n:
+        raise ConfigError(f"part={part!r}: I must lie in 0..N-1")
+    if processes > 1:
+        raise ConfigError("part splits work between independent runs; under jax.distributed "
+                          "(several processes) leave it out")
+    return i, n
+
+
 def validate_generate(c: GenerateConfig, num_devices: int = 1) -> None:
     if c.streams <= 0 or c.num_envs % c.streams:
         raise ConfigError(f"streams={c.streams} must be positive and divide num_envs={c.num_envs}")
     validate_env(c.env, c.envs_per_stream, num_devices, "num_envs / streams")
+    parse_part(c.part, 1)
     if c.resume_seconds < 0:
         raise ConfigError(f"resume_seconds={c.resume_seconds} must be >= 0")
     for name, value in {"steps": c.steps, "block_steps": c.block_steps,
@@ -110,6 +134,10 @@ def validate_generate(c: GenerateConfig, num_devices: int = 1) -> None:
 
 
 def validate_label(c: LabelConfig, env_name: str, num_devices: int = 1) -> None:
+    parse_part(c.part, 1)
+    if c.part is not None and c.overwrite:
+        raise ConfigError("overwrite with part: parts would delete each other's shards; run "
+                          "once with --overwrite (no --part) or pick a new --name")
     if c.env_name is not None and c.env_name != env_name:
         raise ConfigError(f"env_name={c.env_name!r} but the dataset's env is {env_name!r}: the "
                           "prompt must describe the data's observations")

@@ -27,7 +27,7 @@ import ml_dtypes
 import numpy as np
 
 from fused.config import ConfigError
-from fused.data.config import GenerateConfig
+from fused.data.config import GenerateConfig, parse_part
 from fused.data.episodes import EpisodeAssembler, Rows
 from fused.data.store import (Dataset, DatasetError, attrs, commit_group, committed,
                                read_group)
@@ -42,7 +42,7 @@ from fused.runs.config_io import to_dict
 from fused.runs.progress import JobProgress
 
 # Fields that do not change the data (a rerun may differ in them).
-OPERATIONAL = ("out", "num_devices", "resume_seconds")
+OPERATIONAL = ("out", "num_devices", "resume_seconds", "part")
 
 
 def repo_commit() -> str:
@@ -86,13 +86,14 @@ class ActingPolicy:
 
 def generate(c: GenerateConfig, console) -> Dataset:
     ds = Dataset(c.out)
-    proc, nproc = jax.process_index(), jax.process_count()
+    part = parse_part(c.part, jax.process_count())
+    proc, nproc = part or (jax.process_index(), jax.process_count())
     devices = jax.local_devices()[:c.num_devices or jax.local_device_count()]
     behaviour = ActingPolicy(c, len(devices))
     card = {"env": c.env.name, "generate": {k: v for k, v in to_dict(c).items()
                                             if k not in OPERATIONAL}, **behaviour.source}
     check_card(ds, card)
-    if proc == 0 and not ds.card_path.exists():
+    if (proc == 0 or part is not None) and not ds.card_path.exists():  # any part may be first
         ds.write_card(dict(card, commit=repo_commit(), labels={}, returns={}))
     writer = StreamWriter(ds, c, behaviour, devices)
     mine = [g for g in range(c.streams) if g % nproc == proc]
@@ -101,6 +102,10 @@ def generate(c: GenerateConfig, console) -> Dataset:
                      description="generating", rate=True) as progress:
         for g in mine:
             writer.run(g, progress)
+    if part is not None:
+        console.print(f"part {c.part} done ({len(mine)} streams); when every part is, run the "
+                      "same command without --part to write the manifest")
+        return ds
     barrier("label.py generate: streams done")
     if proc == 0:
         finish(ds, c, card, time.time() - t_start, console)

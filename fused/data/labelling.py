@@ -26,7 +26,7 @@ import ml_dtypes
 import numpy as np
 
 from fused.config import ConfigError
-from fused.data.config import LabelConfig
+from fused.data.config import LabelConfig, parse_part
 from fused.data.store import Dataset, DatasetError, array_names, commit_group, committed
 from fused.envspec import spec
 from fused.llm.encoder import LLM, encode_observations, make_llm
@@ -145,13 +145,16 @@ def label(c: LabelConfig, console, num_devices: int = 1) -> Dataset:
         if {k: v for k, v in old.items() if k in entry} != entry:
             raise ConfigError(f"a partial label set {c.name!r} with other settings is in "
                               f"{ds.root}; pass --overwrite or another --name")
-    proc, nproc = jax.process_index(), jax.process_count()
-    if proc == 0 and (c.overwrite or not old):
+    part = parse_part(c.part, jax.process_count())
+    proc, nproc = part or (jax.process_index(), jax.process_count())
+    if proc == 0 and c.overwrite:
         import shutil
 
         shutil.rmtree(ds.label_dir(c.name), ignore_errors=True)
         manifest["labels"].pop(c.name, None)
         ds.write_manifest(manifest)
+    if (proc == 0 or part is not None) and (c.overwrite or not old):
+        # (every part of a job array writes the same entry: whichever runs first)
         ds.write_card(dict(card, labels={**card.get("labels", {}), c.name: entry}))
     barrier("label.py label: set prepared")
     ds.label_dir(c.name).mkdir(parents=True, exist_ok=True)
@@ -169,6 +172,10 @@ def label(c: LabelConfig, console, num_devices: int = 1) -> Dataset:
                 n_states, n_tokens = label_shard(ds, names, i, c, codec, encoder, target)
                 states, tokens = states + n_states, tokens + n_tokens
             progress.advance(rows[names[i]], info=f"{states:,} states encoded")
+    if part is not None:
+        console.print(f"part {c.part} done ({len(mine)} shards); when every part is, run the "
+                      "same command without --part to write the manifest")
+        return ds
     barrier("label.py label: shards done")
     if proc == 0:
         entries = [committed(ds.label_dir(c.name, n), verify=False) for n in names]
