@@ -22,6 +22,7 @@ from fused.rl.envs import make_env
 from fused.rl.evaluate import make_evaluate, summarise
 from fused.runs.config_io import from_json
 from fused.runs.files import atomic_write_json
+from fused.runs.metrics import save_figure
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,8 +151,4 @@ def plot_achievements(out: dict, path: Path) -> None:
     lo, hi = out["return_ci95"]
     ax.set_title(f"{Path(out['run']).name}: return {out['return_mean']:.2f} "
                  f"[{lo:.2f}, {hi:.2f}], {out['episodes']} episodes")
-    fig.tight_layout()
-    tmp = path.with_name(".tmp-" + path.name)
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    tmp.replace(path)
+    save_figure(fig, path, dpi=100)

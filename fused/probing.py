@@ -34,6 +34,7 @@ from fused.policy import load_policy
 from fused.rl.envs import make_env
 from fused.rl.evaluate import episode_keys
 from fused.runs.files import atomic_write, atomic_write_json
+from fused.runs.metrics import save_figure
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,8 +312,4 @@ def plot(r: dict, path: Path) -> None:
                       ha="right")
         ax.set_title(title)
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    tmp = path.with_name(".tmp-" + path.name)
-    fig.savefig(tmp, dpi=90)
-    plt.close(fig)
-    tmp.replace(path)
+    save_figure(fig, path)

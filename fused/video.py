@@ -21,6 +21,7 @@ from fused.envspec import spec
 from fused.policy import load_policy
 from fused.rl.envs import make_env
 from fused.rl.evaluate import episode_keys
+from fused.runs.files import atomic_path
 
 
 def pixel_renderer(env_name: str, block_pixel_size: int = 16):
@@ -109,8 +110,7 @@ def write_gifs(frames: list[list[np.ndarray]], folder: Path, fps: int = 8) -> li
     paths = []
     for i, ep in enumerate(frames):
         path = folder / f"episode_{i:03d}.gif"
-        tmp = path.with_name(".tmp-" + path.name)
-        iio.imwrite(tmp, np.stack(ep), extension=".gif", duration=1000 / fps, loop=0)
-        tmp.replace(path)
+        with atomic_path(path) as tmp:
+            iio.imwrite(tmp, np.stack(ep), extension=".gif", duration=1000 / fps, loop=0)
         paths.append(path)
     return paths

@@ -277,8 +277,6 @@ def test_llm_augmented_awr_on_a_label_set_and_its_evaluation(tmp_path):
     assert all(set(v) == variants for v in res["edits"].values())
     assert set(res["ablations"]["zombie_adjacent"]) == variants - {"real"} | {"counterfactual"}
     assert "counterfactual" not in res["ablations"]["food_low"]
-    # the zero ablation gives every state one hidden state: only the observation varies
-    assert res["edits"]["food_low"]["zero"]["kl"] >= 0
     assert set(res["eval"]) == {"real", "zero", "shuffle", "garbage-prompt"}
 
 
@@ -364,7 +362,23 @@ def test_probe_of_a_plain_online_run(tmp_path):
     res = offline_main("probe", "--run", str(run), "--states", "8")
     assert set(res["edits"]) >= {"zombie_adjacent", "food_low"}
     assert all(set(v) == {"real"} for v in res["edits"].values())  # no hidden state to ablate
-    assert all(v["real"]["kl"] >= 0 for v in res["edits"].values())
+    # the figures for one edit, recomputed here from the network's outputs
+    from fused.probing import EDITS, probe_states
+
+    pol = load_policy(run, 8)
+    env = make_env(EnvConfig(name=ENV, num_envs=1))
+    net = pol.agent.network
+    base = probe_states(env, 8, 0, 20)
+    obs0 = jax.vmap(env.observe)(base)
+    obs1 = jax.vmap(env.observe)(jax.vmap(EDITS["zombie_adjacent"][0])(base))
+    v = [np.asarray(net.apply(pol.params, o, method=type(net).critic)) for o in (obs0, obs1)]
+    p = [np.asarray(jax.nn.softmax(net.apply(pol.params, o, method=type(net).actor)))
+         for o in (obs0, obs1)]
+    got = res["edits"]["zombie_adjacent"]["real"]
+    np.testing.assert_allclose(got["value_change"], (v[1] - v[0]).mean(), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(got["kl"], (p[0] * np.log(p[0] / p[1])).sum(-1).mean(),
+                               rtol=1e-3, atol=1e-7)
+    assert got["kl"] > 0  # the zombie changes what the policy does
     assert (run / "probe.md").is_file() and (run / "probe.png").is_file()
 
 

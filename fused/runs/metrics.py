@@ -90,12 +90,7 @@ class RunLog:
         ax2.set(xlabel="env steps", ylabel="% of episodes (smoothed)", title="Achievement unlock rate")
         if top:
             ax2.legend(fontsize=7)
-        fig.tight_layout()
-        out = self.run_dir / "curve.png"
-        with atomic_path(out) as tmp:
-            fig.savefig(tmp, dpi=90)
-        plt.close(fig)
-        return out
+        return save_figure(fig, self.run_dir / "curve.png")
 
     def _plot_losses(self, plt) -> Path | None:
         """Runs without episodes (offline training): the loss terms vs update."""
@@ -107,9 +102,15 @@ class RunLog:
         for ax, key in zip(axes, ("loss/actor", "loss/value")):
             ax.plot(update, [r[key] for r in rows])
             ax.set(xlabel="update", ylabel=key, title=key)
-        fig.tight_layout()
-        out = self.run_dir / "curve.png"
-        with atomic_path(out) as tmp:
-            fig.savefig(tmp, dpi=90)
-        plt.close(fig)
-        return out
+        return save_figure(fig, self.run_dir / "curve.png")
+
+
+def save_figure(fig, path: Path, dpi: int = 90) -> Path:
+    """Lay out, write atomically (a reader never sees half a PNG) and close a figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=dpi)
+    plt.close(fig)
+    return path
