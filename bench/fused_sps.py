@@ -68,7 +68,9 @@ class Args:
     dtype: str = "float32"
     """LLM compute dtype: float32 or bfloat16."""
     microbatch: int = 0
-    """Envs per LLM microbatch (0 = the default, the largest divisor <= 32)."""
+    """Envs per LLM microbatch (0 = sized by fused.llm.batching, as in training)."""
+    refresh_batch: int = 0
+    """Envs per refresh call (0 = sized from the env count, as in training)."""
     plain: bool = True
     """Also time plain PPO."""
     pair_rounds: int = 20
@@ -246,7 +248,8 @@ def main(a: Args) -> list[dict]:
 
     def llm_cfg(skip, form="auto"):
         return LLMConfig(backend="jax", skip_n=skip, post_norm=True, layer=a.layer, dtype=a.dtype,
-                         microbatch=a.microbatch, refresh_on_reset=a.refresh_on_reset,
+                         microbatch=a.microbatch, refresh_batch=a.refresh_batch,
+                         refresh_on_reset=a.refresh_on_reset,
                          attention=form, **model_kw)
 
     def fused_extra(form="auto"):

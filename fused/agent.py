@@ -10,6 +10,7 @@ import flax.linen as nn
 
 from fused.config import TrainConfig
 from fused.envspec import spec
+from fused.llm import batching
 from fused.llm.encoder import make_llm
 from fused.llm.policy_input import LLMInput
 from fused.rl.networks import ActorCritic, AugmentedActorCritic
@@ -19,11 +20,6 @@ from fused.rl.policy_input import Identity, PolicyInput
 class Agent(NamedTuple):
     network: nn.Module
     inputs: PolicyInput
-
-
-def default_microbatch(num_envs: int) -> int:
-    """Largest divisor of num_envs that is at most 32."""
-    return max(d for d in range(1, min(num_envs, 32) + 1) if num_envs % d == 0)
 
 
 def make_agent(cfg: TrainConfig, num_devices: int = 1, like: Agent | None = None) -> Agent:
@@ -37,7 +33,11 @@ def make_agent(cfg: TrainConfig, num_devices: int = 1, like: Agent | None = None
     else:
         llm = make_llm(cfg.llm, cfg.env.name, cfg.seed)
     local_envs = cfg.env.num_envs // num_devices
-    microbatch = cfg.llm.microbatch or default_microbatch(local_envs)
+    sizes = batching.for_llm(llm, local_envs)
+    if like is None and cfg.llm.active_backend == "jax":
+        print(f"LLM calls: micro-batches of {sizes.microbatch} envs, refreshes in calls of "
+              f"{sizes.refresh} (about {sizes.efficiency:.0%} of a refresh call is row work)",
+              flush=True)
     network = AugmentedActorCritic(s.num_actions, p.layer_width, p.num_layers,
                                    cfg.llm.projection == "layernorm", cfg.llm.constant_hidden)
-    return Agent(network, LLMInput(llm, microbatch, cfg.env.num_envs))
+    return Agent(network, LLMInput(llm, sizes.microbatch, sizes.refresh, cfg.env.num_envs))

@@ -113,13 +113,16 @@ class LLMConfig:
     refresh_on_reset: bool = True
     """Re-encode an env within --llm.refresh-wait steps of its episode's end instead of keeping
     the previous episode's hidden state until the next call (the prior system's staleness bug)."""
-    refresh_batch: int = 8
-    """Envs re-encoded at once after resets; bounds the cost of one refresh."""
+    refresh_batch: int = 0
+    """Envs per refresh call (envs whose episode ended, re-encoded between periodic calls; a
+    refresh encodes every waiting env in calls of this size). 0 = sized from the env count:
+    about the envs expected to end within --llm.refresh-wait steps (`fused.llm.batching`)."""
     refresh_wait: int = 4
     """A refresh runs once refresh_batch envs are waiting or one has waited this many steps
     (1 = at the first step after the reset): fewer refreshes padded with rows that need none."""
     microbatch: int = 0
-    """Envs encoded at once in one LLM call (0 = all): bounds activation memory."""
+    """Envs per micro-batch of a periodic LLM call over all envs (must divide the envs per
+    device). 0 = the largest the device's activation budget allows (`fused.llm.batching`)."""
     hidden: Literal["real", "zero", "shuffle", "garbage-prompt"] = "real"
     """Ablation: the real hidden state, zeros, hidden states shuffled across envs at each call,
     or states of a prompt whose prefix tokens are shuffled into nonsense."""
@@ -268,12 +271,14 @@ def validate_llm(m: LLMConfig, env_name: str, local_envs: int, num_devices: int 
     """The --llm.* checks, the model's among them (its config.json is read, nothing loaded)."""
     if m.skip_n < 0:
         raise ConfigError(f"llm.skip_n={m.skip_n} must be >= 1, or 0 for never")
-    if m.refresh_batch <= 0:
-        raise ConfigError(f"llm.refresh_batch={m.refresh_batch} must be positive")
+    if m.refresh_batch < 0:
+        raise ConfigError(f"llm.refresh_batch={m.refresh_batch} must be >= 0 (0 = sized from "
+                          "the env count)")
     if m.refresh_wait <= 0:
         raise ConfigError(f"llm.refresh_wait={m.refresh_wait} must be positive")
     if m.microbatch < 0:
-        raise ConfigError(f"llm.microbatch={m.microbatch} must be >= 0 (0 = the default)")
+        raise ConfigError(f"llm.microbatch={m.microbatch} must be >= 0 (0 = sized from the "
+                          "device's memory)")
     if m.layer is not None and m.layer < 0:
         raise ConfigError(f"llm.layer={m.layer} must be >= 0 (0 = embeddings) or None")
     if m.backend == "vllm" and m.weights is None:

@@ -55,31 +55,37 @@ def test_encoder_equals_full_prompt_from_scratch(llm, obs):
 
 @pytest.mark.slow
 def test_refresh_on_reset_and_skip(llm, obs):
+    """Refresh calls of 2 rows (the fixture's refresh_batch), refresh_wait 4, skip_n 3."""
     n = obs.shape[0]
     step = jax.jit(lambda s, d, t: llm_step(llm, llm.frozen, s, jnp.asarray(obs), d, t,
-                                            jax.random.PRNGKey(0), 4))
+                                            jax.random.PRNGKey(0), 4, 2))
     s0, m = step(init_llm_state(llm, n), jnp.zeros(n, bool), jnp.int32(0))  # 0 % 3: full call
     assert float(m["llm/calls"]) == 1 and int(s0.age.max()) == 0
     base = np.asarray(s0.hidden)
-    # Step 1 is no call; envs 2, 5, 9 ended: a full refresh batch (2) is waiting, so the two
-    # are re-encoded now; env 9 waits until refresh_wait (4) steps have passed.
     changed = s0.replace(hidden=s0.hidden + 1.0)
+    # Step 1 is no call; envs 2, 5, 9 ended: a whole refresh call (2) is waiting, so every
+    # waiting env is re-encoded now, in two calls (the second topped up with a done env).
     done = jnp.zeros(n, bool).at[jnp.array([2, 5, 9])].set(True)
     s1, m1 = step(changed, done, jnp.int32(1))
     h1 = np.asarray(s1.hidden)
-    assert float(m1["llm/refreshed"]) == 2 and float(m1["llm/calls"]) == 0
-    np.testing.assert_allclose(h1[[2, 5]], base[[2, 5]], atol=1e-5)  # re-encoded
-    np.testing.assert_allclose(h1[9], base[9] + 1.0, atol=1e-5)  # waits
-    assert np.asarray(s1.age).tolist() == [int(i == 9) for i in range(n)]
-    s = s1
-    for t, waited in ((2, 2), (4, 3)):  # step 3 would be a full call (3 % 3 == 0)
-        s, m = step(s, jnp.zeros(n, bool), jnp.int32(t))
-        assert float(m["llm/refreshed"]) == 0 and int(s.age[9]) == waited
-    s5, m5 = step(s, jnp.zeros(n, bool), jnp.int32(5))  # waited 4 steps: refreshed alone
-    assert float(m5["llm/refreshed"]) == 1 and int(s5.age.max()) == 0
-    np.testing.assert_allclose(np.asarray(s5.hidden)[9], base[9], atol=1e-5)
+    assert float(m1["llm/refreshed"]) == 3 and float(m1["llm/calls"]) == 0
+    assert float(m1["llm/tokens"]) > 0
+    np.testing.assert_allclose(h1[[2, 5, 9]], base[[2, 5, 9]], atol=1e-5)  # re-encoded
     others = [i for i in range(n) if i not in (2, 5, 9)]
-    np.testing.assert_allclose(np.asarray(s5.hidden)[others], base[others] + 1.0, atol=1e-5)
+    np.testing.assert_allclose(h1[others], base[others] + 1.0, atol=1e-5)  # untouched
+    assert int(s1.age.max()) == 0
+    # Env 11 ends alone at step 2: fewer than 2 wait, so it waits until refresh_wait (4) steps.
+    s, m = step(s1, jnp.zeros(n, bool).at[11].set(True), jnp.int32(2))
+    assert float(m["llm/refreshed"]) == 0 and int(s.age[11]) == 1
+    s, m = step(s, jnp.zeros(n, bool), jnp.int32(4))  # (step 3 would be a full call)
+    assert float(m["llm/refreshed"]) == 0 and int(s.age[11]) == 2
+    s, m = step(s, jnp.zeros(n, bool), jnp.int32(5))
+    assert float(m["llm/refreshed"]) == 0 and int(s.age[11]) == 3
+    s7, m7 = step(s, jnp.zeros(n, bool), jnp.int32(7))  # waited 4 steps: refreshed alone
+    assert float(m7["llm/refreshed"]) == 1 and int(s7.age.max()) == 0
+    np.testing.assert_allclose(np.asarray(s7.hidden)[11], base[11], atol=1e-5)
+    rest = [i for i in others if i != 11]
+    np.testing.assert_allclose(np.asarray(s7.hidden)[rest], base[rest] + 1.0, atol=1e-5)
 
 
 @pytest.mark.slow
@@ -89,7 +95,7 @@ def test_no_refresh_keeps_stale_hidden(obs):
     s = init_llm_state(llm, n).replace(hidden=jnp.ones((n, llm.hidden_size)),
                                        age=jnp.zeros(n, jnp.int32))
     s1, m = jax.jit(lambda s: llm_step(llm, llm.frozen, s, jnp.asarray(obs), jnp.ones(n, bool),
-                                       jnp.int32(1), jax.random.PRNGKey(0), 4))(s)
+                                       jnp.int32(1), jax.random.PRNGKey(0), 4, 2))(s)
     assert float(m["llm/refreshed"]) == 0 and np.all(np.asarray(s1.hidden) == 1.0)
 
 
@@ -151,7 +157,7 @@ def test_resume_from_checkpoint_is_exact(trained, tmp_path):
 def policy_view(cfg: LLMConfig, obs):
     """(LLM, what the policy receives for `obs` after the full call of step 0, raw hidden)."""
     llm = make_llm(cfg, ENV)
-    inputs = LLMInput(llm, 4, obs.shape[0])
+    inputs = LLMInput(llm, 4, 2, obs.shape[0])
     state, _ = jax.jit(lambda o: inputs.init(llm.frozen, o, jax.random.PRNGKey(1), None))(
         jnp.asarray(obs))
     return llm, np.asarray(inputs.view(state, jnp.asarray(obs))["hidden"]), state
@@ -323,3 +329,42 @@ def test_running_normaliser_merge_equals_numpy():
     assert float(norm.count) == len(rows)
     np.testing.assert_allclose(norm.mean, rows.mean(0), rtol=1e-5)
     np.testing.assert_allclose(norm.var, rows.var(0), rtol=1e-4)
+
+
+def test_call_sizes_from_env_count_and_cost_model():
+    """Layer parameters match the published non-embedding counts (Qwen3-0.6B: 0.44B, Qwen3-4B:
+    3.6B); refresh calls hold about the envs expected to end within refresh_wait steps (the
+    nearest divisor of the env count to envs * wait / EPISODE_STEPS, by hand below), so 1,024
+    envs no longer refresh in calls of 8; micro-batches fill the activation budget."""
+    from fused.llm import batching
+    from llm_jax.config import Qwen3Config
+
+    small, big = Qwen3Config.shape("qwen3-0.6b"), Qwen3Config.shape("qwen3-4b")
+    assert abs(28 * batching.layer_params(small) / 0.44e9 - 1) < 0.01
+    assert abs(36 * batching.layer_params(big) / 3.6e9 - 1) < 0.01
+    assert batching.EPISODE_STEPS == 150  # the hand figures below assume it
+    for envs, want in ((1024, 32), (128, 4), (64, 2), (8, 1), (96, 3)):
+        # 1024 * 4 / 150 = 27.3 -> 32; 3.41 -> 4; 1.71 -> 2; 0.21 -> 1; 2.56 -> 3 (96 = 3 * 32)
+        p = batching.plan(big, 24, envs, 4, 236, 1040, 790, "bfloat16", "gpu")
+        assert p.refresh == want and envs % p.microbatch == 0, (envs, p)
+    # Micro-batch: the largest divisor whose rows' activations fit the budget, by hand.
+    row = 2 * 1040 * (6 * 2560 + 3 * 9728 + 32 * (790 + 1040))
+    cap = int(batching.DEVICE_COSTS["gpu"].activation_bytes // row)
+    p = batching.plan(big, 24, 1024, 4, 236, 1040, 790, "bfloat16", "gpu")
+    assert p.microbatch == max(d for d in (1, 2, 4, 8, 16, 32, 64, 128) if d <= cap)
+    # One call's cost: weights read once + launches, rows' FLOPs at the matmul rate (by hand).
+    dev = batching.DEVICE_COSTS["gpu"]
+    fixed, per_row = batching.call_cost(big, 24, 236, "bfloat16", dev)
+    params = 24 * 100_925_440
+    assert fixed == pytest.approx(2 * params / dev.bandwidth + 24 * 14 * dev.kernel_s)
+    assert per_row == pytest.approx(2 * params * 236 / dev.matmul_flops)
+    assert p.efficiency == pytest.approx(32 * per_row / (fixed + 32 * per_row))
+
+
+def test_explicit_call_sizes_win(llm):
+    from fused.llm import batching
+
+    auto = batching.for_llm(llm._replace(cfg=LLMConfig(backend="jax")), 16, "cpu")
+    assert auto[:2] == (16, 1)  # tiny model: all rows fit; 16 * 4 / 150 envs wait -> 1
+    assert batching.for_llm(llm._replace(cfg=LLMConfig(backend="jax", microbatch=4,
+                                                       refresh_batch=2)), 16, "cpu")[:2] == (4, 2)

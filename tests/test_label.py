@@ -337,7 +337,7 @@ def test_labels_equal_encoding_from_scratch_and_the_online_carry(smoke_data, tmp
     grid[cols["t"], cols["env"]] = np.arange(len(obs))
     llm = make_llm(LLMConfig(backend="jax", skip_n=7, refresh_wait=1, refresh_batch=8), ENV)
     step = jax.jit(lambda s, o, d, t: llm_step(llm, llm.frozen, s, o, d, t,
-                                               jax.random.PRNGKey(0), 8)[0])
+                                               jax.random.PRNGKey(0), 8, 8)[0])
     state = init_llm_state(llm, 8)
     scale = np.abs(hidden).max()
     for t in range(64):

@@ -29,6 +29,7 @@ from fused.config import ConfigError
 from fused.data.config import LabelConfig, parse_part
 from fused.data.store import Dataset, DatasetError, array_names, commit_group, committed
 from fused.envspec import spec
+from fused.llm import batching
 from fused.llm.encoder import LLM, encode_observations, make_llm
 from fused.rl.collect import ObsCodec
 from fused.runs.cluster import barrier
@@ -211,8 +212,7 @@ class BatchEncoder:
     def __init__(self, llm: LLM, c: LabelConfig, num_devices: int):
         self.llm, self.batch = llm, c.batch
         local = c.batch // num_devices
-        microbatch = c.llm.microbatch or max(
-            d for d in range(1, min(local, 32) + 1) if local % d == 0)
+        microbatch = batching.for_llm(llm, local).microbatch
 
         def encode(obs, frozen):
             return encode_observations(llm, frozen, obs, microbatch)

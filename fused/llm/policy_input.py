@@ -2,9 +2,9 @@
 (`fused.rl.policy_input.PolicyInput`): when to call the LLM, what the policy sees, ablations.
 
 Every `skip_n` env steps (counted globally, so any skip_n works) all envs are encoded; between
-calls, envs whose episode ended are refreshed in batches (see `llm_step`), so no env acts on a
-previous episode's state for long. The policy sees the hidden state normalised by running
-moments kept in the state (and so in checkpoints).
+calls, envs whose episode ended are refreshed in calls sized by `fused.llm.batching` (see
+`llm_step`), so no env acts on a previous episode's state for long. The policy sees the hidden
+state normalised by running moments kept in the state (and so in checkpoints).
 """
 
 from __future__ import annotations
@@ -49,15 +49,15 @@ def _ablate(llm: LLM, hidden, key):
 
 
 def llm_step(llm: LLM, frozen: FrozenLLM | None, s: LLMState, obs, done, step, key, microbatch,
-             axis_name=None):
+             refresh_rows, axis_name=None):
     """Hidden states for the observations `obs` [N, D] about to be acted on.
 
     `done` [N]: the episode of the env ended on the previous step (so `obs` starts a new one);
-    `step`: global env-step counter. Returns (state, metrics dict of scalars).
-
-    Envs whose episode ended are re-encoded in batches of `refresh_batch`, oldest first: as soon
-    as that many are waiting, or when one has waited `refresh_wait` steps (so a refresh rarely
-    encodes padding rows, and no env keeps a previous episode's state longer than that)."""
+    `step`: global env-step count. Every `skip_n` steps all envs are encoded in micro-batches of
+    `microbatch`. Between those calls, envs whose episode ended are refreshed once
+    `refresh_rows` of them wait or one has waited `refresh_wait` steps: every waiting env is then
+    encoded, oldest first, in calls of `refresh_rows` rows (`fused.llm.batching` sizes both).
+    Returns (state, metrics dict of scalars)."""
     c = llm.cfg
     n = obs.shape[0]
     stale = (s.age > 0) | (done & c.refresh_on_reset)
@@ -76,21 +76,33 @@ def llm_step(llm: LLM, frozen: FrozenLLM | None, s: LLMState, obs, done, step, k
                  "llm/tokens": tokens.astype(jnp.float32)})
 
     def refresh(s):
-        r = min(c.refresh_batch, n)
-        idx = jnp.argsort(-age, stable=True)[:r]  # longest-waiting stale envs first
-        valid = stale[idx]
-        h, tokens = encode_observations(llm, frozen, obs[idx], None)
-        h = _ablate(llm, h, k_part)
-        hidden = s.hidden.at[idx].set(jnp.where(valid[:, None], h, s.hidden[idx]))
-        norm = update_norm(s.norm, h, valid, axis_name)
-        return (LLMState(hidden, age.at[idx].set(0), norm),
-                {"llm/calls": zero, "llm/refreshed": valid.sum().astype(jnp.float32),
+        r = min(refresh_rows, n)
+        order = jnp.argsort(-age, stable=True)  # longest-waiting first
+        # Whole calls of r rows; the last one is topped up with the first envs (done by then).
+        order = jnp.concatenate([order, order[:-n % r]]).reshape(-1, r)
+        calls = (stale.sum() + r - 1) // r
+
+        def one_call(j, carry):
+            hidden, done_rows, tokens = carry
+            idx = order[j]
+            valid = stale[idx] & ~done_rows[idx]
+            h, t = encode_observations(llm, frozen, obs[idx], None)
+            h = _ablate(llm, h, jax.random.fold_in(k_part, j))
+            hidden = hidden.at[idx].set(jnp.where(valid[:, None], h, hidden[idx]))
+            return hidden, done_rows.at[idx].set(done_rows[idx] | valid), tokens + t
+
+        # A loop with as many calls as this device needs; collectives stay outside it.
+        hidden, refreshed, tokens = jax.lax.fori_loop(
+            0, calls, one_call, (s.hidden, jnp.zeros(n, bool), jnp.int32(0)))
+        norm = update_norm(s.norm, hidden, refreshed, axis_name)
+        return (LLMState(hidden, jnp.where(refreshed, 0, age), norm),
+                {"llm/calls": zero, "llm/refreshed": refreshed.sum().astype(jnp.float32),
                  "llm/tokens": tokens.astype(jnp.float32)})
 
     def keep(s):
         return s.replace(age=age), {k: zero for k in COUNTS}
 
-    due = (stale.sum() >= min(c.refresh_batch, n)) | (age.max() >= c.refresh_wait)
+    due = (stale.sum() >= min(refresh_rows, n)) | (age.max() >= c.refresh_wait)
     if axis_name is not None:  # every device must take the same branch (collectives inside)
         due = jax.lax.psum(due.astype(jnp.int32), axis_name) > 0
     branch = jnp.where(step % c.skip_n == 0, 0, jnp.where(due, 1, 2))
@@ -113,10 +125,11 @@ def hidden_metrics(h: jax.Array) -> dict:
 class LLMInput:
     """Observation + the LLM's (normalised) hidden state: network input {"obs", "hidden"}."""
 
-    def __init__(self, llm: LLM, microbatch: int, num_envs: int):
+    def __init__(self, llm: LLM, microbatch: int, refresh_rows: int, num_envs: int):
         self.llm = llm
         self.frozen = llm.frozen
         self.microbatch = microbatch  # envs per LLM microbatch (per device)
+        self.refresh_rows = refresh_rows  # envs per refresh call (per device)
         self.num_envs = num_envs  # global
         self._call_seconds: float | None = None
 
@@ -124,11 +137,13 @@ class LLMInput:
         k_run, k_llm = jax.random.split(key)
         n = obs.shape[0]
         state, _ = llm_step(self.llm, frozen, init_llm_state(self.llm, n), obs,
-                            jnp.zeros(n, bool), jnp.int32(0), k_llm, self.microbatch, axis_name)
+                            jnp.zeros(n, bool), jnp.int32(0), k_llm, self.microbatch,
+                            self.refresh_rows, axis_name)
         return state, k_run
 
     def step(self, frozen, state, obs, done, t, key, axis_name):
-        return llm_step(self.llm, frozen, state, obs, done, t, key, self.microbatch, axis_name)
+        return llm_step(self.llm, frozen, state, obs, done, t, key, self.microbatch,
+                        self.refresh_rows, axis_name)
 
     def view(self, state: LLMState, obs):
         return {"obs": obs, "hidden": policy_hidden(self.llm, state)}

@@ -1,0 +1,114 @@
+"""How many observations one LLM call encodes, sized from the env count and a cost model of one
+call instead of fixed numbers (`--llm.microbatch 0` and `--llm.refresh-batch 0` choose here).
+
+- A periodic call over all envs runs in micro-batches as large as the activation budget allows:
+  every row is real work, so a larger micro-batch is never slower until memory runs out.
+- A refresh (envs whose episode ended, encoded between periodic calls, `fused.llm.policy_input`)
+  fires once `refresh` envs wait or the oldest has waited `refresh_wait` steps, and encodes every
+  waiting env in calls of `refresh` rows. With envs ending at `lambda` per step, calls of
+  `lambda * refresh_wait` rows cost least per refreshed env: smaller calls pay a call's fixed
+  cost (every weight read, every kernel launched) more often, larger ones encode padding rows.
+  `lambda` is the env count over the typical episode length `EPISODE_STEPS`, so 1,024 envs
+  refresh in calls of 32 rows where a fixed 8 ran the whole model four times as often.
+
+One call on `r` rows costs about `fixed + r * per_row` (`call_cost`: weight bytes over memory
+bandwidth plus launches; the rows' matmul FLOPs over the measured matmul rate); `efficiency`
+reports how much of a refresh call is row work, so a run says when its refreshes are dominated
+by the fixed cost. The sizes depend only on the device kind, the model's shape and the env count
+(never on timings taken at start-up), so one config trains the same way on one kind of machine
+and a resumed run recomputes the same sizes.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+
+from llm_jax.config import Qwen3Config
+
+
+class DeviceCost(NamedTuple):
+    matmul_flops: float  # bf16 matmul FLOP/s (f32 runs at `f32_factor` of it)
+    f32_factor: float
+    bandwidth: float  # bytes/s from device memory
+    kernel_s: float  # fixed cost of one kernel launch
+    activation_bytes: float  # budget for one micro-batch's activations
+
+
+DEVICE_COSTS = {
+    # H100: bf16 matmul 662 TFLOP/s measured (docs/gpu, bench/fused_sps.py's machine row),
+    # HBM3 3.35 TB/s and ~5 us launches from the datasheet / CUDA; f32 runs as TF32.
+    "gpu": DeviceCost(6.6e14, 0.5, 3.35e12, 5e-6, 16 * 2**30),
+    # TPU v5e datasheet: 197 TFLOP/s bf16, 819 GB/s.
+    "tpu": DeviceCost(1.97e14, 0.25, 8.2e11, 2e-6, 8 * 2**30),
+    # 2-core AMD EPYC: f32 GEMM ~186 GFLOP/s measured (bench/offline_sps.py); bf16 is emulated.
+    "cpu": DeviceCost(4.6e10, 4.0, 2e10, 2e-6, 2 * 2**30),
+}
+
+KERNELS_PER_LAYER = 14  # norms, q/k/v/o, rope, attention, gate/up/down, residuals (order of)
+EPISODE_STEPS = 150  # Craftax-Classic episodes in the cpu preset's training: 130-230 steps
+
+
+class Batching(NamedTuple):
+    microbatch: int  # rows per micro-batch of a periodic call over all envs
+    refresh: int  # rows per refresh call
+    efficiency: float  # share of a refresh call's estimated time spent on its rows
+
+
+def layer_params(q: Qwen3Config) -> int:
+    attn = q.hidden_size * (q.num_heads + 2 * q.num_kv_heads) * q.head_dim \
+        + q.num_heads * q.head_dim * q.hidden_size
+    return attn + 3 * q.hidden_size * q.intermediate_size
+
+
+def call_cost(q: Qwen3Config, layers: int, tokens: int, dtype: str,
+              dev: DeviceCost) -> tuple[float, float]:
+    """(fixed, per_row) seconds of one call whose rows have `tokens` tokens each."""
+    params = layers * layer_params(q)
+    bytes_per = 2 if dtype == "bfloat16" else 4
+    flops = dev.matmul_flops * (1.0 if dtype == "bfloat16" else dev.f32_factor)
+    fixed = params * bytes_per / dev.bandwidth + layers * KERNELS_PER_LAYER * dev.kernel_s
+    return fixed, 2.0 * params * tokens / flops
+
+
+def row_activation_bytes(q: Qwen3Config, tokens: int, prefix: int, dtype: str) -> int:
+    """Live activations of one row in one layer: residual stream and projections, the MLP's
+    intermediate, and attention scores against prefix + own keys (the unfused forms hold them)."""
+    width = 6 * q.hidden_size + 3 * q.intermediate_size + q.num_heads * (prefix + tokens)
+    return (2 if dtype == "bfloat16" else 4) * tokens * width
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def plan(q: Qwen3Config, layers: int, local_envs: int, refresh_wait: int, tokens: int,
+         max_tokens: int, prefix: int, dtype: str, platform: str) -> Batching:
+    """Micro-batch and refresh sizes (divisors of `local_envs`, the envs per device) for rows of
+    typically `tokens` and at most `max_tokens` tokens after a `prefix`-token prompt, on
+    `platform` ("cpu", "gpu", "tpu")."""
+    dev = DEVICE_COSTS.get(platform, DEVICE_COSTS["gpu"])
+    divs = divisors(local_envs)
+    row_bytes = row_activation_bytes(q, max_tokens, prefix, dtype)
+    cap = max(1, int(dev.activation_bytes // row_bytes))
+    microbatch = max(d for d in divs if d <= cap)
+    waiting = local_envs * refresh_wait / EPISODE_STEPS  # envs ending within refresh_wait steps
+    refresh = min(min(divs, key=lambda d: (abs(d - waiting), d)), microbatch)
+    fixed, per_row = call_cost(q, max(layers, 1), tokens, dtype, dev)
+    return Batching(microbatch, refresh, refresh * per_row / (fixed + refresh * per_row))
+
+
+def for_llm(llm, local_envs: int, platform: str | None = None) -> Batching:
+    """`plan` for a built `fused.llm.encoder.LLM` on this process's backend, with the config's
+    explicit --llm.microbatch / --llm.refresh-batch (non-zero) taking precedence."""
+    c = llm.cfg
+    max_tokens = llm.buckets[-1]
+    tail = max_tokens - llm.renderer.max_tokens
+    # Rows are typically a quarter of the renderer's worst case (Craftax-Classic: 209 of 1013).
+    auto = plan(llm.qcfg, llm.layer, local_envs, c.refresh_wait,
+                llm.renderer.max_tokens // 4 + tail, max_tokens, len(llm.prefix_ids), c.dtype,
+                platform or jax.default_backend())
+    microbatch = c.microbatch or auto.microbatch
+    refresh = min(c.refresh_batch or auto.refresh, local_envs)
+    return auto._replace(microbatch=microbatch, refresh=refresh)
