@@ -43,6 +43,10 @@ class Args:
     """Env-only: untimed 64-step scans first, so episodes are under way and ending."""
     ppo_updates: int = 2
     """Updates per timed PPO chunk."""
+    variants: tuple[str, ...] = ("mlp",)
+    """Variants timed at each PPO env count: a policy kind (mlp, gru), optionally with an
+    exploration bonus (`gru`, `mlp+rnd`, `mlp+icm`, `gru+e3b`). Rows after the first carry
+    their ratio to it (`vs_<first>`), all from this one run."""
     reference: bool = True
     """Also time the prior system's PPO structure (bench/reference_ppo.py) for a same-run ratio."""
     skip_env: bool = False
@@ -104,15 +108,18 @@ def env_rows(args: Args):
 def ppo_rows(args: Args):
     import jax
 
-    from fused.config import EnvConfig, PPOConfig, TrainConfig, validate
+    from fused.config import (EnvConfig, ExploreConfig, PolicyConfig, PPOConfig, TrainConfig,
+                              validate)
     from fused.online import build
 
     rows = []
-    for n in args.ppo_env_counts:
+    for n, variant in [(n, v) for n in args.ppo_env_counts for v in args.variants]:
+        kind, _, explore = variant.partition("+")
         cfg = TrainConfig(env=EnvConfig(name=args.env, num_envs=n, reset_pool=args.reset_pool,
                                         worlds_per_step=args.worlds_per_step),
-                          ppo=PPOConfig(), total_timesteps=n * 64 * 10_000,
-                          updates_per_chunk=args.ppo_updates)
+                          ppo=PPOConfig(), policy=PolicyConfig(kind),
+                          explore=ExploreConfig(explore or "none"),
+                          total_timesteps=n * 64 * 10_000, updates_per_chunk=args.ppo_updates)
         validate(cfg)
         tr = build(cfg).trainer
         t = time.perf_counter()
@@ -129,11 +136,15 @@ def ppo_rows(args: Args):
             state, _ = jax.block_until_ready(compiled(state, None))
             times.append(time.perf_counter() - t)
         dt = statistics.median(times)
-        rows.append({"name": "ppo", "env": args.env, "num_envs": n,
+        rows.append({"name": "ppo" if variant == "mlp" else f"ppo_{variant}", "env": args.env,
+                     "num_envs": n, "variant": variant,
                      "steps_per_s": args.ppo_updates * cfg.steps_per_update / dt,
                      "compile_s": compile_s, "init_s": init_s})
+        first = next(r for r in rows if r["num_envs"] == n and r.get("variant"))
+        if first is not rows[-1]:
+            rows[-1][f"vs_{first['variant']}"] = rows[-1]["steps_per_s"] / first["steps_per_s"]
         print(json.dumps(rows[-1]), flush=True)
-        if args.reference:
+        if args.reference and variant == "mlp":
             rows.append(reference_row(args, cfg, n))
             print(json.dumps(rows[-1]), flush=True)
             rows[-2]["speedup_vs_reference"] = rows[-2]["steps_per_s"] / rows[-1]["steps_per_s"]

@@ -13,7 +13,7 @@ from fused.envspec import spec
 from fused.llm import batching
 from fused.llm.encoder import make_llm
 from fused.llm.policy_input import LLMInput
-from fused.rl.networks import ActorCritic, AugmentedActorCritic
+from fused.rl.networks import ActorCritic, AugmentedActorCritic, RecurrentActorCritic
 from fused.rl.policy_input import Identity, PolicyInput
 
 
@@ -26,8 +26,11 @@ def make_agent(cfg: TrainConfig, num_devices: int = 1, like: Agent | None = None
     """Host setup of the policy for `cfg` (with an LLM, loads it and prefills its prompt, unless
     `like`, an agent of the same config for another env count, already holds it)."""
     s, p = spec(cfg.env.name), cfg.ppo
+    gru = cfg.policy.kind == "gru"
     if cfg.llm.active_backend == "none":
-        return Agent(ActorCritic(s.num_actions, p.layer_width, p.num_layers), Identity())
+        network = (RecurrentActorCritic(s.num_actions, p.layer_width, p.num_layers) if gru
+                   else ActorCritic(s.num_actions, p.layer_width, p.num_layers))
+        return Agent(network, Identity())
     if like is not None and isinstance(like.inputs, LLMInput):
         llm = like.inputs.llm
     else:
@@ -38,6 +41,7 @@ def make_agent(cfg: TrainConfig, num_devices: int = 1, like: Agent | None = None
         print(f"LLM calls: micro-batches of {sizes.microbatch} envs, refreshes in calls of "
               f"{sizes.refresh} (about {sizes.efficiency:.0%} of a refresh call is row work)",
               flush=True)
-    network = AugmentedActorCritic(s.num_actions, p.layer_width, p.num_layers,
-                                   cfg.llm.projection == "layernorm", cfg.llm.constant_hidden)
+    kind = RecurrentActorCritic if gru else AugmentedActorCritic
+    network = kind(s.num_actions, p.layer_width, p.num_layers, cfg.llm.projection == "layernorm",
+                   cfg.llm.constant_hidden)
     return Agent(network, LLMInput(llm, sizes.microbatch, sizes.refresh, cfg.env.num_envs))

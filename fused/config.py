@@ -147,6 +147,43 @@ class LLMConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class PolicyConfig:
+    kind: Literal["mlp", "gru"] = "mlp"
+    """`mlp`: separate feed-forward actor and critic (tanh, --ppo.num-layers x --ppo.layer-width).
+    `gru`: the public baselines' PPO-RNN: Dense+relu embedding, a GRU of --ppo.layer-width whose
+    carry restarts at episode starts, then relu actor and critic heads of --ppo.num-layers - 1
+    layers; PPO epochs replay whole env sequences from the rollout's first carry."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ExploreConfig:
+    kind: Literal["none", "rnd", "icm", "e3b"] = "none"
+    """Exploration bonus (`fused.rl.explore`): none; RND (random network distillation); ICM
+    (forward-model error on inverse-model features); E3B (elliptical episodic bonus on ICM's
+    features). The bonus is added to the reward as `reward + coef * bonus`."""
+    coef: float = 1.0
+    """Intrinsic reward coefficient (the baselines' *_reward_coeff)."""
+    lr: float = 3e-4
+    """Adam learning rate of the explorer's networks."""
+    layer_width: int = 256
+    """Hidden width of the explorer's networks."""
+    num_layers: int = 3
+    """Hidden layers of each explorer network."""
+    update_epochs: int = 4
+    """Passes over each rollout when training the explorer (in --ppo.num-minibatches)."""
+    rnd_output: int = 512
+    """RND: output width of the random and predictor networks."""
+    latent: int = 32
+    """ICM / E3B: feature width of the encoder."""
+    e3b_lambda: float = 0.1
+    """E3B: the inverse covariance starts each episode at I / e3b_lambda."""
+    icm_inverse_coef: float = 1.0
+    """ICM / E3B: weight of the inverse (action prediction) loss."""
+    icm_forward_coef: float = 1.0
+    """ICM / E3B: weight of the forward (next features) loss."""
+
+
+@dataclasses.dataclass(frozen=True)
 class WandbConfig:
     mode: Literal["offline", "online", "disabled"] = "offline"
     """wandb mode: offline by default (sync later with `wandb sync`), online, or disabled."""
@@ -164,6 +201,10 @@ class TrainConfig:
     """PPO hyperparameters."""
     llm: LLMConfig = LLMConfig()
     """LLM hidden-state augmentation (off by default)."""
+    policy: PolicyConfig = PolicyConfig()
+    """Policy network: feed-forward or recurrent (either takes the LLM state when one is on)."""
+    explore: ExploreConfig = ExploreConfig()
+    """Exploration bonus (off by default)."""
     wandb: WandbConfig = WandbConfig()
     """Weights & Biases logging."""
     seed: int = 0
@@ -208,7 +249,7 @@ class TrainConfig:
 # On resume, fields under these prefixes cannot change (the checkpoint's shapes, the run's
 # identity); the learning rate schedule follows a changed total_timesteps.
 RESUME_FIXED = ("env.", "seed", "ppo.num_steps", "ppo.layer_width", "ppo.num_layers", "llm.",
-                "out_dir", "run_name")
+                "policy.", "explore.", "out_dir", "run_name")
 RESUME_FREE = ("llm.url",)
 
 
@@ -227,6 +268,11 @@ def validate(cfg: TrainConfig, num_devices: int = 1) -> None:
         if value <= 0:
             raise ConfigError(f"{name}={value} must be positive")
     local_batch = e.num_envs // num_devices * p.num_steps
+    if cfg.policy.kind == "gru" and (e.num_envs // num_devices) % p.num_minibatches:
+        raise ConfigError(
+            f"policy.kind gru splits whole env sequences into minibatches: the "
+            f"{e.num_envs // num_devices} envs per device are not divisible by "
+            f"ppo.num_minibatches={p.num_minibatches}; pick a divisor")
     if local_batch % p.num_minibatches:
         raise ConfigError(
             f"per-device batch {local_batch} (num_envs/devices x num_steps) is not divisible by "
@@ -242,6 +288,17 @@ def validate(cfg: TrainConfig, num_devices: int = 1) -> None:
         raise ConfigError(
             f"total_timesteps={cfg.total_timesteps} is less than one update "
             f"({cfg.steps_per_update} = num_envs x num_steps); raise it")
+    x = cfg.explore
+    if x.kind != "none":
+        for name, value in {"explore.lr": x.lr, "explore.layer_width": x.layer_width,
+                            "explore.num_layers": x.num_layers,
+                            "explore.update_epochs": x.update_epochs,
+                            "explore.rnd_output": x.rnd_output, "explore.latent": x.latent,
+                            "explore.e3b_lambda": x.e3b_lambda}.items():
+            if value <= 0:
+                raise ConfigError(f"{name}={value} must be positive")
+        if x.coef < 0:
+            raise ConfigError(f"explore.coef={x.coef} must be >= 0")
     if cfg.checkpoint_every_updates < 0 or cfg.checkpoint_every_minutes < 0:
         raise ConfigError("checkpoint_every_updates and checkpoint_every_minutes must be >= 0")
     validate_llm(cfg.llm, cfg.env.name, cfg.env.num_envs // num_devices, num_devices)
@@ -346,6 +403,33 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
         _preset(
             env=EnvConfig(num_envs=1024, reset_pool=64, worlds_per_step=8),
             total_timesteps=1_000_000_000, updates_per_chunk=20, checkpoint_every_updates=500,
+        ),
+    ),
+    "gpu-rnn": (
+        "Accelerator: the public baselines' PPO-RNN (Craftax_Baselines ppo_rnn.py defaults: "
+        "GRU 512, 1024 envs, 64 steps, 4 x 8 minibatches, lr 2e-4, 1B steps).",
+        _preset(
+            env=EnvConfig(num_envs=1024, reset_pool=64, worlds_per_step=8),
+            policy=PolicyConfig("gru"), total_timesteps=1_000_000_000, updates_per_chunk=20,
+            checkpoint_every_updates=500,
+        ),
+    ),
+    "cpu-rnn": (
+        "The cpu preset with the GRU policy (compare with cpu at equal steps).",
+        _preset(
+            env=EnvConfig(name="Craftax-Classic-Symbolic-v1", num_envs=64, reset_pool=8),
+            ppo=PPOConfig(num_steps=32, layer_width=256, num_minibatches=4, lr=5e-4, update_epochs=2),
+            policy=PolicyConfig("gru"), total_timesteps=819_200, updates_per_chunk=50,
+            checkpoint_every_updates=100,
+        ),
+    ),
+    "cpu-rnd": (
+        "The cpu preset with the RND bonus (the baselines' RND sizes, coef 1).",
+        _preset(
+            env=EnvConfig(name="Craftax-Classic-Symbolic-v1", num_envs=64, reset_pool=8),
+            ppo=PPOConfig(num_steps=32, layer_width=256, num_minibatches=4, lr=5e-4, update_epochs=2),
+            explore=ExploreConfig("rnd"), total_timesteps=819_200, updates_per_chunk=50,
+            checkpoint_every_updates=100,
         ),
     ),
     "symbolic": (

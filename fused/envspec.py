@@ -22,6 +22,7 @@ EnvName = Literal[
     "probe-obs-action",
     "probe-truncated",
     "probe-lengths",
+    "probe-memory",
 ]
 
 TextEnvName = Literal["Craftax-Symbolic-v1", "Craftax-Classic-Symbolic-v1"]  # with a text format

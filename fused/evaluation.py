@@ -20,6 +20,7 @@ from fused.config import ConfigError
 from fused.policy import TrainedPolicy, is_offline, load_policy
 from fused.rl.envs import make_env
 from fused.rl.evaluate import make_evaluate, summarise
+from fused.rl.networks import acting
 from fused.runs.config_io import from_json
 from fused.runs.files import atomic_write_json
 from fused.runs.metrics import save_figure
@@ -99,9 +100,8 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None) -> dict:
     if is_offline(run_dir) and pol.cfg.llm.active_backend != "none" and not c.allow_mismatch:
         check_llm_matches_labels(run_dir, pol)
     env = make_env(pol.cfg.env)
-    net = pol.agent.network
-    ev = make_evaluate(env, lambda p, x: net.apply(p, x, method=type(net).actor),
-                       pol.agent.inputs, c.episodes, c.block_steps, c.greedy, c.max_steps)
+    ev = make_evaluate(env, acting(pol.agent.network), pol.agent.inputs, c.episodes,
+                       c.block_steps, c.greedy, c.max_steps)
     frozen = pol.agent.inputs.frozen
     t0 = time.time()
     state = jax.jit(ev.init)(jax.random.PRNGKey(c.seed), frozen, pol.inputs_state)

@@ -33,6 +33,7 @@ from fused.envspec import spec
 from fused.policy import load_policy
 from fused.rl.envs import make_env
 from fused.rl.evaluate import episode_keys
+from fused.rl.networks import is_recurrent
 from fused.runs.files import atomic_write, atomic_write_json
 from fused.runs.metrics import save_figure
 
@@ -163,6 +164,10 @@ def run_probe(c: ProbeConfig, console) -> dict:
     run_dir = Path(c.run).expanduser()
     pol = load_policy(run_dir, c.states, c.checkpoint)
     env_name = pol.cfg.env.name
+    if is_recurrent(pol.agent.network):
+        raise ConfigError(f"{run_dir} has a recurrent policy (policy.kind gru): probes score "
+                          "single edited states, which a GRU reads only after a history; probe "
+                          "an mlp run")
     if spec(env_name).family != "craftax":
         raise ConfigError(f"probes edit Craftax states; {run_dir} plays {env_name}")
     env = make_env(pol.cfg.env)

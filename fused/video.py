@@ -21,6 +21,7 @@ from fused.envspec import spec
 from fused.policy import load_policy
 from fused.rl.envs import make_env
 from fused.rl.evaluate import episode_keys
+from fused.rl.networks import acting
 from fused.runs.files import atomic_path
 
 
@@ -53,16 +54,19 @@ def record(run_dir: Path, checkpoint: int | None, episodes: int, seed: int, max_
     if pol.inputs_state is not None:
         istate = inputs.adopt(istate, pol.inputs_state)
 
+    policy = acting(net)
+
     @jax.jit
-    def step(states, obs, istate, t, key, params, frozen):
+    def step(states, obs, istate, carry, t, key, params, frozen):
         k_act, k_env, k_inp = jax.random.split(key, 3)
-        logits = net.apply(params, inputs.view(istate, obs), method=type(net).actor)
+        carry, logits = policy.act(params, carry, inputs.view(istate, obs))
         action = logits.argmax(-1) if greedy else jax.random.categorical(k_act, logits)
         res = jax.vmap(env.step)(jax.random.split(k_env, episodes), states, action)
         istate, _ = inputs.step(frozen, istate, res.obs, jnp.zeros(episodes, bool), t + 1,
                                 k_inp, None)
-        return res.state, res.obs, istate, res.terminated | res.truncated
+        return res.state, res.obs, istate, carry, res.terminated | res.truncated
 
+    carry = policy.carry(episodes)
     frames: list[list[np.ndarray]] = [[] for _ in range(episodes)]
     done = np.zeros(episodes, bool)
     for t in range(max_steps):
@@ -76,8 +80,8 @@ def record(run_dir: Path, checkpoint: int | None, episodes: int, seed: int, max_
                 frame = beside(frame, render_text(layout, host_obs[e]))
             frames[e].append(frame)
         k_run, k = jax.random.split(k_run)
-        states, obs, istate, ended = step(states, obs, istate, jnp.int32(t), k, pol.params,
-                                          frozen)
+        states, obs, istate, carry, ended = step(states, obs, istate, carry, jnp.int32(t), k,
+                                                 pol.params, frozen)
         done |= np.asarray(ended)
         if done.all():
             break

@@ -22,6 +22,7 @@ from fused.policy import load_policy
 from fused.rl.awr import AWRSettings, awr_weights, offline_loss
 from fused.rl.envs import make_env
 from fused.rl.evaluate import make_evaluate, mean_ci95
+from fused.rl.networks import feed_forward
 from fused.rl.policy_input import Identity
 from fused.rl.vec_env import VecEnv
 
@@ -161,7 +162,8 @@ def test_evaluation_is_unbiased_where_first_k_finished_is_not():
     """probe-lengths: half the episodes return 1 (1 step), half 8 (8 steps): E[return] 4.5."""
     env = make_env(EnvConfig(name="probe-lengths", num_envs=1))
     n = 2000
-    ev = make_evaluate(env, lambda p, x: jnp.zeros((x.shape[0], 2)), Identity(), n, 4)
+    uniform = feed_forward(lambda p, x: jnp.zeros((x.shape[0], 2)))
+    ev = make_evaluate(env, uniform, Identity(), n, 4)
     s = jax.jit(ev.init)(jax.random.PRNGKey(0), None)
     while not bool(s.done.all()):
         s = jax.jit(ev.block)(s, None, None)
@@ -171,8 +173,7 @@ def test_evaluation_is_unbiased_where_first_k_finished_is_not():
     biased = first_k_finished("probe-lengths", 256, 0)
     assert biased < 3.0, biased  # mostly the short episodes: far below 4.5
     # a step cap censors the long episodes instead of dropping them
-    ev = make_evaluate(env, lambda p, x: jnp.zeros((x.shape[0], 2)), Identity(), 64, 4,
-                       max_steps=3)
+    ev = make_evaluate(env, uniform, Identity(), 64, 4, max_steps=3)
     s = jax.jit(ev.block)(jax.jit(ev.init)(jax.random.PRNGKey(0), None), None, None)
     long = np.asarray(s.length) > 1
     assert long.any() and (np.asarray(s.length)[long] == 3).all()

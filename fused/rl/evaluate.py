@@ -17,6 +17,7 @@ import numpy as np
 from flax import struct
 
 from fused.rl.env_api import Env
+from fused.rl.networks import Acting
 from fused.rl.policy_input import PolicyInput
 
 
@@ -25,6 +26,7 @@ class EvalState:
     env: Any  # [N] env states
     obs: jax.Array  # [N, D]
     inputs: Any  # the policy input's state
+    carry: Any  # a recurrent policy's carry (None for a feed-forward one)
     done: jax.Array  # [N] bool: the episode has ended
     ret: jax.Array  # [N] float32, undiscounted return so far
     length: jax.Array  # [N] int32
@@ -44,12 +46,12 @@ def episode_keys(key: jax.Array, n: int) -> jax.Array:
     return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(n))
 
 
-def make_evaluate(env: Env, actor: Callable, inputs: PolicyInput, num_episodes: int,
+def make_evaluate(env: Env, acting: Acting, inputs: PolicyInput, num_episodes: int,
                   block_steps: int, greedy: bool = False,
                   max_steps: int | None = None) -> Evaluator:
-    """`actor(params, x) -> logits`; `init`'s `trained` is the trained run's policy-input state
-    (its normaliser), installed with `inputs.adopt`. Steps past `max_steps` are not counted:
-    episodes running then stay not done (censored)."""
+    """`acting`: the policy step by step (`fused.rl.networks.acting`); `init`'s `trained` is the
+    trained run's policy-input state (its normaliser), installed with `inputs.adopt`. Steps past
+    `max_steps` are not counted: episodes running then stay not done (censored)."""
     cap = jnp.int32(max_steps if max_steps is not None else jnp.iinfo(jnp.int32).max)
     n_ach = len(env.achievement_names)
 
@@ -61,13 +63,14 @@ def make_evaluate(env: Env, actor: Callable, inputs: PolicyInput, num_episodes: 
             istate = inputs.adopt(istate, trained)
         del k_inp
         z = jnp.zeros(num_episodes)
-        return EvalState(states, obs, istate, z.astype(bool), z.astype(jnp.float32),
-                         z.astype(jnp.int32), jnp.zeros((num_episodes, n_ach), bool),
-                         z.astype(bool), jnp.int32(0), k_run)
+        return EvalState(states, obs, istate, acting.carry(num_episodes), z.astype(bool),
+                         z.astype(jnp.float32), z.astype(jnp.int32),
+                         jnp.zeros((num_episodes, n_ach), bool), z.astype(bool), jnp.int32(0),
+                         k_run)
 
     def step(s: EvalState, params, frozen, key):
         k_act, k_env, k_inp = jax.random.split(key, 3)
-        logits = actor(params, inputs.view(s.inputs, s.obs))
+        carry, logits = acting.act(params, s.carry, inputs.view(s.inputs, s.obs))
         action = (logits.argmax(-1) if greedy else
                   jax.random.categorical(k_act, logits)).astype(jnp.int32)
         res = jax.vmap(env.step)(jax.random.split(k_env, num_episodes), s.env, action)
@@ -77,7 +80,7 @@ def make_evaluate(env: Env, actor: Callable, inputs: PolicyInput, num_episodes: 
         istate, _ = inputs.step(frozen, s.inputs, res.obs, jnp.zeros_like(s.done), s.t + 1,
                                 k_inp, None)
         return s.replace(
-            env=res.state, obs=res.obs, inputs=istate, done=s.done | ended,
+            env=res.state, obs=res.obs, inputs=istate, carry=carry, done=s.done | ended,
             ret=s.ret + jnp.where(live, res.reward, 0.0),
             length=s.length + live.astype(jnp.int32),
             achievements=jnp.where(live[:, None], res.achievements.astype(bool),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -14,17 +16,19 @@ def dense(features: int, gain: float, name: str | None = None) -> nn.Dense:
 
 
 class MLP(nn.Module):
-    """`num_layers` x `width` tanh layers, then a linear head of `out` units."""
+    """`num_layers` x `width` tanh (or relu) layers, then a linear head of `out` units."""
 
     width: int
     num_layers: int
     out: int
     out_gain: float
+    relu: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
+        act = nn.relu if self.relu else nn.tanh
         for i in range(self.num_layers):
-            x = nn.tanh(dense(self.width, np.sqrt(2), f"hidden_{i}")(x))
+            x = act(dense(self.width, np.sqrt(2), f"hidden_{i}")(x))
         return dense(self.out, self.out_gain, "head")(x)
 
 
@@ -128,3 +132,96 @@ class AugmentedActorCritic(nn.Module):
 
     def critic(self, inp: dict) -> jax.Array:
         return self.critic_mlp(inp["obs"], inp["hidden"])[:, 0]
+
+
+class Embed(nn.Module):
+    """A recurrent policy's first layer: Dense+relu of the observation, or for inputs
+    {"obs", "hidden"} (an LLM state beside it) the augmented network's two projections joined
+    by one Dense+relu, so a GRU takes the LLM state as the MLP does."""
+
+    width: int
+    layernorm: bool = False
+    constant_hidden: bool = False
+
+    @nn.compact
+    def __call__(self, x) -> jax.Array:
+        if not isinstance(x, dict):
+            return nn.relu(dense(self.width, np.sqrt(2), "embed")(x))
+        o = nn.relu(dense(self.width, np.sqrt(2), "obs_proj")(x["obs"]))
+        h = x["hidden"][:1] if self.constant_hidden else x["hidden"]
+        if self.layernorm:
+            h = nn.LayerNorm(name="hidden_norm")(h)
+        h = nn.relu(dense(self.width, np.sqrt(2), "hidden_proj")(h))
+        return nn.relu(ConcatDense(self.width, np.sqrt(2), name="joint")(o, h))
+
+
+class ResetGRU(nn.Module):
+    """One GRU step whose carry restarts from zeros where an episode starts."""
+
+    width: int
+
+    @nn.compact
+    def __call__(self, carry: jax.Array, xs) -> tuple[jax.Array, jax.Array]:
+        e, reset = xs
+        carry = jnp.where(reset[:, None], 0.0, carry)
+        return nn.GRUCell(self.width, name="cell")(carry, e)
+
+
+class RecurrentActorCritic(nn.Module):
+    """PPO-RNN (the public Craftax baselines' recurrent agent): embedding -> GRU -> separate
+    actor and critic heads of `num_layers - 1` relu layers. Over sequences: carry [B, W],
+    x [T, B, ...] (or a dict of them), resets [T, B] (the carry restarts before that step) ->
+    (carry after the last step, logits [T, B, A], value [T, B])."""
+
+    num_actions: int
+    width: int = 512
+    num_layers: int = 3
+    layernorm: bool = False
+    constant_hidden: bool = False
+
+    @nn.compact
+    def __call__(self, carry, x, resets):
+        t, b = resets.shape
+        flat = jax.tree.map(lambda a: a.reshape((t * b,) + a.shape[2:]), x)
+        e = Embed(self.width, self.layernorm, self.constant_hidden, name="embed")(flat)
+        scan = nn.scan(ResetGRU, variable_broadcast="params", split_rngs={"params": False},
+                       in_axes=0, out_axes=0)
+        carry, y = scan(self.width, name="gru")(carry, (e.reshape(t, b, -1), resets))
+        y = y.reshape(t * b, -1)
+        heads = max(self.num_layers - 1, 1)
+        logits = MLP(self.width, heads, self.num_actions, 0.01, relu=True, name="actor")(y)
+        value = MLP(self.width, heads, 1, 1.0, relu=True, name="critic")(y)
+        return carry, logits.reshape(t, b, -1), value.reshape(t, b)
+
+    def initial_carry(self, n: int) -> jax.Array:
+        return jnp.zeros((n, self.width), jnp.float32)
+
+
+def is_recurrent(network: nn.Module) -> bool:
+    """The network carries state across steps (`RecurrentActorCritic`)."""
+    return hasattr(network, "initial_carry")
+
+
+class Acting(NamedTuple):
+    """A policy acting step by step, feed-forward or recurrent alike."""
+
+    carry: Callable  # n -> the carry of n fresh episodes (None for a feed-forward policy)
+    act: Callable  # (params, carry, x [N, ...]) -> (carry, logits [N, A])
+
+
+def feed_forward(actor: Callable) -> Acting:
+    """`actor(params, x) -> logits` as an `Acting` with no carry."""
+    return Acting(lambda n: None, lambda params, carry, x: (carry, actor(params, x)))
+
+
+def acting(network: nn.Module) -> Acting:
+    if not is_recurrent(network):
+        return feed_forward(lambda params, x: network.apply(params, x, method=type(network).actor))
+
+    def act(params, carry, x):
+        one = jax.tree.map(lambda a: a[None], x)
+        carry, logits, _ = network.apply(params, carry, one,
+                                         jnp.zeros((1, carry.shape[0]), bool))
+        return carry, logits[0]
+
+    return Acting(network.initial_carry, act)

@@ -15,6 +15,7 @@ import optax
 from flax import struct
 
 from fused.config import PPOConfig
+from fused.rl.explore import Explorer, Step
 from fused.rl.policy_input import PolicyInput
 from fused.rl.vec_env import VecEnv, VecEnvState, per_env_keys
 
@@ -50,6 +51,8 @@ class RunnerState(Generic[S]):
     rng: jax.Array  # replicated across devices
     update_step: jax.Array  # [] int32, updates done so far
     inputs: S  # the PolicyInput's state (None for the plain observation)
+    carry: Any = None  # [N, W] a recurrent policy's carry for the obs acted on next (else None)
+    explore: Any = None  # the exploration bonus's state (`fused.rl.explore`), None without one
 
 
 def gae(reward, value, terminated, truncated, truncation_value, last_value, gamma, lam):
@@ -100,16 +103,18 @@ def ppo_loss(logits, value, action, old_log_prob, old_value, advantage, target,
         "loss/policy": pg.mean(), "loss/value": v_loss.mean(), "loss/entropy": entropy.mean(),
         "loss/approx_kl": ((ratio - 1) - (log_prob - old_log_prob)).mean(),
         "loss/clip_frac": (jnp.abs(ratio - 1) > clip_eps).mean(),
+        "loss/ratio_dev": jnp.abs(ratio - 1).max(),  # 0 at an epoch's first minibatch
     }
     return loss, metrics
 
 
 class Ctx(NamedTuple):
-    """Static pieces the pure step/update functions close over."""
+    """Static pieces the pure step/update functions close over. A feed-forward policy gives
+    apply / actor / critic; a recurrent one gives `seq` instead (the others None)."""
 
-    apply: Callable  # params, obs [B, D] -> (logits [B, A], value [B])
-    actor: Callable  # params, obs [B, D] -> logits [B, A]
-    critic: Callable  # params, obs [B, D] -> value [B]
+    apply: Callable | None  # params, obs [B, D] -> (logits [B, A], value [B])
+    actor: Callable | None  # params, obs [B, D] -> logits [B, A]
+    critic: Callable | None  # params, obs [B, D] -> value [B]
     inputs: PolicyInput
     vec_env: VecEnv
     tx: optax.GradientTransformation
@@ -117,6 +122,21 @@ class Ctx(NamedTuple):
     num_envs: int  # global
     local_envs: int
     axis_name: str | None  # set inside shard_map
+    seq: Callable | None = None  # params, carry [B, W], x [T, B, ...], resets [T, B]
+    #                              -> (carry, logits [T, B, A], value [T, B])
+    explorer: Explorer | None = None
+
+    @property
+    def recurrent(self) -> bool:
+        return self.seq is not None
+
+
+def one_step(ctx: Ctx, params, carry, x):
+    """A recurrent policy on one step of every env: (carry, logits [N, A], value [N])."""
+    n = carry.shape[0]
+    carry, logits, value = ctx.seq(params, carry, jax.tree.map(lambda a: a[None], x),
+                                   jnp.zeros((1, n), bool))
+    return carry, logits[0], value[0]
 
 
 def _pmean(x, axis_name):
@@ -132,13 +152,21 @@ def local_keys(ctx: Ctx, key: jax.Array) -> jax.Array:
 
 
 def rollout_step(ctx: Ctx, params, frozen, carry, xs):
-    """One env step for all local envs (actor only; values are computed after the rollout).
-    carry: (VecEnvState, input state); xs: (key, global env step of this step)."""
-    env, inputs = carry
+    """One env step for all local envs. carry: (VecEnvState, input state, recurrent carry or
+    None, explorer state or None); xs: (key, global env step of this step). A feed-forward
+    policy runs its actor only (values come after the rollout, in one batch); a recurrent one
+    gets the value on the way and restarts its carry where an episode ended. With an explorer,
+    the step's intrinsic reward and what the explorer trains on come out beside it."""
+    env, inputs, h, ex = carry
     key, step = xs
     k_act, k_env, k_pool, k_inp = jax.random.split(key, 4)
     x = ctx.inputs.view(inputs, env.obs)
-    logits = ctx.actor(params, x)
+    if ctx.recurrent:
+        h, logits, value = one_step(ctx, params, h, x)
+        critic_next = lambda fx: one_step(ctx, params, h, fx)[2]  # noqa: E731
+    else:
+        logits, value = ctx.actor(params, x), None
+        critic_next = lambda fx: ctx.critic(params, fx)  # noqa: E731
     action = jax.vmap(jax.random.categorical)(local_keys(ctx, k_act), logits)
     log_prob = categorical_log_prob(logits, action)
     if ctx.axis_name is not None:
@@ -149,23 +177,33 @@ def rollout_step(ctx: Ctx, params, frozen, carry, xs):
     final_x = ctx.inputs.view(inputs, out.final_obs)
     trunc_value = jax.lax.cond(
         out.truncated.any(),
-        lambda: jnp.where(out.truncated, ctx.critic(params, final_x), 0.0),
+        lambda: jnp.where(out.truncated, critic_next(final_x), 0.0),
         lambda: jnp.zeros(out.reward.shape, jnp.float32))
-    tr = Transition(x, action, log_prob, jnp.zeros_like(log_prob), out.reward,
-                    out.terminated, out.truncated, trunc_value)
+    tr = Transition(x, action, log_prob, jnp.zeros_like(log_prob) if value is None else value,
+                    out.reward, out.terminated, out.truncated, trunc_value)
     done = out.terminated | out.truncated
+    if ctx.recurrent:
+        h = jnp.where(done[:, None], 0.0, h)
+    explored = None
+    if ctx.explorer is not None:
+        step_in = Step(env.obs, action, out.final_obs, done)
+        ex, bonus = ctx.explorer.bonus(ex, step_in)
+        explored = (step_in, bonus)
     stats = EpisodeStats(
         done.sum(), jnp.sum(out.episode_return * done), jnp.sum(out.episode_length * done),
         jnp.sum(out.achievements * done[:, None], axis=0), out.reset_reuse)
     # The input state for the observations the policy acts on next.
     inputs, input_metrics = ctx.inputs.step(frozen, inputs, env_state.obs, done, step + 1, k_inp,
                                             ctx.axis_name)
-    return (env_state, inputs), (tr, stats, input_metrics)
+    return (env_state, inputs, h, ex), (tr, stats, input_metrics, explored)
 
 
 def minibatch_step(ctx: Ctx, carry, mb):
     """One gradient step on one minibatch. carry: (params, opt_state); mb: dict of [B, ...]."""
     params, opt_state = carry
+    if ctx.recurrent:  # sequences [T, B, ...]: the loss sees them flattened, time-major
+        mb = {k: v if k in ("obs", "carry", "resets") else v.reshape(-1)
+              for k, v in mb.items()}
     adv = mb["advantage"]
     if ctx.cfg.norm_adv:  # statistics of the global minibatch, across devices
         mean = _pmean(adv.mean(), ctx.axis_name)
@@ -173,7 +211,11 @@ def minibatch_step(ctx: Ctx, carry, mb):
         adv = (adv - mean) / (jnp.sqrt(var) + 1e-8)
 
     def loss_fn(p):
-        logits, value = ctx.apply(p, mb["obs"])
+        if ctx.recurrent:  # replay the minibatch's envs from their carry at the rollout's start
+            _, logits, value = ctx.seq(p, mb["carry"], mb["obs"], mb["resets"])
+            logits, value = logits.reshape(-1, logits.shape[-1]), value.reshape(-1)
+        else:
+            logits, value = ctx.apply(p, mb["obs"])
         c = ctx.cfg
         return ppo_loss(logits, value, mb["action"], mb["log_prob"], mb["value"], adv,
                         mb["target"], c.clip_eps, c.vf_coef, c.ent_coef)
@@ -187,12 +229,27 @@ def minibatch_step(ctx: Ctx, carry, mb):
 
 
 def epoch_step(ctx: Ctx, batch, carry, key):
-    """One pass over the local batch in shuffled minibatches. batch: dict of [T*N_local, ...]."""
+    """One pass over the local batch in shuffled minibatches. batch: dict of [T*N_local, ...]
+    (transitions shuffled), or for a recurrent policy [T, N_local, ...] plus the carry
+    [N_local, W] at the rollout's start (whole env sequences shuffled)."""
     if ctx.axis_name is not None:
         key = jax.random.fold_in(key, jax.lax.axis_index(ctx.axis_name))
+    k = ctx.cfg.num_minibatches
+    if ctx.recurrent:
+        n = batch["carry"].shape[0]
+        perm = jax.random.permutation(key, n)
+
+        def split(path, x):
+            if path[0].key == "carry":
+                return x[perm].reshape((k, n // k) + x.shape[1:])
+            x = x[:, perm].reshape((x.shape[0], k, n // k) + x.shape[2:])
+            return jnp.moveaxis(x, 1, 0)
+
+        mbs = jax.tree_util.tree_map_with_path(split, batch)
+        carry, metrics = jax.lax.scan(lambda c, mb: minibatch_step(ctx, c, mb), carry, mbs)
+        return carry, metrics
     n = batch["action"].shape[0]
     perm = jax.random.permutation(key, n)
-    k = ctx.cfg.num_minibatches
     mbs = jax.tree.map(lambda x: x[perm].reshape((k, n // k) + x.shape[1:]), batch)
     carry, metrics = jax.lax.scan(lambda c, mb: minibatch_step(ctx, c, mb), carry, mbs)
     return carry, metrics
@@ -204,28 +261,47 @@ def update_step(ctx: Ctx, rs: RunnerState, frozen=None) -> tuple[RunnerState, di
     cfg = ctx.cfg
     rng, k_roll, k_epochs = jax.random.split(rs.rng, 3)
     steps = rs.update_step * cfg.num_steps + jnp.arange(cfg.num_steps)
-    (env_state, inputs), (traj, stats, input_metrics) = jax.lax.scan(
-        lambda c, x: rollout_step(ctx, rs.params, frozen, c, x), (rs.env, rs.inputs),
+    (env_state, inputs, h, ex), (traj, stats, input_metrics, explored) = jax.lax.scan(
+        lambda c, x: rollout_step(ctx, rs.params, frozen, c, x),
+        (rs.env, rs.inputs, rs.carry, rs.explore),
         (jax.random.split(k_roll, cfg.num_steps), steps))
+    extrinsic = traj.reward
+    if ctx.explorer is not None:  # GAE on reward + coef * bonus
+        traj = traj._replace(reward=traj.reward + ctx.explorer.cfg.coef * explored[1])
     t, n = traj.action.shape
-    flat = lambda x: x.reshape((-1,) + x.shape[2:])
-    value = ctx.critic(rs.params, jax.tree.map(flat, traj.obs)).reshape(t, n)
-    traj = traj._replace(value=value)
-    last_value = ctx.critic(rs.params, ctx.inputs.view(inputs, env_state.obs))
+    flat = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
+    last_x = ctx.inputs.view(inputs, env_state.obs)
+    if ctx.recurrent:
+        last_value = one_step(ctx, rs.params, h, last_x)[2]
+    else:
+        value = ctx.critic(rs.params, jax.tree.map(flat, traj.obs)).reshape(t, n)
+        traj = traj._replace(value=value)
+        last_value = ctx.critic(rs.params, last_x)
     adv, target = gae(traj.reward, traj.value, traj.terminated, traj.truncated,
                       traj.truncation_value, last_value, cfg.gamma, cfg.gae_lambda)
-    batch = {"obs": jax.tree.map(flat, traj.obs), "action": flat(traj.action),
-             "log_prob": flat(traj.log_prob), "value": flat(traj.value), "advantage": flat(adv),
-             "target": flat(target)}
+    if ctx.recurrent:  # whole sequences; the carry restarts after each episode's last step
+        done = traj.terminated | traj.truncated
+        batch = {"obs": traj.obs, "action": traj.action, "log_prob": traj.log_prob,
+                 "value": traj.value, "advantage": adv, "target": target, "carry": rs.carry,
+                 "resets": jnp.concatenate([jnp.zeros((1, n), bool), done[:-1]])}
+    else:
+        batch = {"obs": jax.tree.map(flat, traj.obs), "action": flat(traj.action),
+                 "log_prob": flat(traj.log_prob), "value": flat(traj.value),
+                 "advantage": flat(adv), "target": flat(target)}
     (params, opt_state), metrics = jax.lax.scan(
         lambda c, k: epoch_step(ctx, batch, c, k), (rs.params, rs.opt_state),
         jax.random.split(k_epochs, cfg.update_epochs))
     metrics = _pmean(jax.tree.map(jnp.mean, metrics), ctx.axis_name)
     ep = EpisodeStats(*[_psum(x.sum(0), ctx.axis_name) for x in stats])
     metrics["value_mean"] = _pmean(traj.value.mean(), ctx.axis_name)
-    metrics["reward_mean"] = _pmean(traj.reward.mean(), ctx.axis_name)
+    metrics["reward_mean"] = _pmean(extrinsic.mean(), ctx.axis_name)
+    if ctx.explorer is not None:
+        ex, ex_metrics = ctx.explorer.update(ex, explored[0], jax.random.fold_in(k_epochs, 1),
+                                             cfg.num_minibatches, ctx.axis_name)
+        metrics.update(ex_metrics)
+        metrics["explore/intrinsic_mean"] = _pmean(explored[1].mean(), ctx.axis_name)
     metrics.update(ctx.inputs.summary(inputs, jax.tree.map(lambda v: v.sum(0), input_metrics),
                                       ctx.axis_name))
     rs = rs.replace(params=params, opt_state=opt_state, env=env_state, rng=rng,
-                    update_step=rs.update_step + 1, inputs=inputs)
+                    update_step=rs.update_step + 1, inputs=inputs, carry=h, explore=ex)
     return rs, {"ppo": metrics, "episodes": ep._asdict()}

@@ -2,7 +2,7 @@
 
 Each isolates one piece of an RL algorithm, so PPO must solve it in seconds or something is
 broken: value regression, observation use, discounting/credit assignment, the policy gradient,
-their combination, and bootstrapping on truncation. Every probe is described once in `KINDS`.
+their combination, bootstrapping on truncation, and memory. Every probe is described once in `KINDS`.
 """
 
 from __future__ import annotations
@@ -47,6 +47,10 @@ KINDS: dict[str, ProbeKind] = {
     "action-reward": ProbeKind(_BLANK, lambda s, a, t: _good(a)),
     "obs-action": ProbeKind(_SIGN, lambda s, a, t: _good(a) * s.sign),
     "truncated": ProbeKind(_BLANK, lambda s, a, t: jnp.float32(1.0), horizon=5, truncates=True),
+    # The sign shows at the first step only; the fourth action earns +1 if it matches it, -1 if
+    # not: a policy without memory scores 0 on average (the recurrent-policy probe).
+    "memory": ProbeKind(lambda s: jnp.stack([jnp.where(s.t == 0, s.sign, 0.0), 1.0]),
+                        lambda s, a, t: jnp.where(t == 4, _good(a) * s.sign, 0.0), horizon=4),
     # Half the episodes last 1 step, half 8, +1 reward a step: expected return 4.5, but the
     # first episodes to finish are mostly short ones (the evaluation-bias probe).
     "lengths": ProbeKind(_SIGN, lambda s, a, t: jnp.float32(1.0), horizon=1, long_horizon=8),

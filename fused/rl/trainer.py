@@ -21,6 +21,8 @@ import optax
 
 from fused.config import TrainConfig
 from fused.rl.env_api import Env
+from fused.rl.explore import make_explorer
+from fused.rl.networks import is_recurrent
 from fused.rl.policy_input import PolicyInput
 from fused.rl.ppo import Ctx, RunnerState, local_keys, update_step
 from fused.rl.vec_env import VecEnv
@@ -50,6 +52,14 @@ def strong_types(tree):
                         if jax.typeof(x).weak_type else x, tree)
 
 
+def init_params(network: nn.Module, key: jax.Array, example):
+    """Parameters for a network input like `example` ([1, ...] rows)."""
+    if is_recurrent(network):
+        one = jax.tree.map(lambda a: a[None], example)
+        return network.init(key, network.initial_carry(1), one, jnp.zeros((1, 1), bool))
+    return network.init(key, example)
+
+
 def make_train(cfg: TrainConfig, env: Env, network: nn.Module, inputs: PolicyInput,
                axis_name: str | None = None, num_shards: int = 1) -> Trainer:
     """Pure functions for training `network` on `env` through `inputs`. With `axis_name`, they
@@ -57,19 +67,28 @@ def make_train(cfg: TrainConfig, env: Env, network: nn.Module, inputs: PolicyInp
     num_envs / num_shards envs) and must run under `fused.rl.sharding.shard`."""
     tx = make_optimizer(cfg)
     local_envs = cfg.env.num_envs // num_shards
-    ctx = Ctx(network.apply, partial(network.apply, method=type(network).actor),
-              partial(network.apply, method=type(network).critic), inputs, VecEnv(env, cfg.env),
-              tx, cfg.ppo, cfg.env.num_envs, local_envs, axis_name)
+    vec = VecEnv(env, cfg.env)
+    explorer = make_explorer(cfg.explore, env.obs_dim, env.num_actions, local_envs)
+    if is_recurrent(network):
+        ctx = Ctx(None, None, None, inputs, vec, tx, cfg.ppo, cfg.env.num_envs, local_envs,
+                  axis_name, network.apply, explorer)
+    else:
+        ctx = Ctx(network.apply, partial(network.apply, method=type(network).actor),
+                  partial(network.apply, method=type(network).critic), inputs, vec, tx, cfg.ppo,
+                  cfg.env.num_envs, local_envs, axis_name, None, explorer)
 
     def init(key, frozen):
         k_net, k_env, k_pool, k_run = jax.random.split(key, 4)
-        params = network.init(k_net, inputs.example(jnp.zeros((1, env.obs_dim))))
+        params = init_params(network, k_net, inputs.example(jnp.zeros((1, env.obs_dim))))
         if axis_name is not None:
             k_pool = jax.random.fold_in(k_pool, jax.lax.axis_index(axis_name))
         env_state = ctx.vec_env.reset(local_keys(ctx, k_env), k_pool)
         state, k_run = inputs.init(frozen, env_state.obs, k_run, axis_name)
+        carry = network.initial_carry(local_envs) if ctx.recurrent else None
+        # (its own key, so adding an explorer leaves the rest of the run's random stream as is)
+        ex = None if explorer is None else explorer.init(jax.random.fold_in(key, 7))
         return strong_types(RunnerState(params, tx.init(params), env_state, k_run, jnp.int32(0),
-                                        state))
+                                        state, carry, ex))
 
     def chunk(rs: RunnerState, frozen):
         def body(rs, _):
@@ -88,8 +107,11 @@ def make_train(cfg: TrainConfig, env: Env, network: nn.Module, inputs: PolicyInp
         """Env states (and per-device reset pools) and per-env input state split on the leading
         axis; params, optimizer and the rest replicated."""
         rep = jax.tree.map(lambda _: jax.sharding.PartitionSpec(), state)
-        return rep.replace(env=jax.tree.map(lambda _: jax.sharding.PartitionSpec(env_axis),
-                                            state.env),
-                           inputs=inputs.state_specs(state.inputs, env_axis))
+        split = jax.sharding.PartitionSpec(env_axis)
+        return rep.replace(env=jax.tree.map(lambda _: split, state.env),
+                           inputs=inputs.state_specs(state.inputs, env_axis),
+                           carry=None if state.carry is None else split,
+                           explore=None if state.explore is None else rep.explore.replace(
+                               cov=None if state.explore.cov is None else split))
 
     return Trainer(init, chunk, train, state_specs)
