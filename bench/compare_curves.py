@@ -38,8 +38,10 @@ def per_seed(rows: list[dict], last: float) -> tuple[dict, np.ndarray, np.ndarra
             ret[seeds.index(r["seed"]), r["update"] - 1] = r["return"]
         steps[r["update"] - 1] = r["env_steps"]
     k = max(1, int(updates * last))
-    return ({s: float(np.nanmean(ret[i, -k:])) for i, s in enumerate(seeds)}, steps,
-            np.nanmean(ret, axis=0))
+    seen = ~np.isnan(ret).all(0)  # updates where some seed finished an episode
+    mean = np.full(updates, np.nan)
+    mean[seen] = np.nanmean(ret[:, seen], axis=0)
+    return {s: float(np.nanmean(ret[i, -k:])) for i, s in enumerate(seeds)}, steps, mean
 
 
 def main(a: Args):

@@ -69,8 +69,9 @@ class Args:
     """LLM compute dtype: float32 or bfloat16."""
     microbatch: int = 0
     """Envs per LLM microbatch (0 = sized by fused.llm.batching, as in training)."""
-    refresh_batch: int = 0
-    """Envs per refresh call (0 = sized from the env count, as in training)."""
+    refresh_batch: tuple[int, ...] = (0,)
+    """Envs per refresh call (0 = sized from the env count, as in training); several values
+    time each fused row once per value, in this one run."""
     plain: bool = True
     """Also time plain PPO."""
     pair_rounds: int = 20
@@ -246,15 +247,15 @@ def main(a: Args) -> list[dict]:
     rows = render_rows(a, weights)
     mean_tokens = rows[1]["mean_tokens"]
 
-    def llm_cfg(skip, form="auto"):
+    def llm_cfg(skip, form="auto", refresh=0):
         return LLMConfig(backend="jax", skip_n=skip, post_norm=True, layer=a.layer, dtype=a.dtype,
-                         microbatch=a.microbatch, refresh_batch=a.refresh_batch,
+                         microbatch=a.microbatch, refresh_batch=refresh,
                          refresh_on_reset=a.refresh_on_reset,
                          attention=form, **model_kw)
 
-    def fused_extra(form="auto"):
+    def fused_extra(form="auto", refresh=0):
         return {"backend": "jax", "model": a.model, "layer": layer, "dtype": a.dtype,
-                "refresh_on_reset": a.refresh_on_reset,
+                "refresh_on_reset": a.refresh_on_reset, "refresh_batch": refresh or "auto",
                 "attention": resolve_form(form, jnp.dtype(a.dtype))}
 
     never = None
@@ -273,12 +274,14 @@ def main(a: Args) -> list[dict]:
     per_token = qcfg.flops_per_token(layer, len(parts.prefix), seq)
     per_seq = seq * per_token
     # Without calls no attention runs: skip_n 0 once, whatever the forms.
-    for skip, form in [(s, f) for s in a.skip_n for f in (a.attention if s else a.attention[:1])]:
+    for skip, form, rb in [(s, f, r) for s in a.skip_n
+                           for f in (a.attention if s else a.attention[:1])
+                           for r in (a.refresh_batch if s else a.refresh_batch[:1])]:
         if skip == 0 and never is not None:  # timed above, in turn with plain PPO
             row = never
         else:
-            row = time_config(a, train_cfg(a, llm_cfg(skip, form)), "fused", skip_n=skip,
-                              **fused_extra(form))
+            row = time_config(a, train_cfg(a, llm_cfg(skip, form, rb)), "fused", skip_n=skip,
+                              **fused_extra(form, rb))
         if base:
             row["vs_ppo"] = row["steps_per_s"] / base
         if skip:
