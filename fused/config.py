@@ -380,14 +380,16 @@ def _preset(**kw) -> TrainConfig:
     return dataclasses.replace(TrainConfig(), **kw)
 
 
+CPU = _preset(
+    env=EnvConfig(name="Craftax-Classic-Symbolic-v1", num_envs=64, reset_pool=8),
+    ppo=PPOConfig(num_steps=32, layer_width=256, num_minibatches=4, lr=5e-4, update_epochs=2),
+    total_timesteps=819_200, updates_per_chunk=50, checkpoint_every_updates=100,
+)
+
 PRESETS: dict[str, tuple[str, TrainConfig]] = {
     "cpu": (
         "Default: Craftax-Classic-Symbolic, 64 envs, 819k steps; learns visibly in minutes on 2 cores.",
-        _preset(
-            env=EnvConfig(name="Craftax-Classic-Symbolic-v1", num_envs=64, reset_pool=8),
-            ppo=PPOConfig(num_steps=32, layer_width=256, num_minibatches=4, lr=5e-4, update_epochs=2),
-            total_timesteps=819_200, updates_per_chunk=50, checkpoint_every_updates=100,
-        ),
+        CPU,
     ),
     "smoke": (
         "Seconds: tiny Classic run for tests and CI.",
@@ -414,24 +416,10 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
             checkpoint_every_updates=500,
         ),
     ),
-    "cpu-rnn": (
-        "The cpu preset with the GRU policy (compare with cpu at equal steps).",
-        _preset(
-            env=EnvConfig(name="Craftax-Classic-Symbolic-v1", num_envs=64, reset_pool=8),
-            ppo=PPOConfig(num_steps=32, layer_width=256, num_minibatches=4, lr=5e-4, update_epochs=2),
-            policy=PolicyConfig("gru"), total_timesteps=819_200, updates_per_chunk=50,
-            checkpoint_every_updates=100,
-        ),
-    ),
-    "cpu-rnd": (
-        "The cpu preset with the RND bonus (the baselines' RND sizes, coef 1).",
-        _preset(
-            env=EnvConfig(name="Craftax-Classic-Symbolic-v1", num_envs=64, reset_pool=8),
-            ppo=PPOConfig(num_steps=32, layer_width=256, num_minibatches=4, lr=5e-4, update_epochs=2),
-            explore=ExploreConfig("rnd"), total_timesteps=819_200, updates_per_chunk=50,
-            checkpoint_every_updates=100,
-        ),
-    ),
+    "cpu-rnn": ("The cpu preset with the GRU policy (compare with cpu at equal steps).",
+                dataclasses.replace(CPU, policy=PolicyConfig("gru"))),
+    "cpu-rnd": ("The cpu preset with the RND bonus (the baselines' RND sizes, coef 1).",
+                dataclasses.replace(CPU, explore=ExploreConfig("rnd"))),
     "symbolic": (
         "The prior system's Craftax-Symbolic PPO (its published defaults) at 128 envs.",
         _preset(env=EnvConfig(num_envs=128), total_timesteps=100_000_000, updates_per_chunk=10),
