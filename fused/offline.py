@@ -25,6 +25,7 @@ from fused.config import (
     ConfigError,
     EnvConfig,
     LLMConfig,
+    PolicyConfig,
     PPOConfig,
     TrainConfig,
     WandbConfig,
@@ -34,9 +35,9 @@ from fused.data.loader import (TrainingData, WindowStream, hidden_moments, load_
                                open_training_set)
 from fused.envspec import spec
 from fused.llm.norm import RunningNorm, normalize
-from fused.rl.awr import AWRSettings, OfflineTrainer, make_offline_train
+from fused.rl.awr import AWRSettings, OfflineTrainer, Sequences, make_offline_train
 from fused.rl.collect import ObsCodec
-from fused.rl.networks import ActorCritic, AugmentedActorCritic
+from fused.rl.networks import ActorCritic, AugmentedActorCritic, RecurrentActorCritic
 from fused.runs.run_dir import RunDir
 
 
@@ -55,7 +56,16 @@ class OfflineConfig:
     num_updates: int = 100_000
     """Minibatch updates."""
     batch_size: int = 256
-    """Rows per minibatch, sampled uniformly among the rows with a valid return-to-go."""
+    """Rows per minibatch, sampled uniformly among the rows with a valid return-to-go (GRU:
+    batch_size / seq_len windows of consecutive rows)."""
+    policy: PolicyConfig = PolicyConfig()
+    """Network kind, as train.py's --policy.kind: `gru` trains on windows of consecutive rows
+    (--seq-len, --burn-in) and acts with its carry from each episode's start."""
+    seq_len: int = 32
+    """GRU: rows per window that count in the loss, from a uniformly drawn valid row on."""
+    burn_in: int = 32
+    """GRU: rows before the drawn row that only warm the carry up from zeros (it restarts where
+    an episode starts, as when acting)."""
     lr: float = 3e-4
     """Adam learning rate."""
     max_grad_norm: float = 1.0
@@ -115,7 +125,7 @@ PRESETS: dict[str, tuple[str, OfflineConfig]] = {
             _preset()),
 }
 RESUME_FIXED = ("data", "labels", "returns", "algo", "seed", "layer_width", "num_layers",
-                "projection", "out_dir", "run_name")
+                "projection", "policy", "out_dir", "run_name")
 
 
 def validate(c: OfflineConfig) -> None:
@@ -129,6 +139,13 @@ def validate(c: OfflineConfig) -> None:
     for name in ("lr", "beta", "max_weight"):
         if not getattr(c, name) > 0:
             raise ConfigError(f"{name}={getattr(c, name)} must be positive")
+    if c.policy.kind == "gru":
+        if c.seq_len <= 0 or c.burn_in < 0:
+            raise ConfigError(f"seq_len={c.seq_len}, burn_in={c.burn_in}: seq_len must be "
+                              "positive and burn_in at least 0")
+        if c.batch_size % c.seq_len:
+            raise ConfigError(f"batch_size={c.batch_size} is not a multiple of seq_len="
+                              f"{c.seq_len}: a GRU minibatch is batch_size / seq_len windows")
 
 
 def acting_config(c: OfflineConfig, card: dict) -> TrainConfig:
@@ -147,7 +164,7 @@ def acting_config(c: OfflineConfig, card: dict) -> TrainConfig:
                                   post_norm=bool(entry["post_norm"]), layer=entry["layer"])
     return TrainConfig(env=EnvConfig(name=card["env"], num_envs=1),
                        ppo=PPOConfig(layer_width=c.layer_width, num_layers=c.num_layers),
-                       llm=llm, seed=0, plot=False, wandb=WandbConfig(mode="disabled"))
+                       policy=c.policy, llm=llm, seed=0, plot=False, wandb=WandbConfig(mode="disabled"))
     # seed 0: a random-weight model is made from the seed; label.py labels with seed 0
 
 
@@ -189,9 +206,10 @@ def build(c: OfflineConfig) -> Offline:
 
     card = Dataset(c.data).card()
     ts = open_training_set(c.data, c.returns, c.labels)
+    sequences = c.policy.kind == "gru"
     stream = device_data = None
     if c.device_rows and sum(ts.rows) > c.device_rows:
-        stream = WindowStream(ts, c.device_rows, c.seed)
+        stream = WindowStream(ts, c.device_rows, c.seed, sequences)
         mean = var = None
         size = 0
         if c.labels:
@@ -200,7 +218,7 @@ def build(c: OfflineConfig) -> Offline:
         valid = sum(int(ts.ds.read_returns(ts.returns, n)["valid"].sum()) for n in ts.names)
         data = TrainingData(None, ts.env, sum(ts.rows), valid, size, mean, var)
     else:
-        data, _, _ = load_training_data(c.data, c.returns, c.labels)
+        data, _, _ = load_training_data(c.data, c.returns, c.labels, sequences)
         device_data = jax.device_put(data.arrays)
     acting = acting_config(c, card)
     network = training_network(acting)
@@ -215,18 +233,22 @@ def build(c: OfflineConfig) -> Offline:
 def make_trainer(c: OfflineConfig, network, inputs_of=None) -> OfflineTrainer:
     tx = optax.chain(optax.clip_by_global_norm(c.max_grad_norm), optax.adam(c.lr))
     settings = AWRSettings(c.algo, c.beta, c.max_weight, c.value_coef)
+    seq = Sequences(c.seq_len, c.burn_in) if c.policy.kind == "gru" else None
     return make_offline_train(network, settings, tx, c.batch_size, c.updates_per_chunk,
-                              c.num_updates, inputs_of)
+                              c.num_updates, inputs_of, seq)
 
 
 def training_network(acting: TrainConfig):
     """The network `make_agent(acting)` builds, without loading an LLM (training reads hidden
     states from the labels; the LLM is loaded only to act, by `fused.policy.load_policy`)."""
     s, p = spec(acting.env.name), acting.ppo
+    gru = acting.policy.kind == "gru"
     if acting.llm.active_backend == "none":
-        return ActorCritic(s.num_actions, p.layer_width, p.num_layers)
-    return AugmentedActorCritic(s.num_actions, p.layer_width, p.num_layers,
-                                acting.llm.projection == "layernorm", acting.llm.constant_hidden)
+        return (RecurrentActorCritic(s.num_actions, p.layer_width, p.num_layers) if gru
+                else ActorCritic(s.num_actions, p.layer_width, p.num_layers))
+    kind = RecurrentActorCritic if gru else AugmentedActorCritic
+    return kind(s.num_actions, p.layer_width, p.num_layers, acting.llm.projection == "layernorm",
+                acting.llm.constant_hidden)
 
 
 def example_input(acting: TrainConfig):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fused.config import ConfigError
+from fused.config import ConfigError, PolicyConfig
 from fused.evaluation import EvalConfig, evaluate
 from fused.offline import PRESETS, build, train, validate
 from fused.rl.evaluate import mean_ci95
@@ -43,6 +43,9 @@ class StudyConfig:
     """Override the preset's learning rate."""
     beta: float | None = None
     """Override the AWR temperature."""
+    policy: PolicyConfig = PolicyConfig()
+    """Network of every variant (`--policy.kind gru`: the recurrent policy, with the preset's
+    --seq-len / --burn-in)."""
     algos: tuple[str, ...] = ("awr", "bc")
     """Algorithms, each trained plain and (with --labels) augmented."""
     seeds: int = 3
@@ -73,11 +76,11 @@ def run_study(c: StudyConfig, console) -> dict:
     base = PRESETS[c.preset][1]
     overrides = {k: getattr(c, k) for k in ("num_updates", "lr", "beta")
                  if getattr(c, k) is not None}
-    base = dataclasses.replace(base, **overrides)
+    base = dataclasses.replace(base, policy=c.policy, **overrides)
     ev = EvalConfig(run="", episodes=c.episodes, seed=c.eval_seed, max_steps=c.max_steps)
     results: dict = {"config": dataclasses.asdict(c), "variants": {}}
     for algo, labels in variants(c):
-        name = f"{algo}-{labels or 'plain'}"
+        name = f"{algo}-{labels or 'plain'}" + ("-gru" if c.policy.kind == "gru" else "")
         per_seed = []
         for seed in range(c.seeds):
             cfg = dataclasses.replace(base, data=c.data, labels=labels, returns=c.returns,

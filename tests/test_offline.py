@@ -44,40 +44,53 @@ def test_awr_weights_and_losses_by_hand():
     logits = jnp.array([[0.0, 0.0], [np.log(3.0), 0.0]])  # pi(row 1) = (0.75, 0.25)
     value = jnp.array([1.0, 3.0])
     action, rtg = jnp.array([1, 0]), jnp.array([2.0, 2.0])
-    actor, critic = (lambda p, x: p["logits"]), (lambda p, x: p["v"])
+    forward = lambda p, x: (p["logits"], p["v"])  # noqa: E731
     params = {"logits": logits, "v": value}
     # A = (1, -1), centred the same; beta 1: w = (e, e^-1), max 20 not reached
     s = AWRSettings("awr", beta=1.0, max_weight=20.0, value_coef=0.5)
-    loss, m = offline_loss(actor, critic, s, params, None, action, rtg)
+    loss, m = offline_loss(forward, s, params, None, action, rtg)
     actor_loss = -(np.e * np.log(0.5) + np.exp(-1) * np.log(0.75)) / 2
     critic_loss = 0.5 * (1 + 1) / 2
     np.testing.assert_allclose(m["loss/actor"], actor_loss, rtol=1e-6)
     np.testing.assert_allclose(m["loss/value"], critic_loss, rtol=1e-6)
     np.testing.assert_allclose(loss, actor_loss + 0.5 * critic_loss, rtol=1e-6)
-    bc, mb = offline_loss(actor, critic, s._replace(algo="bc"), params, None, action, rtg)
+    bc, mb = offline_loss(forward, s._replace(algo="bc"), params, None, action, rtg)
     np.testing.assert_allclose(mb["loss/actor"], -(np.log(0.5) + np.log(0.75)) / 2, rtol=1e-6)
     np.testing.assert_allclose(bc, mb["loss/actor"] + 0.5 * critic_loss, rtol=1e-6)
     # the weights carry no gradient: d(actor loss)/d(value) is 0, only the critic's term
-    g = jax.grad(lambda p: offline_loss(actor, critic, s, p, None, action, rtg)[0])(params)
+    g = jax.grad(lambda p: offline_loss(forward, s, p, None, action, rtg)[0])(params)
     np.testing.assert_allclose(g["v"], 0.5 * -(rtg - value) / 2, rtol=1e-6)
+    # A mask (a recurrent policy's windows) leaves rows out of every mean: a third row masked
+    # out changes nothing, its weight included (it would move the centring).
+    params3 = {"logits": jnp.concatenate([logits, jnp.array([[5.0, 0.0]])]),
+               "v": jnp.append(value, -50.0)}
+    masked, mm = offline_loss(forward, s, params3, None, jnp.append(action, 1),
+                              jnp.append(rtg, 9.0), jnp.array([True, True, False]))
+    np.testing.assert_allclose(mm["loss/actor"], actor_loss, rtol=1e-6)
+    np.testing.assert_allclose(masked, actor_loss + 0.5 * critic_loss, rtol=1e-6)
+    np.testing.assert_allclose(mm["weight/max"], np.e, rtol=1e-6)
 
 
-def probe_dataset(root, env: str, obs, action, reward, shard_rows=1000):
-    """One-step episodes (each row terminated) written with the store's own API, with a
-    returns set from `label.py returns`."""
+def probe_dataset(root, env: str, obs, action, reward, shard_rows=1000, terminated=None,
+                  episode_id=None):
+    """Episodes written with the store's own API, with a returns set from `label.py returns`:
+    one step each (every row terminated), unless `terminated` and `episode_id` say otherwise."""
+    n = len(action)
+    terminated = np.ones(n, bool) if terminated is None else terminated
+    episode_id = np.arange(n, dtype=np.int64) if episode_id is None else episode_id
     ds = Dataset(root)
     ds.write_card({"env": env, "generate": {}, "labels": {}, "returns": {}})
     (root / "shards").mkdir(parents=True)
-    n, entries = len(action), []
+    entries = []
     for i, s in enumerate(range(0, n, shard_rows)):
         sl = slice(s, min(n, s + shard_rows))
         k = sl.stop - sl.start
         entries.append(commit_group(ds.shard_dir(f"s000-{i:06d}"), {
             "obs": obs[sl].astype(np.float32), "action": action[sl].astype(np.uint8),
-            "reward": reward[sl].astype(np.float32), "terminated": np.ones(k, bool),
+            "reward": reward[sl].astype(np.float32), "terminated": terminated[sl],
             "truncated": np.zeros(k, bool), "value": np.zeros(k, np.float32),
             "truncation_value": np.zeros(k, np.float32),
-            "episode_id": np.arange(sl.start, sl.stop, dtype=np.int64),
+            "episode_id": episode_id[sl].astype(np.int64),
             "step": np.zeros(k, np.int32), "t": np.zeros(k, np.int32)}))
     ds.write_manifest({"shards": entries, "labels": {}, "returns": {}})
     compute_returns(ReturnsConfig(data=str(root), gamma=0.99), QUIET)
@@ -222,6 +235,8 @@ def test_bad_inputs_are_one_line_errors(probe_data, tmp_path):
     assert "no card.json" in error("awr", "smoke", "--data", str(tmp_path / "nothing"))
     assert "label set 'x'" in error("awr", "smoke", "--data", str(probe_data), "--labels", "x")
     assert "beta" in error("awr", "smoke", "--data", str(probe_data), "--beta", "0")
+    assert "not a multiple of seq_len=5" in error("awr", "smoke", "--data", str(probe_data),
+                                                  "--policy.kind", "gru", "--seq-len", "5")
     assert "episodes" in error("eval", "--run", str(tmp_path), "--episodes", "1")
 
 

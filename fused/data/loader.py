@@ -1,6 +1,8 @@
 """A dataset's rows as training arrays for `offline.py`: observations kept compact (the map bits
 packed, decoded per minibatch on the device), actions, returns-to-go, which rows may be sampled,
-and, with a label set, each row's index into one table of hidden states.
+and, with a label set, each row's index into one table of hidden states. For a recurrent policy
+(`sequences`), also each row's validity and whether the carry must restart there (an episode
+starts, or the rows before it are not the ones before it in the data).
 
 Everything is read through the dataset's own zarr reader (`fused.data.store`), shard by shard in
 manifest order, and checked against the manifest (a label or returns set must cover every
@@ -76,15 +78,27 @@ def open_training_set(root: str, returns: str | None = None,
                        obs_cols, ret_name, labels)
 
 
-def read_window(ts: TrainingSet, shards: list[int], pad_rows: int | None = None) -> dict:
+def read_window(ts: TrainingSet, shards: list[int], pad_rows: int | None = None,
+                sequences: bool = False) -> dict:
     """The rows of `shards` as training arrays: {"rows": columns, "valid_index", "num_valid",
     "hidden_table"}; with `pad_rows`, every array is padded to that many rows (padding is never
-    sampled), so windows of any shards share one compiled chunk."""
+    sampled), so windows of any shards share one compiled chunk. `sequences` adds the row
+    columns "valid" and "episode_start" (a new episode begins, or a shard that does not follow
+    the previous one in the data: windows skip shards)."""
     parts: dict[str, list] = {k: [] for k in ts.obs_cols + ["action", "rtg", "valid"]}
+    starts: list[np.ndarray] = []
+    before = None  # (shard index, its last row's episode id) of the shard read before
     hidden, hidden_index, offset = [], [], 0
     for i in shards:
         name = ts.names[i]
-        cols = ts.ds.read(name, ts.obs_cols + ["action"])
+        cols = ts.ds.read(name, ts.obs_cols + ["action"] + (["episode_id"] if sequences else []))
+        if sequences:
+            ep = cols["episode_id"]
+            first = np.r_[True, ep[1:] != ep[:-1]]
+            if len(ep) and before == (i - 1, ep[0]):
+                first[0] = False  # the episode goes on from the shard before
+            before = (i, ep[-1]) if len(ep) else None
+            starts.append(first)
         ret = ts.ds.read_returns(ts.returns, name)
         for k in ts.obs_cols:
             parts[k].append(cols[k])
@@ -98,6 +112,9 @@ def read_window(ts: TrainingSet, shards: list[int], pad_rows: int | None = None)
             offset += len(lab["hidden"])
     rows = {k: np.concatenate(v) for k, v in parts.items()}
     valid = rows.pop("valid")
+    if sequences:
+        rows["valid"] = valid.astype(bool)
+        rows["episode_start"] = np.concatenate(starts)
     index = np.flatnonzero(valid).astype(np.int32)
     out = {"rows": rows, "valid_index": index, "num_valid": np.int32(len(index))}
     if ts.labels:
@@ -135,11 +152,11 @@ class WindowStream:
     dataset's zarr reader one window ahead in a background thread. The window of chunk c
     depends on (seed, c) only, so a resumed run sees the windows an uninterrupted one does."""
 
-    def __init__(self, ts: TrainingSet, window_rows: int, seed: int):
+    def __init__(self, ts: TrainingSet, window_rows: int, seed: int, sequences: bool = False):
         if window_rows < max(ts.rows):
             raise DatasetError(f"device_rows={window_rows} is below the largest shard's "
                                f"{max(ts.rows)} rows; raise it (a window holds whole shards)")
-        self.ts, self.window_rows, self.seed = ts, window_rows, seed
+        self.ts, self.window_rows, self.seed, self.sequences = ts, window_rows, seed, sequences
         from concurrent.futures import ThreadPoolExecutor
 
         self.pool = ThreadPoolExecutor(1)
@@ -155,7 +172,7 @@ class WindowStream:
         return sorted(picked)
 
     def _read(self, chunk: int) -> dict:
-        return read_window(self.ts, self.shards(chunk), self.window_rows)
+        return read_window(self.ts, self.shards(chunk), self.window_rows, self.sequences)
 
     def window(self, chunk: int) -> dict:
         """Chunk `chunk`'s window (host arrays); starts reading the next one."""
@@ -165,11 +182,11 @@ class WindowStream:
         return data
 
 
-def load_training_data(root: str, returns: str | None = None,
-                       labels: str | None = None) -> tuple[TrainingData, str, str | None]:
+def load_training_data(root: str, returns: str | None = None, labels: str | None = None,
+                       sequences: bool = False) -> tuple[TrainingData, str, str | None]:
     """The whole dataset in memory: (data, returns set used, label set used)."""
     ts = open_training_set(root, returns, labels)
-    arrays = read_window(ts, list(range(len(ts.names))))
+    arrays = read_window(ts, list(range(len(ts.names))), sequences=sequences)
     if not arrays["num_valid"]:
         raise DatasetError(f"{ts.ds.root}: no row has a valid return-to-go (every episode cut "
                            "by the end of the data?); generate more steps or use "

@@ -11,6 +11,12 @@ maximises log pi(a|s) (w = 1), the critic the same regression.
 `updates_per_chunk` minibatch updates, each sampling `batch_size` rows of `data["rows"]` (device
 arrays, rows along axis 0) uniformly among the first `data["num_valid"]` entries of
 `data["valid_index"]`, on the device.
+
+A recurrent network (`fused.rl.networks.RecurrentActorCritic`) trains on sequences instead
+(`Sequences`): each of batch_size / length windows starts at a uniformly drawn valid row, is
+preceded by up to `burn_in` rows that only warm the GRU's carry up from zeros (the carry
+restarts where an episode starts, as when acting), and counts in the loss the valid rows from
+its drawn row on; gradients flow through the whole window.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from fused.rl.networks import init_network, is_recurrent
 from fused.rl.ppo import categorical_log_prob
 
 
@@ -33,32 +40,65 @@ class AWRSettings(NamedTuple):
     value_coef: float
 
 
-def awr_weights(advantage: jax.Array, beta: float, max_weight: float) -> jax.Array:
-    """exp((A - mean A) / beta), clipped at max_weight."""
-    centred = advantage - advantage.mean()
+class Sequences(NamedTuple):
+    """How a recurrent policy samples: windows of `burn_in + length` consecutive rows."""
+
+    length: int  # rows from the drawn row on (batch_size / length windows per minibatch)
+    burn_in: int  # rows before the drawn one that only warm the carry up
+
+
+def awr_weights(advantage: jax.Array, beta: float, max_weight: float,
+                mask: jax.Array | None = None) -> jax.Array:
+    """exp((A - mean A) / beta), clipped at max_weight (the mean over the rows in `mask`)."""
+    centred = advantage - masked_mean(advantage, mask)
     return jnp.minimum(jnp.exp(centred / beta), max_weight)
 
 
-def offline_loss(apply_actor: Callable, apply_critic: Callable, s: AWRSettings, params,
-                 x, action: jax.Array, rtg: jax.Array) -> tuple[jax.Array, dict]:
-    """The AWR or BC loss of one minibatch (network input x, action [B], return-to-go [B])."""
-    logits = apply_actor(params, x)
-    value = apply_critic(params, x)
+def masked_mean(x: jax.Array, mask: jax.Array | None) -> jax.Array:
+    if mask is None:
+        return x.mean()
+    return jnp.where(mask, x, 0.0).sum() / jnp.maximum(mask.sum(), 1)
+
+
+def offline_loss(forward: Callable, s: AWRSettings, params, x, action: jax.Array,
+                 rtg: jax.Array, mask: jax.Array | None = None) -> tuple[jax.Array, dict]:
+    """The AWR or BC loss of one minibatch: `forward(params, x)` -> (logits [B, A], value [B]),
+    action [B], return-to-go [B]; `mask` [B] (optional) picks the rows that count."""
+    logits, value = forward(params, x)
     log_prob = categorical_log_prob(logits, action)
     if s.algo == "awr":
-        weight = jax.lax.stop_gradient(awr_weights(rtg - value, s.beta, s.max_weight))
+        weight = jax.lax.stop_gradient(awr_weights(rtg - value, s.beta, s.max_weight, mask))
     else:
         weight = jnp.ones_like(log_prob)
-    actor = -(weight * log_prob).mean()
-    critic = 0.5 * ((rtg - value) ** 2).mean()
+    mean = lambda v: masked_mean(v, mask)  # noqa: E731
+    actor = -mean(weight * log_prob)
+    critic = 0.5 * mean((rtg - value) ** 2)
     probs = jax.nn.softmax(logits)
-    entropy = -(probs * jax.nn.log_softmax(logits)).sum(-1).mean()
+    entropy = mean(-(probs * jax.nn.log_softmax(logits)).sum(-1))
     return actor + s.value_coef * critic, {
         "loss/actor": actor, "loss/value": critic, "entropy": entropy,
-        "weight/mean": weight.mean(), "weight/max": weight.max(),
-        "weight/clipped": (weight >= s.max_weight).mean() if s.algo == "awr" else 0.0,
-        "log_prob": log_prob.mean(),
-        "accuracy": (logits.argmax(-1) == action).mean()}
+        "weight/mean": mean(weight),
+        "weight/max": (weight if mask is None else jnp.where(mask, weight, 0.0)).max(),
+        "weight/clipped": mean(weight >= s.max_weight) if s.algo == "awr" else 0.0,
+        "log_prob": mean(log_prob),
+        "accuracy": mean(logits.argmax(-1) == action)}
+
+
+def sequence_windows(key: jax.Array, data: dict, num_windows: int, seq: Sequences):
+    """Row indices [T, W] of `num_windows` windows (T = burn_in + length), the carry restarts
+    [T, W] and the rows that count in the loss [T, W]: each window starts `burn_in` rows before
+    a uniformly drawn valid row (clamped at the data's first row) and counts that row and the
+    valid rows after it."""
+    pick = jax.random.randint(key, (num_windows,), 0, data["num_valid"])
+    drawn = data["valid_index"][pick]
+    n = data["rows"]["action"].shape[0]
+    t = jnp.arange(seq.burn_in + seq.length)[:, None]
+    idx = jnp.maximum(drawn - seq.burn_in, 0)[None] + t
+    inside = idx < n
+    idx = jnp.minimum(idx, n - 1)
+    resets = (t == 0) | data["rows"]["episode_start"][idx]
+    counted = inside & (idx >= drawn[None]) & data["rows"]["valid"][idx]
+    return idx, resets, counted
 
 
 @struct.dataclass
@@ -77,27 +117,47 @@ class OfflineTrainer(NamedTuple):
 
 def make_offline_train(network: nn.Module, settings: AWRSettings, tx: optax.GradientTransformation,
                        batch_size: int, updates_per_chunk: int, total_updates: int,
-                       inputs_of: Callable[[dict, dict, Any], Any]) -> OfflineTrainer:
-    """`inputs_of(rows, data, norm)` turns sampled rows into the network input (decoding
-    observations, looking up and normalising hidden states); `data` holds `rows` (with `action`
-    and `rtg`), `valid_index` [V] with `num_valid` (entries past it are padding) and whatever
-    else `inputs_of` reads (a hidden-state table)."""
-    actor = lambda p, x: network.apply(p, x, method=type(network).actor)  # noqa: E731
-    critic = lambda p, x: network.apply(p, x, method=type(network).critic)  # noqa: E731
+                       inputs_of: Callable[[dict, dict, Any], Any],
+                       seq: Sequences | None = None) -> OfflineTrainer:
+    """`inputs_of(rows, data, norm)` turns sampled rows ([N] along axis 0) into the network
+    input (decoding observations, looking up and normalising hidden states); `data` holds
+    `rows` (with `action` and `rtg`; for a recurrent network also `valid` and
+    `episode_start`), `valid_index` [V] with `num_valid` (entries past it are padding) and
+    whatever else `inputs_of` reads (a hidden-state table). A recurrent network needs `seq`."""
+    recurrent = is_recurrent(network)
+    if recurrent != (seq is not None):
+        raise ValueError("a recurrent network trains on sequences (seq), a feed-forward one not")
 
     def init(key, example, norm=None):
         k_init, k_run = jax.random.split(key)
-        params = network.init(k_init, example)
+        params = init_network(network, k_init, example)
         return OfflineState(params, tx.init(params), k_run, jnp.int32(0), norm)
+
+    def minibatch(key, data, norm):
+        """(network input, action, rtg, mask) of one minibatch; forward(params, input)."""
+        if not recurrent:
+            pick = jax.random.randint(key, (batch_size,), 0, data["num_valid"])
+            rows = jax.tree.map(lambda a: a[data["valid_index"][pick]], data["rows"])
+            return inputs_of(rows, data, norm), rows["action"], rows["rtg"], None
+        idx, resets, counted = sequence_windows(key, data, batch_size // seq.length, seq)
+        rows = jax.tree.map(lambda a: a[idx.reshape(-1)], data["rows"])
+        x = jax.tree.map(lambda a: a.reshape(idx.shape + a.shape[1:]),
+                         inputs_of(rows, data, norm))
+        return (x, resets), rows["action"], rows["rtg"], counted.reshape(-1)
+
+    def forward(params, x):
+        if not recurrent:
+            return network.apply(params, x)
+        x, resets = x
+        _, logits, value = network.apply(params, network.initial_carry(resets.shape[1]), x,
+                                         resets)
+        return logits.reshape(-1, logits.shape[-1]), value.reshape(-1)
 
     def one_update(state: OfflineState, data) -> tuple[OfflineState, dict]:
         rng, k = jax.random.split(state.rng)
-        pick = jax.random.randint(k, (batch_size,), 0, data["num_valid"])
-        rows = jax.tree.map(lambda a: a[data["valid_index"][pick]], data["rows"])
-        x = inputs_of(rows, data, state.norm)
+        x, action, rtg, mask = minibatch(k, data, state.norm)
         grad_fn = jax.value_and_grad(
-            lambda p: offline_loss(actor, critic, settings, p, x, rows["action"], rows["rtg"]),
-            has_aux=True)
+            lambda p: offline_loss(forward, settings, p, x, action, rtg, mask), has_aux=True)
         (loss, metrics), grads = grad_fn(state.params)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)

@@ -202,6 +202,14 @@ def is_recurrent(network: nn.Module) -> bool:
     return hasattr(network, "initial_carry")
 
 
+def init_network(network: nn.Module, key: jax.Array, example):
+    """Parameters for a network input like `example` ([1, ...] rows), recurrent or not."""
+    if is_recurrent(network):
+        one = jax.tree.map(lambda a: a[None], example)
+        return network.init(key, network.initial_carry(1), one, jnp.zeros((1, 1), bool))
+    return network.init(key, example)
+
+
 class Acting(NamedTuple):
     """A policy acting step by step, feed-forward or recurrent alike."""
 

@@ -22,7 +22,7 @@ import optax
 from fused.config import TrainConfig
 from fused.rl.env_api import Env
 from fused.rl.explore import make_explorer
-from fused.rl.networks import is_recurrent
+from fused.rl.networks import init_network, is_recurrent
 from fused.rl.policy_input import PolicyInput
 from fused.rl.ppo import Ctx, RunnerState, local_keys, update_step
 from fused.rl.vec_env import VecEnv
@@ -52,14 +52,6 @@ def strong_types(tree):
                         if jax.typeof(x).weak_type else x, tree)
 
 
-def init_params(network: nn.Module, key: jax.Array, example):
-    """Parameters for a network input like `example` ([1, ...] rows)."""
-    if is_recurrent(network):
-        one = jax.tree.map(lambda a: a[None], example)
-        return network.init(key, network.initial_carry(1), one, jnp.zeros((1, 1), bool))
-    return network.init(key, example)
-
-
 def make_train(cfg: TrainConfig, env: Env, network: nn.Module, inputs: PolicyInput,
                axis_name: str | None = None, num_shards: int = 1) -> Trainer:
     """Pure functions for training `network` on `env` through `inputs`. With `axis_name`, they
@@ -79,7 +71,7 @@ def make_train(cfg: TrainConfig, env: Env, network: nn.Module, inputs: PolicyInp
 
     def init(key, frozen):
         k_net, k_env, k_pool, k_run = jax.random.split(key, 4)
-        params = init_params(network, k_net, inputs.example(jnp.zeros((1, env.obs_dim))))
+        params = init_network(network, k_net, inputs.example(jnp.zeros((1, env.obs_dim))))
         if axis_name is not None:
             k_pool = jax.random.fold_in(k_pool, jax.lax.axis_index(axis_name))
         env_state = ctx.vec_env.reset(local_keys(ctx, k_env), k_pool)
