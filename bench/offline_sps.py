@@ -5,7 +5,10 @@ Both sides: the online actor-critic (separate tanh MLPs, `--width` x `--layers`,
 env's size), AWR loss (centred advantage, exp(A / 10) clipped at 20, critic 0.5 (R - V)^2), Adam,
 global-norm clipping, minibatches of `--batch` rows sampled from `--rows` rows held in memory
 (ours: on the device, sampled inside the chunk; torch: a tensor indexed per step). Rows:
-`awr_jax`, `awr_torch` (samples/s, median of repeats after a warm-up), `machine`.
+`awr_jax`, `awr_torch` (samples/s, median of repeats after a warm-up; `gflops`: the update's
+matmul FLOPs per second, `of_peak`: that over the machine's f32 matmul peak), `matmul_peak`
+(GFLOP/s of a 2,048-square f32 matmul, XLA and torch, the best of repeats: what this CPU can
+do), `machine`.
 """
 
 from __future__ import annotations
@@ -49,6 +52,41 @@ class Args:
 def emit(rows, row):
     rows.append(row)
     print(json.dumps(row), flush=True)
+
+
+def update_flops(a: Args, obs_dim: int, num_actions: int) -> float:
+    """Matmul FLOPs of one AWR update per sample: forward, weight gradients, and input gradients
+    of every layer but the first (the data needs none)."""
+    def macs(out):
+        dims = [obs_dim] + [a.width] * a.layers + [out]
+        return [i * o for i, o in zip(dims[:-1], dims[1:])]
+
+    layers = macs(num_actions) + macs(1)
+    first = macs(num_actions)[0] + macs(1)[0]
+    return 2.0 * (3 * sum(layers) - first)
+
+
+def peak_row(n: int = 2048, repeats: int = 10) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+
+    x = np.random.default_rng(0).normal(size=(n, n)).astype(np.float32)
+    f = jax.jit(lambda a, b: a @ b)
+    xj = jnp.asarray(x)
+    f(xj, xj).block_until_ready()
+    xt = torch.from_numpy(x)
+    best = {"jax": 0.0, "torch": 0.0}
+    for _ in range(repeats):
+        t = time.perf_counter()
+        f(xj, xj).block_until_ready()
+        best["jax"] = max(best["jax"], 2 * n ** 3 / (time.perf_counter() - t) / 1e9)
+        t = time.perf_counter()
+        torch.mm(xt, xt)
+        best["torch"] = max(best["torch"], 2 * n ** 3 / (time.perf_counter() - t) / 1e9)
+    return {"name": "matmul_peak", "n": n, "gflops_jax": best["jax"],
+            "gflops_torch": best["torch"], "gflops": max(best.values())}
 
 
 def jax_row(a: Args, obs_dim: int, num_actions: int, data) -> dict:
@@ -145,9 +183,15 @@ def main(a: Args) -> list[dict]:
     emit(rows, dict(jax_row(a, s.obs_dim, s.num_actions, data), **common))
     time.sleep(1.0)
     emit(rows, dict(torch_row(a, s.obs_dim, s.num_actions, data), **common))
+    emit(rows, peak_row())
+    flops = update_flops(a, s.obs_dim, s.num_actions)
+    for r in rows[:2]:
+        r["gflops"] = r["samples_per_s"] * flops / 1e9
+        r["of_peak"] = r["gflops"] / rows[2]["gflops"]
     ratio = rows[0]["samples_per_s"] / rows[1]["samples_per_s"]
     rows[0]["vs_torch"] = ratio
-    print(f"jax / torch = {ratio:.2f}x", flush=True)
+    print(f"jax / torch = {ratio:.2f}x; of this CPU's matmul peak ({rows[2]['gflops']:.0f} "
+          f"GFLOP/s): jax {rows[0]['of_peak']:.0%}, torch {rows[1]['of_peak']:.0%}", flush=True)
     import jax
 
     emit(rows, {"name": "machine", "devices": str(jax.devices()), "cpu_count": os.cpu_count()})
