@@ -74,6 +74,29 @@ def test_kernel_grid(g, d, p):
     check(3, 40, g, 8 // g if g < 8 else 1, d, p, block=32)
 
 
+def test_short_rows_share_a_program():
+    """Rows whose queries do not fill a program share one (the prefix read once for them):
+    4-token rows, GQA 1, 5 rows padded to 8 with length-0 rows, against the reference."""
+    args = inputs(5, 4, 1, 2, 64, 37)
+    ref = prefix_attention_reference(*args)
+    for block_m in (4, 8, 32):  # 1, 2 and 8 rows a program
+        out = prefix_attention(*args, block_q=16, block_k=16, block_m=block_m, interpret=True)
+        np.testing.assert_allclose(out, ref, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("platform", ["cuda", "rocm"])
+def test_kernel_lowers_for_gpus_through_triton(platform):
+    """Without a GPU: `jax.export` runs Pallas' Triton lowering (which rejects unsupported block
+    shapes and ops) for the 4B model's shapes (GQA 4, head_dim 128, prefix 1,387, 32-token
+    suffixes) and a one-token, no-prefix case. (Pallas' default GPU backend, Mosaic GPU,
+    fails on the lengths' 4-byte block.) The device compile and speed need a GPU."""
+    from kernels.prefix_attention import lowers_for
+
+    for shape in ((4, 32, 4, 8, 128, 1387), (3, 1, 2, 2, 64, 0)):
+        text = lowers_for(platform, *inputs(*shape, dtype=jnp.bfloat16))
+        assert "__gpu$xla.gpu.triton" in text
+
+
 def test_auto_picks_a_form_that_compiles_here():
     from llm_jax.model import AttentionConfig, attention, resolve_form
 
