@@ -7,8 +7,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".jax_cache"))
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_force_host_platform_device_count=2").strip()
+TWO_DEVICES = "--xla_force_host_platform_device_count=2"
+_flags = os.environ.get("XLA_FLAGS", "").split()  # (pytest-xdist workers inherit it set)
+os.environ["XLA_FLAGS"] = " ".join(_flags + ([TWO_DEVICES] if TWO_DEVICES not in _flags else []))
 sys.path.insert(0, str(ROOT))
 
 import signal  # noqa: E402
@@ -28,7 +29,11 @@ def root() -> Path:
 def subprocess_env() -> dict:
     """Environment for child processes: same cache, repo importable, one CPU device."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_COMPILATION_CACHE_DIR=CACHE)
-    env["XLA_FLAGS"] = env["XLA_FLAGS"].replace("--xla_force_host_platform_device_count=2", "")
+    flags = [f for f in env["XLA_FLAGS"].split() if f != TWO_DEVICES]
+    if flags:
+        env["XLA_FLAGS"] = " ".join(flags)
+    else:  # XLA reads a blank XLA_FLAGS as a file name and aborts
+        env.pop("XLA_FLAGS")
     return env
 
 
