@@ -164,7 +164,8 @@ def acting_config(c: OfflineConfig, card: dict) -> TrainConfig:
                                   post_norm=bool(entry["post_norm"]), layer=entry["layer"])
     return TrainConfig(env=EnvConfig(name=card["env"], num_envs=1),
                        ppo=PPOConfig(layer_width=c.layer_width, num_layers=c.num_layers),
-                       policy=c.policy, llm=llm, seed=0, plot=False, wandb=WandbConfig(mode="disabled"))
+                       policy=c.policy, llm=llm, seed=0, plot=False,
+                       wandb=WandbConfig(mode="disabled"))
     # seed 0: a random-weight model is made from the seed; label.py labels with seed 0
 
 

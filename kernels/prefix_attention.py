@@ -53,7 +53,7 @@ def prefix_attention_reference(q, k, v, lengths, prefix_k, prefix_v):
 
 
 def _kernel(len_ref, q_ref, k_ref, v_ref, pk_ref, pv_ref, o_ref, *, block_q: int, block_k: int,
-            prefix_len: int, prefix_blocks: int, groups: int):
+            prefix_len: int, prefix_blocks: int):
     qi = pl.program_id(2)
     q = q_ref[...]  # [R, bq, G, D]
     rows, bq, g, d = q.shape
@@ -146,7 +146,7 @@ def prefix_attention(q, k, v, lengths, prefix_k, prefix_v, *, block_q: int = 64,
     pv = jnp.pad(prefix_v, ((0, p_pad - p), (0, 0), (0, 0))).transpose(1, 0, 2)
     lens = jnp.pad(lengths.astype(jnp.int32), (0, b_pad - b))  # padding rows: length 0
     kernel = functools.partial(_kernel, block_q=block_q, block_k=block_k, prefix_len=p,
-                               prefix_blocks=p_pad // block_k, groups=g)
+                               prefix_blocks=p_pad // block_k)
 
     def call(platform: str | None):
         return pl.pallas_call(

@@ -1,5 +1,6 @@
-"""Shared test setup: two virtual CPU devices (for the sharding tests), the persistent compilation
-cache (each config compiles once per machine), subprocess environments, the vLLM server."""
+"""Shared test setup: two virtual CPU devices (for the sharding tests), fast compilation and the
+persistent compilation cache (each config compiles once per machine), subprocess environments,
+the vLLM server."""
 
 import os
 import sys
@@ -8,7 +9,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".jax_cache"))
 TWO_DEVICES = "--xla_force_host_platform_device_count=2"
-_flags = os.environ.get("XLA_FLAGS", "").split()  # (pytest-xdist workers inherit it set)
+# The suite is compile-bound (an empty cache in CI): LLVM's optimisation of the CPU code costs
+# more than it saves on these tiny configs (about 0.7x the suite's time without it). It reaches
+# child processes too; every comparison in the tests is within one setting or to a tolerance.
+FAST_COMPILE = "--xla_backend_optimization_level=0"
+_flags = os.environ.get("XLA_FLAGS", "").split()
+if not any(f.startswith("--xla_backend_optimization_level") for f in _flags):
+    _flags.append(FAST_COMPILE)
 os.environ["XLA_FLAGS"] = " ".join(_flags + ([TWO_DEVICES] if TWO_DEVICES not in _flags else []))
 sys.path.insert(0, str(ROOT))
 

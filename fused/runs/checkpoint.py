@@ -2,11 +2,15 @@
 
 Orbax writes each step to a temporary folder and renames it when complete, so a process killed
 mid-save leaves no half checkpoint behind; a checkpoint damaged later (disk, copy) fails its
-digest or its read and is skipped for the previous good one with a warning.
+digest or its read and is skipped for the previous good one with a warning. A checkpoint
+written before the state gained a field that is None unless used (RunnerState.carry and
+.explore, added with the GRU and exploration variants) restores into the current state with that
+field None, checked against its digest like any other.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import warnings
 from pathlib import Path
@@ -52,19 +56,45 @@ class Checkpointer:
             state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
         self.manager.wait_until_finished()
 
+    def _read(self, step: int, target: Any):
+        return self.manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+
+    def _older_layout(self, step: int, abstract_state: Any) -> dict | None:
+        """The fields checkpoint `step` holds, as a restore target, when it predates fields of
+        the state that are None here; None if that is not what differs."""
+        if not dataclasses.is_dataclass(abstract_state):
+            return None
+        saved = ocp.StandardCheckpointHandler().metadata(self.directory / str(step) / "state")
+        saved = getattr(saved, "tree", saved)
+        fields = {f.name: getattr(abstract_state, f.name)
+                  for f in dataclasses.fields(abstract_state)}
+        if not hasattr(saved, "keys") or any(
+                v is not None for k, v in fields.items() if k not in saved):
+            return None
+        return {k: v for k, v in fields.items() if k in saved}
+
     def restore(self, step: int, abstract_state: Any) -> tuple[int, Any, dict]:
         """Checkpoint `step`, checked against its digest (CheckpointError if it does not read
         back or does not match)."""
         try:
-            out = self.manager.restore(step, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+            try:
+                out = self._read(step, abstract_state)
+                state = out.state
+            except ValueError as e:
+                older = (self._older_layout(step, abstract_state)
+                         if "tree structures do not match" in str(e) else None)
+                if older is None:
+                    raise
+                out = self._read(step, older)
+                state = abstract_state.replace(**out.state)
         except Exception as e:  # orbax raises many kinds on damaged files
             raise CheckpointError(f"checkpoint {step} in {self.directory} does not read back "
                                   f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from e
-        if state_digest(out.state) != out.meta.get("digest"):
+        if state_digest(state) != out.meta.get("digest"):
             raise CheckpointError(f"checkpoint {step} in {self.directory}: content digest "
                                   "mismatch")
-        return step, out.state, dict(out.meta)
+        return step, state, dict(out.meta)
 
     def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict]:
         """Newest checkpoint that reads back and matches its digest.
@@ -81,8 +111,9 @@ class Checkpointer:
                 warnings.warn(f"checkpoint step {step} in {self.directory} is unusable "
                               f"({str(e.__cause__ or e).splitlines()[0][:200]}); "
                               "trying the previous one", stacklevel=2)
-        raise CheckpointError(f"all checkpoints in {self.directory} ({steps}) are corrupt; "
-                              "delete the run folder's checkpoints and start again")
+        raise CheckpointError(f"no checkpoint in {self.directory} ({steps}) reads back (each "
+                              "one's error is in the warnings above); a run written by a newer "
+                              "craftax-fused needs that version, a damaged one a fresh start")
 
     def close(self) -> None:
         self.manager.close()
