@@ -102,7 +102,7 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, pk_ref, pv_ref, o_ref, *, block_q: int
     carry = (jnp.full((n,), NEG, jnp.float32), jnp.zeros((n,), jnp.float32),
              jnp.zeros((n, d), jnp.float32))
     carry = jax.lax.fori_loop(0, prefix_blocks, prefix_block, carry)
-    for r in range(rows):  # R is small and static: each row's own keys, its queries unmasked
+    for r in range(rows):  # R is small and static: row r's own keys, seen by its queries only
         carry = own_blocks(r, carry)
     _, l, acc = carry
     out = jnp.where((l > 0)[:, None], acc / jnp.where(l > 0, l, 1.0)[:, None], 0.0)

@@ -331,6 +331,7 @@ def test_loader_marks_where_the_carry_restarts(tmp_path):
     assert skip[:len(expect)].tolist() == expect.tolist()
 
 
+@pytest.mark.slow
 def test_offline_gru_learns_the_memory_probe_and_resumes_exactly(tmp_path):
     """AWR on random probe-memory episodes: a GRU trained on windows (burn-in reaching the
     episode's first step) plays the rewarded action from memory in `offline.py eval`; the MLP,
