@@ -25,11 +25,8 @@ class Agent(NamedTuple):
 def make_agent(cfg: TrainConfig, num_devices: int = 1, like: Agent | None = None) -> Agent:
     """Host setup of the policy for `cfg` (with an LLM, loads it and prefills its prompt, unless
     `like`, an agent of the same config for another env count, already holds it)."""
-    s, p = spec(cfg.env.name), cfg.ppo
-    gru = cfg.policy.kind == "gru"
+    network = policy_network(cfg)
     if cfg.llm.active_backend == "none":
-        network = (RecurrentActorCritic(s.num_actions, p.layer_width, p.num_layers) if gru
-                   else ActorCritic(s.num_actions, p.layer_width, p.num_layers))
         return Agent(network, Identity())
     if like is not None and isinstance(like.inputs, LLMInput):
         llm = like.inputs.llm
@@ -41,7 +38,17 @@ def make_agent(cfg: TrainConfig, num_devices: int = 1, like: Agent | None = None
         print(f"LLM calls: micro-batches of {sizes.microbatch} envs, refreshes in calls of "
               f"{sizes.refresh} (about {sizes.efficiency:.0%} of a refresh call is row work)",
               flush=True)
-    kind = RecurrentActorCritic if gru else AugmentedActorCritic
-    network = kind(s.num_actions, p.layer_width, p.num_layers, cfg.llm.projection == "layernorm",
-                   cfg.llm.constant_hidden)
     return Agent(network, LLMInput(llm, sizes.microbatch, sizes.refresh, cfg.env.num_envs))
+
+
+def policy_network(cfg: TrainConfig) -> nn.Module:
+    """The network of `cfg`'s policy (feed-forward or GRU, plain or with an LLM state), built
+    without loading the LLM (offline training reads hidden states from label sets)."""
+    s, p = spec(cfg.env.name), cfg.ppo
+    gru = cfg.policy.kind == "gru"
+    if cfg.llm.active_backend == "none":
+        return (RecurrentActorCritic(s.num_actions, p.layer_width, p.num_layers) if gru
+                else ActorCritic(s.num_actions, p.layer_width, p.num_layers))
+    kind = RecurrentActorCritic if gru else AugmentedActorCritic
+    return kind(s.num_actions, p.layer_width, p.num_layers, cfg.llm.projection == "layernorm",
+                cfg.llm.constant_hidden)

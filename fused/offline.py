@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fused.agent import policy_network
 from fused.config import (
     ConfigError,
     EnvConfig,
@@ -37,7 +38,6 @@ from fused.envspec import spec
 from fused.llm.norm import RunningNorm, normalize
 from fused.rl.awr import AWRSettings, OfflineTrainer, Sequences, make_offline_train
 from fused.rl.collect import ObsCodec
-from fused.rl.networks import ActorCritic, AugmentedActorCritic, RecurrentActorCritic
 from fused.runs.run_dir import RunDir
 
 
@@ -222,7 +222,7 @@ def build(c: OfflineConfig) -> Offline:
         data, _, _ = load_training_data(c.data, c.returns, c.labels, sequences)
         device_data = jax.device_put(data.arrays)
     acting = acting_config(c, card)
-    network = training_network(acting)
+    network = policy_network(acting)
     trainer = make_trainer(c, network, network_inputs(ObsCodec(spec(data.env)), bool(c.labels)))
     norm = None
     if c.labels:
@@ -239,19 +239,6 @@ def make_trainer(c: OfflineConfig, network, inputs_of=None) -> OfflineTrainer:
                               c.num_updates, inputs_of, seq)
 
 
-def training_network(acting: TrainConfig):
-    """The network `make_agent(acting)` builds, without loading an LLM (training reads hidden
-    states from the labels; the LLM is loaded only to act, by `fused.policy.load_policy`)."""
-    s, p = spec(acting.env.name), acting.ppo
-    gru = acting.policy.kind == "gru"
-    if acting.llm.active_backend == "none":
-        return (RecurrentActorCritic(s.num_actions, p.layer_width, p.num_layers) if gru
-                else ActorCritic(s.num_actions, p.layer_width, p.num_layers))
-    kind = RecurrentActorCritic if gru else AugmentedActorCritic
-    return kind(s.num_actions, p.layer_width, p.num_layers, acting.llm.projection == "layernorm",
-                acting.llm.constant_hidden)
-
-
 def example_input(acting: TrainConfig):
     obs = jnp.zeros((1, spec(acting.env.name).obs_dim), jnp.float32)
     if acting.llm.active_backend == "none":
@@ -262,7 +249,7 @@ def example_input(acting: TrainConfig):
 
 def abstract_state(c: OfflineConfig, acting: TrainConfig):
     """Shapes and dtypes of an offline run's checkpointed state (its restore target)."""
-    trainer = make_trainer(c, training_network(acting))
+    trainer = make_trainer(c, policy_network(acting))
     norm = None
     if acting.llm.active_backend != "none":
         h = model_config(acting.llm).hidden_size

@@ -56,38 +56,29 @@ class Checkpointer:
             state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
         self.manager.wait_until_finished()
 
-    def _read(self, step: int, target: Any):
-        return self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
-
-    def _older_layout(self, step: int, abstract_state: Any) -> dict | None:
-        """The fields checkpoint `step` holds, as a restore target, when it predates fields of
-        the state that are None here; None if that is not what differs."""
+    def _target(self, step: int, abstract_state: Any):
+        """The restore target of checkpoint `step`: the state itself, or, for a checkpoint that
+        predates fields of the state which are None here, a dict of the fields it holds (the
+        caller puts them back into the state)."""
         if not dataclasses.is_dataclass(abstract_state):
-            return None
+            return abstract_state
         saved = ocp.StandardCheckpointHandler().metadata(self.directory / str(step) / "state")
         saved = getattr(saved, "tree", saved)
         fields = {f.name: getattr(abstract_state, f.name)
                   for f in dataclasses.fields(abstract_state)}
-        if not hasattr(saved, "keys") or any(
-                v is not None for k, v in fields.items() if k not in saved):
-            return None
+        missing = [k for k in fields if k not in saved]
+        if not missing or any(fields[k] is not None for k in missing):
+            return abstract_state  # complete, or not an older layout: restoring says what differs
         return {k: v for k, v in fields.items() if k in saved}
 
     def restore(self, step: int, abstract_state: Any) -> tuple[int, Any, dict]:
         """Checkpoint `step`, checked against its digest (CheckpointError if it does not read
         back or does not match)."""
         try:
-            try:
-                out = self._read(step, abstract_state)
-                state = out.state
-            except ValueError as e:
-                older = (self._older_layout(step, abstract_state)
-                         if "tree structures do not match" in str(e) else None)
-                if older is None:
-                    raise
-                out = self._read(step, older)
-                state = abstract_state.replace(**out.state)
+            target = self._target(step, abstract_state)
+            out = self.manager.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+            state = out.state if target is abstract_state else abstract_state.replace(**out.state)
         except Exception as e:  # orbax raises many kinds on damaged files
             raise CheckpointError(f"checkpoint {step} in {self.directory} does not read back "
                                   f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from e
