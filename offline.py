@@ -19,8 +19,8 @@ from rich.console import Console
 
 from fused.config import ConfigError
 from fused.runs import config_io
-from fused.runs.files import setup_compilation_cache
-from fused.runs.run_dir import RunDir, default_name
+from fused.runs.files import require_writable, setup_compilation_cache
+from fused.runs.run_dir import RunDir, default_name, one_line_warnings
 
 DESCRIPTIONS = {"awr": "Advantage-weighted regression on a dataset.",
                 "bc": "Behaviour cloning on a dataset.",
@@ -61,6 +61,7 @@ def parse_train(cmd: str, argv: list[str]):
 def main(argv: list[str] | None = None):
     argv = sys.argv[1:] if argv is None else argv
     console = Console(soft_wrap=True)
+    one_line_warnings()
     if not argv or argv[0] not in DESCRIPTIONS:
         sys.exit("usage: python offline.py awr|bc|eval|study|probe [--flags] (--help for each)")
     cmd, rest = argv[0], argv[1:]
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None):
         from fused.offline import validate
 
         validate(cfg)
+        require_writable(cfg.resume or cfg.out_dir, "--resume" if cfg.resume else "--out-dir")
         setup_compilation_cache()
         run = (RunDir.reopen(cfg.resume) if cfg.resume else RunDir.create(
             cfg.out_dir, cfg.run_name or default_name(

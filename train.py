@@ -15,8 +15,8 @@ from rich.console import Console
 
 from fused.config import PRESETS, RESUME_FIXED, RESUME_FREE, ConfigError, TrainConfig, validate
 from fused.runs import cluster, config_io
-from fused.runs.files import setup_compilation_cache
-from fused.runs.run_dir import RunDir, default_name
+from fused.runs.files import require_writable, setup_compilation_cache
+from fused.runs.run_dir import RunDir, default_name, one_line_warnings
 
 DEFAULT_PRESET = "cpu"
 DESCRIPTION = "Train PPO on Craftax with the whole rollout and update compiled."
@@ -32,6 +32,7 @@ def load_config(argv: list[str]) -> tuple[TrainConfig, dict]:
 
 
 def main(argv: list[str] | None = None) -> Path:
+    one_line_warnings()
     try:
         cfg, changed = load_config(sys.argv[1:] if argv is None else argv)
         setup_compilation_cache()
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> Path:
             raise ConfigError(f"num_devices={num_devices} but only {jax.device_count()} "
                               "devices are visible")
         validate(cfg, num_devices)
+        require_writable(cfg.resume or cfg.out_dir, "--resume" if cfg.resume else "--out-dir")
         run = (RunDir.reopen(cfg.resume) if cfg.resume else
                RunDir.create(cfg.out_dir, cfg.run_name or default_name(cfg.env.name,
                                                                        f"s{cfg.seed}")))
@@ -79,11 +81,8 @@ def train(online, run: RunDir, console: Console) -> Path:
     chunk = jax.jit(trainer.chunk, donate_argnums=0)
     t0 = time.time()
     state = commit(online, jax.jit(trainer.init)(jax.random.PRNGKey(cfg.seed), online.frozen))
-    if run.resuming:
-        restored, state, _ = ckpt.restore_latest(abstract_like(state, shardings(online, state)))
-        if lead:
-            log.truncate_after(restored)
-        console.print(f"resumed from checkpoint at update {restored}")
+    state = run.starting_state(ckpt, state, abstract_like(state, shardings(online, state)),
+                               log if lead else None, console)
     wandb_run = run.start_wandb(cfg.wandb, cfg) if lead else None
     profiled = False
 

@@ -367,12 +367,13 @@ def model_config(m: LLMConfig) -> Qwen3Config:
     model's shape. A folder that is not a Qwen3 checkpoint is a ConfigError on llm.weights."""
     if m.weights is None:
         return TINY if m.random_model == "tiny" else Qwen3Config.shape(m.random_model)
-    if not (Path(m.weights).expanduser() / "config.json").is_file():
-        raise ConfigError(f"llm.weights={m.weights!r} has no config.json; pass a HuggingFace "
-                          "Qwen3 model folder")
+    from llm_jax.loader import WeightsError, check_folder, resolve_folder
+
     try:
-        return Qwen3Config.from_folder(m.weights)
-    except Qwen3ConfigError as e:
+        folder = resolve_folder(m.weights)
+        check_folder(folder)
+        return Qwen3Config.from_folder(folder)
+    except (Qwen3ConfigError, WeightsError) as e:
         raise ConfigError(f"llm.weights={m.weights!r}: {e}") from None
 
 

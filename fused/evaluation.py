@@ -22,7 +22,7 @@ from fused.rl.envs import make_env
 from fused.rl.evaluate import make_evaluate, summarise
 from fused.rl.networks import acting
 from fused.runs.config_io import from_json
-from fused.runs.files import atomic_write_json
+from fused.runs.files import atomic_write_json, require_writable
 from fused.runs.metrics import save_figure
 
 
@@ -96,6 +96,10 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None) -> dict:
     if c.video < 0 or c.video_max_steps <= 0:
         raise ConfigError("video must be >= 0 and video_max_steps positive")
     run_dir = Path(c.run).expanduser()
+    path = Path(c.out).expanduser() if c.out else run_dir / "eval.json"
+    require_writable(path.parent, "--out" if c.out else "--run")  # before playing, not after
+    if c.video:
+        require_writable(run_dir / "videos", "--run (videos/)")
     pol = load_policy(run_dir, c.episodes, c.checkpoint, llm_overrides=llm_overrides)
     if is_offline(run_dir) and pol.cfg.llm.active_backend != "none" and not c.allow_mismatch:
         check_llm_matches_labels(run_dir, pol)
@@ -117,7 +121,6 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None) -> dict:
                llm=None if pol.cfg.llm.active_backend == "none" else {
                    "layer": pol.agent.inputs.llm.layer, "skip_n": pol.cfg.llm.skip_n,
                    "hidden": pol.cfg.llm.hidden, "weights": pol.cfg.llm.weights})
-    path = Path(c.out) if c.out else run_dir / "eval.json"
     atomic_write_json(path, out)
     if c.plot and out["achievements"]:
         plot_achievements(out, path.with_name(path.stem + "_achievements.png"))
@@ -126,8 +129,9 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None) -> dict:
 
         frames = record(run_dir, pol.step, c.video, c.seed, c.video_max_steps, c.greedy,
                         c.video_text and pol.cfg.llm.active_backend != "none")
-        out["videos"] = [str(p) for p in write_gifs(frames, path.parent / "videos")]
+        out["videos"] = [str(p) for p in write_gifs(frames, run_dir / "videos")]
         atomic_write_json(path, out)
+        console.print(f"{len(out['videos'])} videos -> {run_dir / 'videos'}")
     lo, hi = out["return_ci95"]
     console.print(f"return {out['return_mean']:.2f} (95% CI {lo:.2f}-{hi:.2f}) over "
                   f"{out['episodes']} episodes, length {out['length_mean']:.0f}"

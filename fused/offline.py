@@ -280,10 +280,7 @@ def train(off: Offline, run: RunDir, console) -> Path:
     t0 = time.time()
     state = jax.jit(off.trainer.init)(jax.random.PRNGKey(cfg.seed), example_input(off.acting),
                                       off.norm)
-    if run.resuming:
-        restored, state, _ = ckpt.restore_latest(abstract_like(state))
-        log.truncate_after(restored)
-        console.print(f"resumed from checkpoint at update {restored}")
+    state = run.starting_state(ckpt, state, abstract_like(state), log, console)
     chunk = jax.jit(off.trainer.chunk, donate_argnums=0)
     wandb_run = run.start_wandb(cfg.wandb, cfg)
 

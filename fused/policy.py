@@ -102,7 +102,9 @@ def load_policy(run_dir: str | Path, num_envs: int, checkpoint: int | None = Non
                                   f"(there: {ckpt.steps()})")
             step, state, _ = ckpt.restore(checkpoint, abstract)
     except CheckpointError as e:
-        raise ConfigError(f"policy {run_dir}: {e}") from None
+        again = (f"python offline.py {ocfg.algo} --resume {run_dir}" if offline else
+                 f"python train.py --resume {run_dir}")
+        raise ConfigError(f"policy {run_dir}: {e}; train it first: `{again}`") from None
     finally:
         ckpt.close()
     acting = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, num_envs=num_envs))

@@ -21,7 +21,7 @@ from fused.config import ConfigError, PolicyConfig
 from fused.evaluation import EvalConfig, evaluate
 from fused.offline import PRESETS, build, train, validate
 from fused.rl.evaluate import mean_ci95
-from fused.runs.files import atomic_write, atomic_write_json
+from fused.runs.files import atomic_write, atomic_write_json, require_writable
 from fused.runs.run_dir import RunDir
 
 
@@ -73,6 +73,7 @@ def run_study(c: StudyConfig, console) -> dict:
     if bad:
         raise ConfigError(f"algos={bad}: choose among awr, bc")
     root = Path(c.out).expanduser()
+    require_writable(root, "--out")
     base = PRESETS[c.preset][1]
     overrides = {k: getattr(c, k) for k in ("num_updates", "lr", "beta")
                  if getattr(c, k) is not None}
@@ -90,7 +91,7 @@ def run_study(c: StudyConfig, console) -> dict:
             run_path = root / cfg.run_name
             if not _finished(run_path, cfg.num_updates):
                 console.print(f"[bold]study[/] training {name} seed {seed}")
-                run = (RunDir.reopen(run_path) if (run_path / "checkpoints").is_dir()
+                run = (RunDir.reopen(run_path) if (run_path / "config.json").is_file()
                        else RunDir.create(str(root), cfg.run_name))
                 train(build(dataclasses.replace(cfg, resume=str(run_path) if run.resuming
                                                 else None)), run, console)

@@ -42,6 +42,48 @@ def _tensor_files(folder: Path) -> dict[str, Path]:
                        f"(found {found}); pass a HuggingFace Qwen3 model folder")
 
 
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def resolve_folder(weights: str | Path) -> Path:
+    """A model folder, or a Hugging Face hub id (`Qwen/Qwen3-4B`) resolved as every HF tool
+    does: the snapshot in the local cache ($HF_HUB_CACHE / $HF_HOME), else downloaded where the
+    network allows (not with HF_HUB_OFFLINE=1). WeightsError (one line) when neither works."""
+    path = Path(weights).expanduser()
+    if path.exists() or not HUB_ID.fullmatch(str(weights)):
+        return path
+    from huggingface_hub import constants, snapshot_download
+
+    try:
+        return Path(snapshot_download(str(weights), local_files_only=True))
+    except Exception:  # noqa: BLE001 (not in the cache: try the network below)
+        pass
+    try:
+        return Path(snapshot_download(str(weights), allow_patterns=[
+            "*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken"]))
+    except Exception as e:  # noqa: BLE001 (offline, unknown id, gated: all end here)
+        raise WeightsError(
+            f"{weights} is neither a folder nor a model in the Hugging Face cache "
+            f"({constants.HF_HUB_CACHE}), and it could not be downloaded "
+            f"({type(e).__name__}); pass a model folder, or fetch it first where the network "
+            f"allows (`hf download {weights}`)") from None
+
+
+def check_folder(folder: Path) -> None:
+    """WeightsError unless `folder` holds config.json and safetensors weights (one line)."""
+    if not folder.is_dir():
+        raise WeightsError(f"{folder} is not a folder; pass a HuggingFace Qwen3 model folder or "
+                           "hub id")
+    if not (folder / "config.json").is_file():
+        raise WeightsError(f"{folder} has no config.json; pass a HuggingFace Qwen3 model folder")
+    if not ((folder / "model.safetensors").is_file()
+            or (folder / "model.safetensors.index.json").is_file()):
+        found = sorted(p.name for p in folder.glob("*"))[:10]
+        raise WeightsError(f"{folder} has config.json but no model.safetensors or "
+                           f"model.safetensors.index.json (found {found}); the weights are "
+                           "missing: download them again")
+
+
 def expected_tensors(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
     out = {n: shape for s in WEIGHTS.values() for n, shape in zip(s.hf_names, s.hf_shapes(cfg))}
     for i in range(cfg.num_layers):
@@ -51,9 +93,8 @@ def expected_tensors(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
 
 
 def load_params(folder: str | Path, dtype=jnp.float32) -> tuple[Qwen3Config, dict]:
-    folder = Path(folder).expanduser()
-    if not folder.is_dir():
-        raise WeightsError(f"{folder} is not a folder; --weights takes a HuggingFace model folder")
+    folder = resolve_folder(folder)
+    check_folder(folder)
     cfg = Qwen3Config.from_folder(folder)
     files = _tensor_files(folder)
     expected = expected_tensors(cfg)

@@ -85,6 +85,10 @@ class Qwen3Tokenizer:
 
 def load_tokenizer(weights_dir: str | Path | None = None) -> Qwen3Tokenizer:
     """The weights folder's own tokenizer if it has one, else the packaged Qwen3 files."""
-    if weights_dir is not None and (Path(weights_dir).expanduser() / "tokenizer.json").is_file():
-        return Qwen3Tokenizer(Path(weights_dir).expanduser())
+    if weights_dir is not None:
+        from llm_jax.loader import resolve_folder
+
+        folder = resolve_folder(weights_dir)
+        if (folder / "tokenizer.json").is_file():
+            return Qwen3Tokenizer(folder)
     return Qwen3Tokenizer(packaged_tokenizer_dir())

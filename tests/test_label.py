@@ -267,7 +267,8 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     manifest_ = ds.manifest()
     manifest_["labels"]["h"] = {"shards": []}
     ds.write_manifest(manifest_)
-    assert "already in" in error("label", "--data", str(ds.root), "--name", "h")
+    assert "does not say how it was made" in error("label", "--data", str(ds.root), "--name",
+                                                   "h")
     assert "gamma=1.5" in error("returns", "--data", str(ds.root), "--gamma", "1.5")
     assert "holds a dataset" in error("generate", "smoke", "--out", str(ds.root))
     assert "streams=3" in error("generate", "smoke", "--out", str(tmp_path / "x"), "--streams",

@@ -100,6 +100,18 @@ class ReturnsConfig:
         return self.name or f"gamma{self.gamma:g}"
 
 
+GENERATE_PRESETS: dict[str, tuple[str, GenerateConfig]] = {
+    "cpu": ("Default: Craftax-Classic-Symbolic, 64 envs x 1,024 steps (65k transitions).",
+            GenerateConfig(out="", env=EnvSettings(name="Craftax-Classic-Symbolic-v1",
+                                                   reset_pool=8))),
+    "smoke": ("Seconds: 8 Classic envs x 64 steps, small shards (tests).",
+              GenerateConfig(out="", env=EnvSettings(name="Craftax-Classic-Symbolic-v1",
+                                                     reset_pool=2),
+                             num_envs=8, steps=64, block_steps=16, shard_rows=128)),
+    "symbolic": ("The prior system's shards: Craftax-Symbolic, 128 envs, 8,192-row shards.",
+                 GenerateConfig(out="", num_envs=128, steps=64 * 128)),
+}
+
 def parse_part(part: str | None, processes: int) -> tuple[int, int] | None:
     """`I/N` -> (I, N), checked; None without --part."""
     if part is None:

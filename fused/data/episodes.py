@@ -48,7 +48,8 @@ class EpisodeAssembler:
         self.ready_rows = 0
         self.next_episode = 0
         self.stats = {"episodes_finished": 0, "episodes_kept": 0, "episodes_incomplete": 0,
-                      "rows_kept": 0, "rows_dropped": 0, "return_sum_kept": 0.0}
+                      "rows_kept": 0, "rows_dropped": 0, "return_sum_kept": 0.0,
+                      "return_max_finished": None}
 
     def add_block(self, block: Rows) -> Iterator[Rows]:
         """block: columns [T, N, ...] in time order; yields each full shard's rows."""
@@ -84,6 +85,9 @@ class EpisodeAssembler:
         keep = (self.min_return is None) if not complete else (
             self.min_return is None or ret >= self.min_return)
         self.stats["episodes_finished" if complete else "episodes_incomplete"] += 1
+        if complete:
+            best = self.stats.get("return_max_finished")
+            self.stats["return_max_finished"] = ret if best is None else max(best, ret)
         if not keep:
             self.stats["rows_dropped"] += n
             return

@@ -236,6 +236,8 @@ class StreamWriter:
         point yet, or a shard written before it is missing or damaged (found by its digest;
         the stream is then regenerated from its start, rewriting the good shards unchanged)."""
         points = sorted(p for p in work.glob("resume-*") if committed(p, verify=False))
+        if points and committed(points[-1], verify=True) is None:  # damaged: start over
+            points = []
         if not points:
             return None
         meta = attrs(points[-1])
@@ -289,19 +291,48 @@ def shard_collector(init, block, devices, inputs):
             wrap(block, (specs, P(), P(), P()), (specs, rec_spec)))
 
 
+def merge_stats(parts: list[dict]) -> dict:
+    """The streams' assembler counters added up (the best return: the maximum)."""
+    stats: dict = {}
+    for part in parts:
+        for k, v in part.items():
+            if k == "return_max_finished":
+                known = [x for x in (stats.get(k), v) if x is not None]
+                stats[k] = max(known) if known else None
+            else:
+                stats[k] = stats.get(k, 0) + v
+    return stats
+
+
 def finish(ds: Dataset, c: GenerateConfig, card: dict, seconds: float, console) -> None:
-    """Manifest from the committed shards (and the behaviour label set), card with counts."""
-    names = sorted(p.name for p in (ds.root / "shards").iterdir() if not p.name.startswith("."))
+    """Manifest from the committed shards (and the behaviour label set), card with counts. The
+    label and returns sets of an earlier manifest are kept; where a shard they were computed
+    from now has other bytes, they are marked stale for those shards (their command redoes
+    them) and one line says so."""
+    stats = merge_stats([json.loads((ds.work / f"stream-{g:03d}" / "done.json").read_text())
+                         ["stats"] for g in range(c.streams)])
+    folder = ds.root / "shards"
+    names = sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) \
+        if folder.is_dir() else []
+    if not names:
+        best = stats.get("return_max_finished")
+        raise DatasetError(
+            f"no episode was kept: {stats['episodes_finished']:,} episodes finished (best "
+            f"return {'none' if best is None else f'{best:.2f}'}) and --min-return {c.min_return:g} keeps "
+            "none of them; lower --min-return or raise --steps (rerun with another --out)")
     shards = [committed(ds.shard_dir(n), verify=False) for n in names]
     if any(s is None for s in shards):
         raise DatasetError(f"{ds.root}: a shard lost its record during generation; rerun")
-    manifest = {"shards": shards, "labels": {}, "returns": {}}
-    stats: dict = {}
-    for g in range(c.streams):
-        done = json.loads((ds.work / f"stream-{g:03d}" / "done.json").read_text())
-        for k, v in done["stats"].items():
-            stats[k] = stats.get(k, 0) + v
+    try:
+        old_manifest = ds.manifest() if ds.manifest_path.is_file() else None
+    except DatasetError:  # unreadable: rebuilt from the records below
+        old_manifest = None
     old = ds.card()
+    manifest = {"shards": shards, "labels": {}, "returns": {}}
+    changed = set()
+    if old_manifest is not None:
+        before = {s["name"]: s["digest"] for s in old_manifest["shards"]}
+        changed = {s["name"] for s in shards if before.get(s["name"]) != s["digest"]}
     labels = dict(old.get("labels", {}))
     if ds.label_dir("behaviour").is_dir():
         manifest["labels"]["behaviour"] = {"shards": [
@@ -310,9 +341,39 @@ def finish(ds: Dataset, c: GenerateConfig, card: dict, seconds: float, console) 
         labels["behaviour"] = {"source": "the behaviour policy's own hidden states (raw, before "
                                          "its normaliser)", "llm": run.get("llm"),
                                "dtype": "bfloat16", "skip_n": (run.get("llm") or {}).get("skip_n")}
+    for kind in ("labels", "returns"):
+        for set_name in old.get(kind, {}):
+            if kind == "labels" and set_name == "behaviour":
+                continue
+            entry = kept_set(ds, kind, set_name, names, old_manifest, changed)
+            if entry is not None:
+                manifest[kind][set_name] = entry
+                if entry.get("stale"):
+                    console.print(f"{kind} set {set_name!r} is stale for {len(entry['stale'])} "
+                                  f"regenerated shard(s): {ds.redo_hint(kind, set_name)}")
     counts = {"rows": sum(s["rows"] for s in shards), "shards": len(shards), **stats}
     ds.write_manifest(manifest)
     ds.write_card(dict(old, labels=labels, counts=counts))
     console.print(f"done: {counts['shards']} shards, {counts['rows']:,} rows, "
                   f"{stats['episodes_kept']:,} episodes kept ({stats['episodes_incomplete']} cut "
                   f"by the end of the data), {seconds:.0f}s -> {ds.root}")
+
+
+def kept_set(ds: Dataset, kind: str, set_name: str, names: list[str], old_manifest: dict | None,
+             changed: set) -> dict | None:
+    """A label or returns set's manifest entry after regeneration: the old entry (rebuilt from
+    the shards' records if the old manifest is unreadable) with the regenerated shards whose
+    bytes changed listed as stale; None if the set was never completed."""
+    entry = (old_manifest or {}).get(kind, {}).get(set_name)
+    if entry is None:
+        if old_manifest is not None:
+            return None  # a partial set: its own command finishes it
+        records = [committed(ds.folder(kind, n, set_name), verify=False) for n in names]
+        if any(r is None for r in records):
+            return None
+        entry = {"shards": records}
+        if kind == "returns":
+            entry.update({k: v for k, v in ds.card().get("returns", {}).get(set_name, {}).items()})
+    stale = sorted(set(entry.get("stale", [])) | (changed & set(names)))
+    return dict(entry, stale=stale) if stale else {k: v for k, v in entry.items()
+                                                    if k != "stale"}

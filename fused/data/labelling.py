@@ -17,6 +17,7 @@ prompts to a vLLM server instead.
 from __future__ import annotations
 
 import hashlib
+import shutil
 import time
 from pathlib import Path
 
@@ -27,7 +28,8 @@ import numpy as np
 
 from fused.config import ConfigError
 from fused.data.config import LabelConfig, parse_part
-from fused.data.store import Dataset, DatasetError, array_names, commit_group, committed
+from fused.data.store import (Dataset, DatasetError, array_names, check_folder, commit_group,
+                               committed)
 from fused.envspec import spec
 from fused.llm import batching
 from fused.llm.encoder import LLM, encode_observations, make_llm
@@ -102,8 +104,10 @@ def folder_digest(folder: str | None, random_model: str, seed: int) -> str:
     """sha256 over a weights folder's files (sorted names and bytes); a random model is named."""
     if folder is None:
         return f"random:{random_model}:seed{seed}"
+    from llm_jax.loader import resolve_folder
+
     h = hashlib.sha256()
-    for p in sorted(Path(folder).expanduser().iterdir()):
+    for p in sorted(resolve_folder(folder).iterdir()):
         if p.is_file() and not p.name.endswith(".log"):
             h.update(p.name.encode() + b"\0")
             with open(p, "rb") as f:
@@ -137,20 +141,22 @@ def label(c: LabelConfig, console, num_devices: int = 1) -> Dataset:
         raise ConfigError(f"data={ds.root} holds {env!r}, which has no text format to label")
     done = manifest["labels"].get(c.name)
     old = card.get("labels", {}).get(c.name)
-    if done and not c.overwrite:
-        raise ConfigError(f"label set {c.name!r} is already in {ds.root}; pass --overwrite to "
-                          "replace it or --name for another")
+    if c.name == "behaviour":
+        raise ConfigError("name='behaviour' is the behaviour policy's own label set (written by "
+                          "generate); pick another --name")
+    if done and not old and not c.overwrite:
+        raise ConfigError(f"label set {c.name!r} is in {ds.root}/manifest.json but card.json "
+                          "does not say how it was made; pass --overwrite to redo it or --name "
+                          "for another")
     llm = make_llm(c.llm, env, seed=0)
     entry = label_card(c, llm, 0)
     if old and not c.overwrite:
         if {k: v for k, v in old.items() if k in entry} != entry:
-            raise ConfigError(f"a partial label set {c.name!r} with other settings is in "
-                              f"{ds.root}; pass --overwrite or another --name")
+            raise ConfigError(f"label set {c.name!r} in {ds.root} was made with other settings; "
+                              "pass --overwrite to replace it or --name for another")
     part = parse_part(c.part, jax.process_count())
     proc, nproc = part or (jax.process_index(), jax.process_count())
     if proc == 0 and c.overwrite:
-        import shutil
-
         shutil.rmtree(ds.label_dir(c.name), ignore_errors=True)
         manifest["labels"].pop(c.name, None)
         ds.write_manifest(manifest)
@@ -164,14 +170,21 @@ def label(c: LabelConfig, console, num_devices: int = 1) -> Dataset:
     mine = [i for i in range(len(names)) if i % nproc == proc]
     encoder = BatchEncoder(llm, c, num_devices)
     codec = ObsCodec(spec(env))
-    t0, states, tokens = time.time(), 0, 0
+    t0, states, tokens, redone = time.time(), 0, 0, 0
     with JobProgress(console, sum(rows[names[i]] for i in mine), unit="rows",
                      description=f"labelling {c.name}", rate=True) as progress:
         for i in mine:
             target = ds.label_dir(c.name, names[i])
+            if done and not c.overwrite:  # a complete set: redo what is stale or damaged
+                listed = [e for e in done["shards"] if e["name"] == names[i]]
+                bad = (not listed or names[i] in done.get("stale", [])
+                       or check_folder(target, listed[0]))
+                if bad:
+                    shutil.rmtree(target, ignore_errors=True)
             if committed(target, verify=True) is None:
                 n_states, n_tokens = label_shard(ds, names, i, c, codec, encoder, target)
                 states, tokens = states + n_states, tokens + n_tokens
+                redone += 1
             progress.advance(rows[names[i]], info=f"{states:,} states encoded")
     if part is not None:
         console.print(f"part {c.part} done ({len(mine)} shards); when every part is, run the "
@@ -183,6 +196,9 @@ def label(c: LabelConfig, console, num_devices: int = 1) -> Dataset:
         manifest = ds.manifest()
         manifest["labels"][c.name] = {"shards": entries}
         ds.write_manifest(manifest)
+        if done and not c.overwrite:
+            console.print(f"label set {c.name!r}: every shard verified; {redone} redone")
+            return ds
         console.print(f"done: label set {c.name!r}: {len(names)} shards, {sum(rows.values()):,} "
                       f"rows; this process encoded {states:,} states ({tokens:,} tokens, with "
                       f"the padding rows of each shard's last batch) in "

@@ -25,7 +25,7 @@ import numpy as np
 
 from fused.config import ConfigError
 from fused.data.config import ReturnsConfig
-from fused.data.store import Dataset, commit_group, committed
+from fused.data.store import Dataset, check_folder, commit_group, committed
 from fused.runs.cluster import barrier
 
 COLUMNS = ("reward", "terminated", "truncated", "episode_id", "value", "truncation_value")
@@ -74,9 +74,12 @@ def compute_returns(c: ReturnsConfig, console) -> Dataset:
     ds = Dataset(c.data)
     card, manifest = ds.card(), ds.manifest()
     name = c.set_name
-    if name in manifest.get("returns", {}) and not c.overwrite:
-        raise ConfigError(f"returns set {name!r} is already in {ds.root}; pass --overwrite or "
-                          "--name for another")
+    done = None if c.overwrite else manifest["returns"].get(name)
+    if done is not None and (done.get("gamma"), done.get("incomplete")) != (c.gamma,
+                                                                            c.incomplete):
+        raise ConfigError(f"returns set {name!r} in {ds.root} has gamma {done.get('gamma')} and "
+                          f"incomplete={done.get('incomplete')}; pass --overwrite to replace it "
+                          "or --name for another")
     t0 = time.time()
     shards = manifest["shards"]
     parts = [ds.read(s["name"], list(COLUMNS)) for s in shards]
@@ -87,10 +90,17 @@ def compute_returns(c: ReturnsConfig, console) -> Dataset:
     rtg, complete, valid = returns_to_go(**cols, gamma=c.gamma, incomplete=c.incomplete)
     proc, nproc = jax.process_index(), jax.process_count()
     ds.returns_dir(name).mkdir(parents=True, exist_ok=True)
-    offset = 0
+    offset, redone = 0, 0
     for i, s in enumerate(shards):
         n = s["rows"]
+        if done is not None:  # a complete set: rewrite only what is stale or damaged
+            entry = next((e for e in done["shards"] if e["name"] == s["name"]), None)
+            if entry is not None and s["name"] not in done.get("stale", []) and check_folder(
+                    ds.returns_dir(name, s["name"]), entry) is None:
+                offset += n
+                continue
         if i % nproc == proc:
+            redone += 1
             commit_group(ds.returns_dir(name, s["name"]),
                          {"rtg": rtg[offset:offset + n], "complete": complete[offset:offset + n],
                           "valid": valid[offset:offset + n]})
@@ -108,6 +118,9 @@ def compute_returns(c: ReturnsConfig, console) -> Dataset:
         ds.write_manifest(manifest)
         card = ds.card()
         ds.write_card(dict(card, returns={**card.get("returns", {}), name: entry}))
+        if done is not None:
+            console.print(f"returns {name!r}: every shard verified; {redone} rewritten")
+            return ds
         console.print(f"done: returns {name!r} (gamma {c.gamma}) for {len(rtg):,} rows, "
                       f"{episodes:,} episodes ({entry['episodes_incomplete']} incomplete: "
                       f"{c.incomplete}) in {time.time() - t0:.1f}s")

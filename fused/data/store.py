@@ -64,10 +64,13 @@ def write_group(folder: Path, columns: dict[str, np.ndarray], attrs: dict | None
         kind = a.dtype.name
         if kind == "bfloat16":  # zarr v3 has no bfloat16: its bits, named in the attributes
             a = a.view(np.uint16)
-        rows = max(a.shape[0], 1)
-        chunk = (min(CHUNK_ROWS, rows),) + a.shape[1:]
-        arr = g.create_array(name, shape=a.shape, dtype=a.dtype, chunks=chunk,
-                             shards=(rows,) + a.shape[1:], compressors=ZstdCodec(level=3),
+        chunk_rows = min(CHUNK_ROWS, max(a.shape[0], 1))
+        # The shard (one file) must hold whole chunks: rows rounded up to a chunk multiple
+        # (zarr pads the last chunk; the array's shape keeps the true row count).
+        shard_rows = -(-max(a.shape[0], 1) // chunk_rows) * chunk_rows
+        arr = g.create_array(name, shape=a.shape, dtype=a.dtype,
+                             chunks=(chunk_rows,) + a.shape[1:],
+                             shards=(shard_rows,) + a.shape[1:], compressors=ZstdCodec(level=3),
                              attributes={"dtype": kind})
         if a.size:
             arr[...] = a
@@ -122,13 +125,16 @@ def array_names(folder: Path) -> set[str]:
 
 def commit_group(final: Path, columns: dict[str, np.ndarray], attrs: dict | None = None) -> dict:
     """Write `columns` as the group `final` through a temporary folder and one rename; returns
-    its manifest entry {"name", "rows", "digest"}. An existing `final` is replaced."""
+    its manifest entry {"name", "rows", "digest"}. An existing `final` is replaced, unless it
+    holds these very bytes (then it is left as it is)."""
     rows = int(next(iter(columns.values())).shape[0]) if columns else 0
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         write_group(tmp, columns, attrs)
         entry = {"name": final.name, "rows": rows, "digest": digest(tmp)}
+        if committed(final, verify=False) == entry and digest(final) == entry["digest"]:
+            return entry  # the same bytes are there already (a rerun): leave them untouched
         (tmp / RECORD).write_text(json.dumps(entry))
         _fsync_tree(tmp)
         if final.exists():  # a regenerated shard (resume after a kill) or --overwrite
@@ -156,8 +162,11 @@ def committed(folder: Path, verify: bool = True) -> dict | None:
             warnings.warn(f"{folder} has no {RECORD}: incomplete, redoing it", stacklevel=2)
             shutil.rmtree(folder)
         return None
-    entry = json.loads(rec.read_text())
-    if verify and digest(folder) != entry["digest"]:
+    try:
+        entry = json.loads(rec.read_text())
+    except ValueError:
+        entry = None
+    if entry is None or verify and digest(folder) != entry["digest"]:
         warnings.warn(f"{folder} does not match its recorded digest: damaged, redoing it",
                       stacklevel=2)
         shutil.rmtree(folder)
@@ -170,6 +179,8 @@ class Dataset:
 
     def __init__(self, root: str | Path):
         self.root = Path(root).expanduser()
+        self._manifest: dict | None = None
+        self._verified: set = set()
 
     # --- layout ---------------------------------------------------------------------------------
     @property
@@ -214,21 +225,141 @@ class Dataset:
         if not self.manifest_path.is_file():
             raise DatasetError(f"{self.root} has no manifest.json: generation did not finish; "
                                "rerun the same `label.py generate` command to complete it")
-        return json.loads(self.manifest_path.read_text())
+        try:
+            m = json.loads(self.manifest_path.read_text())
+            if not isinstance(m, dict) or not all(
+                    {"name", "rows", "digest"} <= set(s) for s in m["shards"]):
+                raise ValueError("no list of shards with name, rows and digest")
+        except (ValueError, KeyError, TypeError) as e:
+            raise DatasetError(f"{self.manifest_path} is unreadable ({str(e).splitlines()[0]}"
+                               f"): {self.redo_hint('shards')} (it rebuilds the manifest from "
+                               "the shards' records and keeps the label and returns sets)"
+                               ) from None
+        m.setdefault("labels", {})
+        m.setdefault("returns", {})
+        return m
 
     def write_manifest(self, manifest: dict) -> None:
         atomic_write_json(self.manifest_path, manifest)
+        self._manifest = None
 
     def shard_names(self) -> list[str]:
         return [s["name"] for s in self.manifest()["shards"]]
 
-    # --- reads ----------------------------------------------------------------------------------
+    # --- integrity ------------------------------------------------------------------------------
+    def redo_hint(self, kind: str, set_name: str | None = None) -> str:
+        """The command that rewrites a part of this dataset (it redoes only what is missing,
+        damaged or stale and keeps everything else)."""
+        from fused.data.redo import redo_command
+
+        try:
+            card = json.loads(self.card_path.read_text())
+        except (OSError, ValueError):
+            card = {}
+        return f"rerun `{redo_command(self.root, card, kind, set_name)}`"
+
+    def entry(self, kind: str, name: str, set_name: str | None = None) -> dict:
+        """The manifest entry of shard `name` in `kind` ('shards', 'labels' or 'returns')."""
+        try:
+            return self._entry(self.manifest_cached(), kind, name, set_name)
+        except DatasetError:  # another writer may have added it since: read the file again
+            self._manifest = None
+            return self._entry(self.manifest_cached(), kind, name, set_name)
+
+    def _entry(self, m: dict, kind: str, name: str, set_name: str | None) -> dict:
+        if kind == "shards":
+            entries = m["shards"]
+        else:
+            sets = m[kind]
+            if set_name not in sets:
+                raise DatasetError(f"{kind[:-1] if kind == 'labels' else kind} set {set_name!r} "
+                                   f"is not complete in {self.root}: "
+                                   f"{self.redo_hint(kind, set_name)}")
+            if name in sets[set_name].get("stale", []):
+                raise DatasetError(f"{kind} set {set_name!r} of {self.root} is stale for shard "
+                                   f"{name} (its trajectory shard was regenerated with other "
+                                   f"bytes): {self.redo_hint(kind, set_name)}")
+            entries = sets[set_name]["shards"]
+        for e in entries:
+            if e["name"] == name:
+                return e
+        raise DatasetError(f"{self.root}/manifest.json lists no {kind} shard {name!r}: "
+                           f"{self.redo_hint(kind, set_name)}")
+
+    def manifest_cached(self) -> dict:
+        if self._manifest is None:
+            self._manifest = self.manifest()
+        return self._manifest
+
+    def folder(self, kind: str, name: str, set_name: str | None = None) -> Path:
+        return {"shards": lambda: self.shard_dir(name),
+                "labels": lambda: self.label_dir(set_name, name),
+                "returns": lambda: self.returns_dir(set_name, name)}[kind]()
+
+    def verify(self, kind: str, name: str, set_name: str | None = None) -> None:
+        """Check one shard against the manifest: present, its files' sha256 equal to the
+        recorded digest, its row count equal to the manifest's. Once per Dataset object (a
+        verified shard is not hashed again); DatasetError naming the shard, the problem and the
+        command that redoes it."""
+        key = (kind, name, set_name)
+        if key in self._verified:
+            return
+        entry = self.entry(kind, name, set_name)
+        problem = check_folder(self.folder(kind, name, set_name), entry)
+        if kind != "shards" and problem is None:
+            problem = self.derived_rows_problem(kind, name, set_name)
+        if problem:
+            what = "shard" if kind == "shards" else f"{kind[:-1] if kind == 'labels' else kind}" \
+                f" set {set_name!r} shard"
+            raise DatasetError(f"{self.root}: {what} {name} {problem}: "
+                               f"{self.redo_hint(kind, set_name)}")
+        self._verified.add(key)
+
+    def derived_rows_problem(self, kind: str, name: str, set_name: str) -> str | None:
+        rows = self.entry("shards", name)["rows"]
+        folder = self.folder(kind, name, set_name)
+        column = "label_row" if kind == "labels" else "rtg"
+        with _record_is_expected():
+            n = open_group(folder)[column].shape[0]
+        if n != rows:
+            return f"has {n} rows, its trajectory shard {rows}"
+        return None
+
+    # --- reads (each shard verified against the manifest first) ----------------------------------
     def read(self, name: str, columns=None, rows=None) -> dict:
+        self.verify("shards", name)
         return read_group(self.shard_dir(name), columns, rows)
 
     def read_labels(self, label: str, name: str) -> dict:
+        self.verify("labels", name, label)
         return read_group(self.label_dir(label, name))
 
     def read_returns(self, label: str, name: str) -> dict:
+        self.verify("returns", name, label)
         return read_group(self.returns_dir(label, name))
 
+
+def check_folder(folder: Path, entry: dict) -> str | None:
+    """What is wrong with a committed folder against its manifest entry, or None: missing, no
+    record, damaged files (digest), or a row count that differs from the manifest's."""
+    if not folder.is_dir():
+        return "is missing"
+    rec = folder / RECORD
+    try:
+        record = json.loads(rec.read_text())
+    except (OSError, ValueError):
+        return f"has no readable {RECORD} (incomplete copy?)"
+    if digest(folder) != entry["digest"]:
+        return "is damaged (its files do not match the manifest's sha256)"
+    try:
+        with _record_is_expected():
+            g = open_group(folder)
+            # label sets: `hidden` has the set's rows (label_row the trajectory shard's)
+            names = ["hidden"] if "hidden" in g.array_keys() else list(g.array_keys())
+            lengths = {g[k].shape[0] for k in names}
+    except Exception as e:  # noqa: BLE001 (zarr raises several kinds on bad metadata)
+        return f"does not open ({type(e).__name__})"
+    held = lengths.pop() if len(lengths) == 1 else record.get("rows")
+    if entry["rows"] != held or lengths:
+        return f"holds {held} rows but the manifest says {entry['rows']}"
+    return None

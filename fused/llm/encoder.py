@@ -25,7 +25,7 @@ from fused.llm.vllm_host import HostEncoder
 from fused.text.prompt import garbage_prefix, prompt_parts
 from fused.text.render import Renderer, at_smallest_fit, make_renderer, render_tokens
 from llm_jax.config import Qwen3Config
-from llm_jax.loader import load_params
+from llm_jax.loader import WeightsError, load_params
 from llm_jax.model import AttentionConfig, PrefixCache, encode, init_params, prefill
 from llm_jax.tokenizer import load_tokenizer
 
@@ -97,7 +97,10 @@ def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0) -> LLM:
     frozen, host = None, None
     if backend == "jax":
         if cfg.weights is not None:
-            _, params = load_params(cfg.weights, dtype)
+            try:
+                _, params = load_params(cfg.weights, dtype)
+            except WeightsError as e:
+                raise ConfigError(f"llm.weights={cfg.weights!r}: {e}") from None
         else:
             params = init_params(qcfg, jax.random.PRNGKey(seed), dtype)
         params = {"embed": params["embed"], "final_norm": params["final_norm"],

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import shutil
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -87,21 +89,35 @@ class Checkpointer:
                                   "mismatch")
         return step, state, dict(out.meta)
 
-    def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict]:
-        """Newest checkpoint that reads back and matches its digest.
+    def set_aside(self, step: int) -> Path:
+        """Move checkpoint `step` out of the manager's sight (a run that goes on from an older
+        one saves this step again), into `damaged-checkpoints/` beside it: kept, not lost."""
+        aside = self.directory.parent / "damaged-checkpoints" / f"{step}-{time.time():.0f}"
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(self.directory / str(step)), aside)
+        self.manager.reload()
+        return aside
+
+    def restore_latest(self, abstract_state: Any, set_aside: bool = False
+                       ) -> tuple[int, Any, dict]:
+        """Newest checkpoint that reads back and matches its digest; each unusable newer one is
+        named in one warning line (and, with `set_aside`, moved aside: see `set_aside`).
 
         abstract_state: a pytree of jax.ShapeDtypeStruct (with shardings) of the state."""
         steps = self.steps()
         if not steps:
-            raise CheckpointError(f"no checkpoint in {self.directory}; start a new run instead "
-                                  "of --resume, or point --resume at a run folder with checkpoints")
+            raise CheckpointError(f"no checkpoint in {self.directory} yet (the run stopped "
+                                  "before its first)")
         for step in reversed(steps):
             try:
                 return self.restore(step, abstract_state)
             except CheckpointError as e:  # any damage: fall back to an older checkpoint
-                warnings.warn(f"checkpoint step {step} in {self.directory} is unusable "
-                              f"({str(e.__cause__ or e).splitlines()[0][:200]}); "
-                              "trying the previous one", stacklevel=2)
+                where = ""
+                if set_aside and jax.process_index() == 0:
+                    where = f"; moved to {self.set_aside(step)}"
+                why = str(e.__cause__ or e).splitlines()[0].split(". See full")[0][:200]
+                warnings.warn(f"checkpoint {step} in {self.directory} is unusable ({why})"
+                              f"{where}; trying the previous one", stacklevel=2)
         raise CheckpointError(f"no checkpoint in {self.directory} ({steps}) reads back (each "
                               "one's error is in the warnings above); a run written by a newer "
                               "craftax-fused needs that version, a damaged one a fresh start")

@@ -47,3 +47,24 @@ def setup_compilation_cache(default: str = DEFAULT_CACHE) -> str:
     jax.config.update("jax_compilation_cache_dir", folder)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
     return folder
+
+
+def require_writable(path: str | Path, what: str) -> None:
+    """ConfigError (one line) unless a file can be created in `path` (or, if it does not exist
+    yet, in its nearest existing parent): checked before any work, so nothing is computed only
+    to be lost at the first write."""
+    import tempfile
+
+    from fused.config import ConfigError
+
+    folder = Path(path).expanduser().absolute()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ConfigError(f"{what} {path}: {folder} is not a folder")
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{what} {path} is not writable ({folder}: {e.strerror}); choose "
+                          "a folder you can write to or fix its permissions") from None

@@ -31,6 +31,16 @@ def run_chunks(state, update: int, total: int, step: Callable[[Any, int, bool], 
                wandb_step: str = "update") -> tuple[Any, int]:
     """Runs `step(state, update, first)` until `total` updates; returns (state, update)."""
     stop = StopFlag(console)
+    try:
+        return _run(state, update, total, step, stop, console=console, ckpt=ckpt, log=log,
+                    lead=lead, wandb_run=wandb_run, cadence=cadence, meta=meta,
+                    resume_command=resume_command, wandb_step=wandb_step)
+    finally:
+        stop.restore()
+
+
+def _run(state, update, total, step, stop, *, console, ckpt, log, lead, wandb_run, cadence,
+         meta, resume_command, wandb_step):
     last_update, last_time = update, time.time()
     first = True
     with JobProgress(console, total, update) as progress:

@@ -8,6 +8,7 @@ wandb/, and the chores around them (signals, the progress bar, the console).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import signal
@@ -36,9 +37,11 @@ class RunDir:
         """A new run's folder (made when the config is saved); an existing run there is an
         error that names --resume."""
         path = Path(out_dir).expanduser() / name
-        if (path / "checkpoints").exists():
-            raise ConfigError(f"run folder {path} already has checkpoints; use --resume {path} "
-                              "or another --run-name")
+        if (path / "config.json").exists() or (path / "checkpoints").exists():
+            started = any((path / "checkpoints").glob("[0-9]*"))
+            raise ConfigError(f"run folder {path} already holds a run "
+                              f"({'with checkpoints' if started else 'stopped before its first checkpoint'}"
+                              f"); continue it with --resume {path} or pick another --run-name")
         return cls(path, resuming=False)
 
     @classmethod
@@ -60,6 +63,24 @@ class RunDir:
     def checkpointer(self, keep: int) -> Checkpointer:
         return Checkpointer(self.path / "checkpoints", keep)
 
+    def starting_state(self, ckpt: Checkpointer, fresh, abstract, log, console):
+        """The state a run starts from: `fresh` for a new run; when resuming, the newest good
+        checkpoint (the metrics log cut after it), or `fresh` with one line when the run stopped
+        before its first checkpoint. `log` None: not the lead process."""
+        if not self.resuming:
+            return fresh
+        if not ckpt.steps():
+            console.print(f"resume: {self.path} has no checkpoint yet (it stopped before its "
+                          "first); starting from update 0")
+            if log is not None:
+                log.truncate_after(0)
+            return fresh
+        restored, state, _ = ckpt.restore_latest(abstract, set_aside=True)
+        if log is not None:
+            log.truncate_after(restored)
+        console.print(f"resumed from checkpoint at update {restored}")
+        return state
+
     def log(self, plot: bool) -> RunLog:
         return RunLog(self.path, plot)
 
@@ -75,6 +96,33 @@ class RunDir:
                           id=self.path.name.replace("/", "_")[:120], resume="allow")
 
 
+def one_line_warnings() -> None:
+    """Warnings as one `warning: ...` line each (entry points call this once): a skipped
+    checkpoint or a redone shard is news for the user, not a source listing."""
+    import warnings
+
+    warnings.formatwarning = lambda message, *args, **kwargs: f"warning: {message}\n"
+
+
+@contextlib.contextmanager
+def interrupts_exit(console, resume_command: str):
+    """SIGINT / SIGTERM end the job with one line naming the command that resumes it (exit
+    130); the previous handlers are restored afterwards. For jobs whose committed work is kept
+    and whose rerun finishes them (label.py)."""
+    def to_interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, to_interrupt)
+    try:
+        yield
+    except KeyboardInterrupt:
+        console.print(f"\ninterrupted: the work committed so far is kept; resume with "
+                      f"`{resume_command}`")
+        raise SystemExit(130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 class StopFlag:
     """SIGINT/SIGTERM ask for a checkpoint and a clean exit at the next chunk boundary;
     a second SIGINT interrupts at once."""
@@ -82,8 +130,13 @@ class StopFlag:
     def __init__(self, console):
         self.requested = False
         self.console = console
-        signal.signal(signal.SIGTERM, self._handle)
-        signal.signal(signal.SIGINT, self._handle)
+        self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM,
+                                                                     signal.SIGINT)}
+
+    def restore(self) -> None:
+        """Put back the handlers that were there before (after the job)."""
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
 
     def _handle(self, signum, frame):
         if self.requested and signum == signal.SIGINT:
