@@ -47,7 +47,8 @@ def parse(argv: list[str]):
                  "each)")
     cmd, rest = argv[0], argv[1:]
     if cmd == "generate":
-        cfg = config_io.parse(GenerateConfig, GENERATE_PRESETS, "cpu", rest, DESCRIPTIONS[cmd])
+        cfg = config_io.parse(GenerateConfig, GENERATE_PRESETS, "cpu", rest, DESCRIPTIONS[cmd],
+                              "label.py generate")
         if not cfg.out:
             policy = "random" if cfg.policy == "random" else cfg.policy.rstrip("/").split("/")[-1]
             cfg = dataclasses.replace(cfg, out=f"datasets/{cfg.env.name}-{policy}-s{cfg.seed}")

@@ -48,7 +48,8 @@ def parse_train(cmd: str, argv: list[str]):
 
     resume = resume_arg(argv)
     if resume is None:
-        cfg = config_io.parse(OfflineConfig, PRESETS, "cpu", argv, DESCRIPTIONS[cmd])
+        cfg = config_io.parse(OfflineConfig, PRESETS, "cpu", argv, DESCRIPTIONS[cmd],
+                              f"offline.py {cmd}")
         return dataclasses.replace(cfg, algo=cmd), {}
     cfg, changed = config_io.resume(OfflineConfig, RunDir.reopen(resume).config_path, argv,
                                     PRESETS, RESUME_FIXED)
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None):
 
             from fused.evaluation import EvalConfig, evaluate
 
-            cfg = tyro.cli(EvalConfig, args=rest, description=DESCRIPTIONS[cmd])
+            cfg = tyro.cli(EvalConfig, args=rest, description=DESCRIPTIONS[cmd], prog="offline.py eval")
             setup_compilation_cache()
             return evaluate(cfg, console)
         if cmd == "probe":
@@ -79,14 +80,16 @@ def main(argv: list[str] | None = None):
 
             from fused.probing import ProbeConfig, run_probe
 
-            cfg = tyro.cli(ProbeConfig, args=rest, description=DESCRIPTIONS[cmd])
+            cfg = tyro.cli(ProbeConfig, args=rest, description=DESCRIPTIONS[cmd],
+                           prog="offline.py probe")
             setup_compilation_cache()
             return run_probe(cfg, console)
         if cmd == "study":
             import tyro
             from fused.study import StudyConfig, run_study
 
-            cfg = tyro.cli(StudyConfig, args=rest, description=DESCRIPTIONS[cmd])
+            cfg = tyro.cli(StudyConfig, args=rest, description=DESCRIPTIONS[cmd],
+                           prog="offline.py study")
             setup_compilation_cache()
             return run_study(cfg, console)
         cfg, changed = parse_train(cmd, rest)

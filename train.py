@@ -24,7 +24,7 @@ DESCRIPTION = "Train PPO on Craftax with the whole rollout and update compiled."
 
 def load_config(argv: list[str]) -> tuple[TrainConfig, dict]:
     """The config to run and, when resuming, the fields the flags changed."""
-    cfg = config_io.parse(TrainConfig, PRESETS, DEFAULT_PRESET, argv, DESCRIPTION)
+    cfg = config_io.parse(TrainConfig, PRESETS, DEFAULT_PRESET, argv, DESCRIPTION, "train.py")
     if cfg.resume is None:
         return cfg, {}
     return config_io.resume(TrainConfig, RunDir.reopen(cfg.resume).config_path, argv, PRESETS,

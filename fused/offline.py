@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import tyro
 
 from fused.agent import policy_network
 from fused.config import (
@@ -49,8 +50,8 @@ class OfflineConfig:
     """Label set to train an LLM-augmented policy on (its hidden states); None: plain policy."""
     returns: str | None = None
     """Returns set (`label.py returns`); default the dataset's only one."""
-    algo: Literal["awr", "bc"] = "awr"
-    """Set by the command (`offline.py awr|bc`)."""
+    algo: tyro.conf.Suppress[Literal["awr", "bc"]] = "awr"
+    """Set by the command (`offline.py awr|bc`), not a flag."""
     seed: int = 0
     """PRNG seed (initialisation and minibatch sampling)."""
     num_updates: int = 100_000
@@ -116,13 +117,13 @@ def _preset(**kw) -> OfflineConfig:
 
 PRESETS: dict[str, tuple[str, OfflineConfig]] = {
     "cpu": ("Default: width 256, 20k updates of 256 rows (minutes on 2 cores).",
-            _preset(layer_width=256, num_updates=20_000, updates_per_chunk=1000)),
+            _preset(data=tyro.MISSING, layer_width=256, num_updates=20_000, updates_per_chunk=1000)),
     "smoke": ("Seconds: width 32, 200 updates of 64 rows (tests).",
-              _preset(layer_width=32, num_updates=200, batch_size=64, updates_per_chunk=50,
+              _preset(data=tyro.MISSING, layer_width=32, num_updates=200, batch_size=64, updates_per_chunk=50,
                       checkpoint_every_updates=100, plot=False,
                       wandb=WandbConfig(mode="disabled"))),
     "gpu": ("The prior system's AWR: width 512, 100k updates of 256 rows.",
-            _preset()),
+            _preset(data=tyro.MISSING)),
 }
 RESUME_FIXED = ("data", "labels", "returns", "algo", "seed", "layer_width", "num_layers",
                 "projection", "policy", "out_dir", "run_name")

@@ -132,7 +132,7 @@ def test_corrupt_checkpoint_is_skipped_for_previous(tmp_path):
         warnings.simplefilter("always")
         step, restored, _ = c.restore_latest(abstract_like(state))
     assert step == 1 and float(restored["w"][10]) == 10.0
-    assert any("step 2" in str(x.message) for x in w)
+    assert any("checkpoint 2 " in str(x.message) for x in w)
     for f in (tmp_path / "1" / "state").rglob("*"):
         if f.is_file() and f.parent.name == "d":
             f.write_bytes(b"")

@@ -1,17 +1,19 @@
 """Orbax checkpoints of the full training state, verified by a content digest on restore.
 
 Orbax writes each step to a temporary folder and renames it when complete, so a process killed
-mid-save leaves no half checkpoint behind; a checkpoint damaged later (disk, copy) fails its
-digest or its read and is skipped for the previous good one with a warning. A checkpoint
-written before the state gained a field that is None unless used (RunnerState.carry and
-.explore, added with the GRU and exploration variants) restores into the current state with that
-field None, checked against its digest like any other.
+mid-save leaves no half checkpoint behind; a checkpoint damaged later (disk, copy) fails the
+sha256 of its files recorded at saving (`file_digests.json`, checked before orbax reads it),
+its read or its content digest, and is skipped for the previous good one with one warning.
+A checkpoint written before the state gained a field that is None unless used
+(RunnerState.carry and .explore, added with the GRU and exploration variants) restores into the
+current state with that field None, checked against its digest like any other.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import shutil
 import time
 import warnings
@@ -22,6 +24,17 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
+
+from fused.runs.files import atomic_write_json
+
+
+FILES = "file_digests.json"  # beside orbax's files in each step folder
+
+
+def file_digests(folder: Path) -> dict[str, str]:
+    """sha256 of every file under a checkpoint's folder but the record itself."""
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != FILES}
 
 
 class CheckpointError(RuntimeError):
@@ -57,6 +70,22 @@ class Checkpointer:
         self.manager.save(step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
         self.manager.wait_until_finished()
+        if jax.process_index() == 0:
+            folder = self.directory / str(step)
+            atomic_write_json(folder / FILES, file_digests(folder))
+
+    def damaged_files(self, step: int) -> list[str]:
+        """Files of checkpoint `step` whose sha256 differs from the one recorded when it was
+        saved (missing ones too); [] when it matches or predates the record. Checked before
+        orbax reads it: orbax, failing half-way through a damaged checkpoint, leaves thousands
+        of tracebacks from its reader threads behind."""
+        folder = self.directory / str(step)
+        try:
+            recorded = json.loads((folder / FILES).read_text())
+        except (OSError, ValueError):
+            return []
+        now = file_digests(folder)
+        return sorted(k for k, v in recorded.items() if now.get(k) != v)
 
     def _target(self, step: int, abstract_state: Any):
         """The restore target of checkpoint `step`: the state itself, or, for a checkpoint that
@@ -76,6 +105,10 @@ class Checkpointer:
     def restore(self, step: int, abstract_state: Any) -> tuple[int, Any, dict]:
         """Checkpoint `step`, checked against its digest (CheckpointError if it does not read
         back or does not match)."""
+        damaged = self.damaged_files(step)
+        if damaged:
+            raise CheckpointError(f"{len(damaged)} file(s) differ from the sha256 recorded "
+                                  f"when it was saved, e.g. {damaged[0]}")
         try:
             target = self._target(step, abstract_state)
             out = self.manager.restore(step, args=ocp.args.Composite(

@@ -59,12 +59,18 @@ def changes(old, new) -> dict[str, tuple[Any, Any]]:
 
 
 def parse(cls: type[C], presets: dict[str, tuple[str, C]], default_preset: str, argv: list[str],
-          description: str) -> C:
+          description: str, prog: str | None = None) -> C:
     """`[PRESET] [--flags]`: a preset name may lead (default `default_preset`); flags override
-    it; `--help` lists every field with its docstring and the preset's value."""
-    if not argv or (argv[0] not in presets and argv[0] not in ("-h", "--help")):
+    it; `--help` lists every field with its docstring and the preset's value (the default
+    preset's without a name), and the presets in the description."""
+    if not argv or argv[0] not in presets:
+        if "-h" in argv or "--help" in argv:
+            print(f"{description}\npresets (name one first; default {default_preset}):\n"
+                  + "".join(f"  {k}: {v[0]}\n" for k, v in presets.items())
+                  + f"the flags below show the {default_preset} preset's values:\n")
         argv = [default_preset, *argv]
-    return tyro.extras.overridable_config_cli(presets, args=argv, description=description)
+    return tyro.extras.overridable_config_cli(presets, args=argv, prog=prog,
+                                              description=description)
 
 
 def resume(cls: type[C], saved_path: Path, argv: list[str], presets: dict,
