@@ -316,10 +316,11 @@ def finish(ds: Dataset, c: GenerateConfig, card: dict, seconds: float, console) 
         if folder.is_dir() else []
     if not names:
         best = stats.get("return_max_finished")
+        best = "none" if best is None else f"{best:.2f}"
         raise DatasetError(
             f"no episode was kept: {stats['episodes_finished']:,} episodes finished (best "
-            f"return {'none' if best is None else f'{best:.2f}'}) and --min-return {c.min_return:g} keeps "
-            "none of them; lower --min-return or raise --steps (rerun with another --out)")
+            f"return {best}) and --min-return {c.min_return} keeps none of them; lower "
+            "--min-return or raise --steps (rerun with another --out)")
     shards = [committed(ds.shard_dir(n), verify=False) for n in names]
     if any(s is None for s in shards):
         raise DatasetError(f"{ds.root}: a shard lost its record during generation; rerun")
