@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None):
 
             from fused.evaluation import EvalConfig, evaluate
 
-            cfg = tyro.cli(EvalConfig, args=rest, description=DESCRIPTIONS[cmd], prog="offline.py eval")
+            cfg = tyro.cli(EvalConfig, args=rest, description=DESCRIPTIONS[cmd],
+                           prog="offline.py eval")
             setup_compilation_cache()
             return evaluate(cfg, console)
         if cmd == "probe":

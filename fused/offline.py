@@ -112,18 +112,19 @@ class OfflineConfig:
 
 
 def _preset(**kw) -> OfflineConfig:
-    return dataclasses.replace(OfflineConfig(), **kw)
+    """A preset; --data stays required (tyro.MISSING) whichever preset is named."""
+    return dataclasses.replace(OfflineConfig(), data=tyro.MISSING, **kw)
 
 
 PRESETS: dict[str, tuple[str, OfflineConfig]] = {
     "cpu": ("Default: width 256, 20k updates of 256 rows (minutes on 2 cores).",
-            _preset(data=tyro.MISSING, layer_width=256, num_updates=20_000, updates_per_chunk=1000)),
+            _preset(layer_width=256, num_updates=20_000, updates_per_chunk=1000)),
     "smoke": ("Seconds: width 32, 200 updates of 64 rows (tests).",
-              _preset(data=tyro.MISSING, layer_width=32, num_updates=200, batch_size=64, updates_per_chunk=50,
+              _preset(layer_width=32, num_updates=200, batch_size=64, updates_per_chunk=50,
                       checkpoint_every_updates=100, plot=False,
                       wandb=WandbConfig(mode="disabled"))),
     "gpu": ("The prior system's AWR: width 512, 100k updates of 256 rows.",
-            _preset(data=tyro.MISSING)),
+            _preset()),
 }
 RESUME_FIXED = ("data", "labels", "returns", "algo", "seed", "layer_width", "num_layers",
                 "projection", "policy", "out_dir", "run_name")

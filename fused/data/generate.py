@@ -29,7 +29,7 @@ import numpy as np
 from fused.config import ConfigError
 from fused.data.config import GenerateConfig, parse_part
 from fused.data.episodes import EpisodeAssembler, Rows
-from fused.data.store import (Dataset, DatasetError, attrs, commit_group, committed,
+from fused.data.store import (SET_NOUN, Dataset, DatasetError, attrs, commit_group, committed,
                                read_group)
 from fused.envspec import spec
 from fused.policy import load_policy
@@ -350,8 +350,9 @@ def finish(ds: Dataset, c: GenerateConfig, card: dict, seconds: float, console) 
             if entry is not None:
                 manifest[kind][set_name] = entry
                 if entry.get("stale"):
-                    console.print(f"{kind} set {set_name!r} is stale for {len(entry['stale'])} "
-                                  f"regenerated shard(s): {ds.redo_hint(kind, set_name)}")
+                    console.print(f"{SET_NOUN[kind]} {set_name!r} is stale for "
+                                  f"{len(entry['stale'])} regenerated shard(s): "
+                                  f"{ds.redo_hint(kind, set_name)}")
     counts = {"rows": sum(s["rows"] for s in shards), "shards": len(shards), **stats}
     ds.write_manifest(manifest)
     ds.write_card(dict(old, labels=labels, counts=counts))
@@ -374,7 +375,7 @@ def kept_set(ds: Dataset, kind: str, set_name: str, names: list[str], old_manife
             return None
         entry = {"shards": records}
         if kind == "returns":
-            entry.update({k: v for k, v in ds.card().get("returns", {}).get(set_name, {}).items()})
+            entry.update(ds.card().get("returns", {}).get(set_name, {}))
     stale = sorted(set(entry.get("stale", [])) | (changed & set(names)))
     return dict(entry, stale=stale) if stale else {k: v for k, v in entry.items()
                                                     if k != "stale"}

@@ -28,8 +28,7 @@ import numpy as np
 
 from fused.config import ConfigError
 from fused.data.config import LabelConfig, parse_part
-from fused.data.store import (Dataset, DatasetError, array_names, check_folder, commit_group,
-                               committed)
+from fused.data.store import Dataset, DatasetError, array_names, commit_group, committed
 from fused.envspec import spec
 from fused.llm import batching
 from fused.llm.encoder import LLM, encode_observations, make_llm
@@ -175,12 +174,8 @@ def label(c: LabelConfig, console, num_devices: int = 1) -> Dataset:
                      description=f"labelling {c.name}", rate=True) as progress:
         for i in mine:
             target = ds.label_dir(c.name, names[i])
-            if done and not c.overwrite:  # a complete set: redo what is stale or damaged
-                listed = [e for e in done["shards"] if e["name"] == names[i]]
-                bad = (not listed or names[i] in done.get("stale", [])
-                       or check_folder(target, listed[0]))
-                if bad:
-                    shutil.rmtree(target, ignore_errors=True)
+            if done and not c.overwrite and ds.problem("labels", names[i], c.name):
+                shutil.rmtree(target, ignore_errors=True)  # stale or damaged: redo it
             if committed(target, verify=True) is None:
                 n_states, n_tokens = label_shard(ds, names, i, c, codec, encoder, target)
                 states, tokens = states + n_states, tokens + n_tokens

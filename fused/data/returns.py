@@ -25,7 +25,7 @@ import numpy as np
 
 from fused.config import ConfigError
 from fused.data.config import ReturnsConfig
-from fused.data.store import Dataset, check_folder, commit_group, committed
+from fused.data.store import Dataset, commit_group, committed
 from fused.runs.cluster import barrier
 
 COLUMNS = ("reward", "terminated", "truncated", "episode_id", "value", "truncation_value")
@@ -93,12 +93,9 @@ def compute_returns(c: ReturnsConfig, console) -> Dataset:
     offset, redone = 0, 0
     for i, s in enumerate(shards):
         n = s["rows"]
-        if done is not None:  # a complete set: rewrite only what is stale or damaged
-            entry = next((e for e in done["shards"] if e["name"] == s["name"]), None)
-            if entry is not None and s["name"] not in done.get("stale", []) and check_folder(
-                    ds.returns_dir(name, s["name"]), entry) is None:
-                offset += n
-                continue
+        if done is not None and ds.problem("returns", s["name"], name) is None:
+            offset += n  # a complete set: rewrite only what is stale or damaged
+            continue
         if i % nproc == proc:
             redone += 1
             commit_group(ds.returns_dir(name, s["name"]),

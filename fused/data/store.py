@@ -38,6 +38,9 @@ RECORD = "record.json"
 FORMAT = "craftax-fused/trajectories/v1"
 
 
+SET_NOUN = {"labels": "label set", "returns": "returns set"}
+
+
 class DatasetError(ConfigError):
     """A dataset that is missing, foreign, inconsistent or damaged; the message says which."""
 
@@ -258,71 +261,59 @@ class Dataset:
             card = {}
         return f"rerun `{redo_command(self.root, card, kind, set_name)}`"
 
-    def entry(self, kind: str, name: str, set_name: str | None = None) -> dict:
-        """The manifest entry of shard `name` in `kind` ('shards', 'labels' or 'returns')."""
-        try:
-            return self._entry(self.manifest_cached(), kind, name, set_name)
-        except DatasetError:  # another writer may have added it since: read the file again
-            self._manifest = None
-            return self._entry(self.manifest_cached(), kind, name, set_name)
-
-    def _entry(self, m: dict, kind: str, name: str, set_name: str | None) -> dict:
-        if kind == "shards":
-            entries = m["shards"]
-        else:
-            sets = m[kind]
-            if set_name not in sets:
-                raise DatasetError(f"{kind[:-1] if kind == 'labels' else kind} set {set_name!r} "
-                                   f"is not complete in {self.root}: "
-                                   f"{self.redo_hint(kind, set_name)}")
-            if name in sets[set_name].get("stale", []):
-                raise DatasetError(f"{kind} set {set_name!r} of {self.root} is stale for shard "
-                                   f"{name} (its trajectory shard was regenerated with other "
-                                   f"bytes): {self.redo_hint(kind, set_name)}")
-            entries = sets[set_name]["shards"]
-        for e in entries:
-            if e["name"] == name:
-                return e
-        raise DatasetError(f"{self.root}/manifest.json lists no {kind} shard {name!r}: "
-                           f"{self.redo_hint(kind, set_name)}")
-
     def manifest_cached(self) -> dict:
         if self._manifest is None:
             self._manifest = self.manifest()
         return self._manifest
 
     def folder(self, kind: str, name: str, set_name: str | None = None) -> Path:
-        return {"shards": lambda: self.shard_dir(name),
-                "labels": lambda: self.label_dir(set_name, name),
-                "returns": lambda: self.returns_dir(set_name, name)}[kind]()
+        if kind == "shards":
+            return self.shard_dir(name)
+        return self.label_dir(set_name, name) if kind == "labels" else \
+            self.returns_dir(set_name, name)
+
+    def problem(self, kind: str, name: str, set_name: str | None = None) -> str | None:
+        """What is wrong with shard `name` of `kind` ('shards', or a 'labels' / 'returns' set)
+        against the manifest, or None: not listed, stale, missing, damaged (sha256), a row
+        count other than the manifest's or (a derived set) than its trajectory shard's."""
+        m = self.manifest_cached()
+        if kind != "shards":
+            entry = m[kind].get(set_name)
+            if entry is None:
+                return "belongs to no complete set (the set is not finished)"
+            if name in entry.get("stale", []):
+                return "is stale (its trajectory shard was regenerated with other bytes)"
+        entries = m["shards"] if kind == "shards" else m[kind][set_name]["shards"]
+        listed = [e for e in entries if e["name"] == name]
+        if not listed:
+            return "is not in the manifest"
+        folder = self.folder(kind, name, set_name)
+        problem = check_folder(folder, listed[0])
+        if problem or kind == "shards":
+            return problem
+        trajectory = [e["rows"] for e in m["shards"] if e["name"] == name]
+        if not trajectory:
+            return "has no trajectory shard"
+        column = "label_row" if kind == "labels" else "rtg"
+        n = json.loads((folder / column / "zarr.json").read_text())["shape"][0]
+        return None if n == trajectory[0] else \
+            f"has {n} rows, its trajectory shard {trajectory[0]}"
 
     def verify(self, kind: str, name: str, set_name: str | None = None) -> None:
-        """Check one shard against the manifest: present, its files' sha256 equal to the
-        recorded digest, its row count equal to the manifest's. Once per Dataset object (a
-        verified shard is not hashed again); DatasetError naming the shard, the problem and the
-        command that redoes it."""
+        """`problem` as a DatasetError naming the shard and the command that redoes it; once
+        per Dataset object (a verified shard is not hashed again)."""
         key = (kind, name, set_name)
         if key in self._verified:
             return
-        entry = self.entry(kind, name, set_name)
-        problem = check_folder(self.folder(kind, name, set_name), entry)
-        if kind != "shards" and problem is None:
-            problem = self.derived_rows_problem(kind, name, set_name)
+        problem = self.problem(kind, name, set_name)
+        if problem:  # another writer may have changed the manifest since: read it again
+            self._manifest = None
+            problem = self.problem(kind, name, set_name)
         if problem:
-            what = "shard" if kind == "shards" else f"{kind[:-1] if kind == 'labels' else kind}" \
-                f" set {set_name!r} shard"
+            what = "shard" if kind == "shards" else f"{SET_NOUN[kind]} {set_name!r} shard"
             raise DatasetError(f"{self.root}: {what} {name} {problem}: "
                                f"{self.redo_hint(kind, set_name)}")
         self._verified.add(key)
-
-    def derived_rows_problem(self, kind: str, name: str, set_name: str) -> str | None:
-        rows = self.entry("shards", name)["rows"]
-        folder = self.folder(kind, name, set_name)
-        column = "label_row" if kind == "labels" else "rtg"
-        n = json.loads((folder / column / "zarr.json").read_text())["shape"][0]
-        if n != rows:
-            return f"has {n} rows, its trajectory shard {rows}"
-        return None
 
     # --- reads (each shard verified against the manifest first) ----------------------------------
     def read(self, name: str, columns=None, rows=None) -> dict:
@@ -343,11 +334,8 @@ def check_folder(folder: Path, entry: dict) -> str | None:
     record, damaged files (digest), or a row count that differs from the manifest's."""
     if not folder.is_dir():
         return "is missing"
-    rec = folder / RECORD
-    try:
-        record = json.loads(rec.read_text())
-    except (OSError, ValueError):
-        return f"has no readable {RECORD} (incomplete copy?)"
+    if not (folder / RECORD).is_file():
+        return f"has no {RECORD} (an incomplete copy?)"
     if digest(folder) != entry["digest"]:
         return "is damaged (its files do not match the manifest's sha256)"
     try:  # row counts from the arrays' metadata (zarr.json), as zarr reads them
@@ -357,7 +345,9 @@ def check_folder(folder: Path, entry: dict) -> str | None:
         lengths = {shapes[k][0] for k in (["hidden"] if "hidden" in shapes else shapes)}
     except (OSError, ValueError, KeyError, IndexError) as e:
         return f"has unreadable array metadata ({type(e).__name__})"
-    held = lengths.pop() if len(lengths) == 1 else record.get("rows")
-    if entry["rows"] != held or lengths:
+    if len(lengths) > 1:
+        return f"has arrays of different lengths {sorted(lengths)}"
+    held = lengths.pop() if lengths else 0
+    if entry["rows"] != held:
         return f"holds {held} rows but the manifest says {entry['rows']}"
     return None

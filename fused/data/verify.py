@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from fused.data.store import Dataset, check_folder
+from fused.data.store import Dataset
 
 
 class Finding(NamedTuple):
@@ -20,28 +20,16 @@ class Finding(NamedTuple):
 def verify_dataset(ds: Dataset) -> tuple[list[Finding], list[str]]:
     """Per shard findings, and the commands that redo what is bad (one per set, in order)."""
     manifest = ds.manifest()
-    findings = []
-    rows = {}
-    for e in manifest["shards"]:
-        problem = check_folder(ds.shard_dir(e["name"]), e)
-        findings.append(Finding("shards", None, e["name"], e["rows"], problem))
-        rows[e["name"]] = e["rows"]
-    names = list(rows)
+    names = [e["name"] for e in manifest["shards"]]
+    findings = [Finding("shards", None, e["name"], e["rows"], ds.problem("shards", e["name"]))
+                for e in manifest["shards"]]
     card = ds.card()
     for kind in ("labels", "returns"):
         for set_name, entry in manifest[kind].items():
-            listed = [e["name"] for e in entry["shards"]]
-            for name in names:
-                if name not in listed:
-                    findings.append(Finding(kind, set_name, name, 0, "is not in the set"))
-            for e in entry["shards"]:
-                problem = check_folder(ds.folder(kind, e["name"], set_name), e)
-                if problem is None and e["name"] in entry.get("stale", []):
-                    problem = "is stale (its trajectory shard was regenerated)"
-                if problem is None:
-                    problem = ("has no trajectory shard" if e["name"] not in rows else
-                               ds.derived_rows_problem(kind, e["name"], set_name))
-                findings.append(Finding(kind, set_name, e["name"], e["rows"], problem))
+            rows = {e["name"]: e["rows"] for e in entry["shards"]}
+            for name in dict.fromkeys(names + list(rows)):  # the data's shards, then extras
+                findings.append(Finding(kind, set_name, name, rows.get(name, 0),
+                                        ds.problem(kind, name, set_name)))
         for set_name in card.get(kind, {}):
             if set_name not in manifest[kind]:
                 findings.append(Finding(kind, set_name, "-", 0, "is not complete"))

@@ -38,10 +38,10 @@ class RunDir:
         error that names --resume."""
         path = Path(out_dir).expanduser() / name
         if (path / "config.json").exists() or (path / "checkpoints").exists():
-            started = any((path / "checkpoints").glob("[0-9]*"))
-            raise ConfigError(f"run folder {path} already holds a run "
-                              f"({'with checkpoints' if started else 'stopped before its first checkpoint'}"
-                              f"); continue it with --resume {path} or pick another --run-name")
+            state = ("with checkpoints" if any((path / "checkpoints").glob("[0-9]*"))
+                     else "stopped before its first checkpoint")
+            raise ConfigError(f"run folder {path} already holds a run ({state}); continue it "
+                              f"with --resume {path} or pick another --run-name")
         return cls(path, resuming=False)
 
     @classmethod
