@@ -98,6 +98,7 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None) -> dict:
     run_dir = Path(c.run).expanduser()
     path = Path(c.out).expanduser() if c.out else run_dir / "eval.json"
     require_writable(path.parent, "--out" if c.out else "--run")  # before playing, not after
+    path.parent.mkdir(parents=True, exist_ok=True)
     if c.video:
         require_writable(run_dir / "videos", "--run (videos/)")
     pol = load_policy(run_dir, c.episodes, c.checkpoint, llm_overrides=llm_overrides)

@@ -331,3 +331,34 @@ def test_eval_into_an_unwritable_run_fails_before_playing(smoke_run, tmp_path):
     assert "--run" in msg and "not writable" in msg
     assert not (r / "eval.json").exists()
     assert time.time() - t < 60
+
+
+@pytest.mark.slow
+def test_label_sigterm_then_rerun_and_a_damaged_label_shard_redone(dataset, tmp_path):
+    """SIGTERM during `label`: one line with the resume command (exit 130); the rerun finishes.
+    A flipped byte in one label shard: `verify` names it, rerunning `label` redoes that shard
+    alone (the other shards' files keep their bytes) and everything verifies."""
+    d = copy_of(dataset, tmp_path)
+    cmd = [sys.executable, str(ROOT / "label.py"), "label", "--data", str(d), "--name", "h",
+           "--llm.skip-n", "5", "--batch", "16"]
+    proc = subprocess.Popen(cmd, env=subprocess_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and not (d / "labels" / "h").is_dir():
+        time.sleep(0.05)
+    time.sleep(2)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (stdout[-1500:], stderr[-1500:])
+    assert "Traceback" not in stderr and "resume with `python label.py label" in stdout
+    p = subprocess.run(cmd, env=subprocess_env(), capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    names = Dataset(d).shard_names()
+    before = tree(d / "labels" / "h")
+    flip_byte(data_file(d / "labels" / "h" / names[1], "hidden"))
+    v = run("label.py", "verify", "--data", str(d))
+    assert v.returncode == 1 and f"rerun `python label.py label --data {d} --name h" in v.stdout
+    p = subprocess.run(cmd, env=subprocess_env(), capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0 and "1 redone" in p.stdout, (p.stdout[-1500:], p.stderr[-1500:])
+    assert tree(d / "labels" / "h") == before  # the redone shard has its bytes back
+    assert run("label.py", "verify", "--data", str(d)).returncode == 0

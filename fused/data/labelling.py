@@ -175,7 +175,7 @@ def label(c: LabelConfig, console, num_devices: int = 1) -> Dataset:
         for i in mine:
             target = ds.label_dir(c.name, names[i])
             if done and not c.overwrite and ds.problem("labels", names[i], c.name):
-                shutil.rmtree(target, ignore_errors=True)  # stale or damaged: redo it
+                shutil.rmtree(target, ignore_errors=True)  # stale (damage `committed` finds)
             if committed(target, verify=True) is None:
                 n_states, n_tokens = label_shard(ds, names, i, c, codec, encoder, target)
                 states, tokens = states + n_states, tokens + n_tokens

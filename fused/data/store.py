@@ -226,8 +226,9 @@ class Dataset:
 
     def manifest(self) -> dict:
         if not self.manifest_path.is_file():
-            raise DatasetError(f"{self.root} has no manifest.json: generation did not finish; "
-                               "rerun the same `label.py generate` command to complete it")
+            raise DatasetError(f"{self.root} has no manifest.json (generation did not finish, "
+                               f"or it was removed): {self.redo_hint('shards')} (it finishes "
+                               "or rebuilds it)")
         try:
             m = json.loads(self.manifest_path.read_text())
             if not isinstance(m, dict) or not all(
