@@ -21,7 +21,6 @@ import errno
 import shlex
 import sys
 
-import tyro
 from rich.console import Console
 
 from fused.config import ConfigError
@@ -54,8 +53,7 @@ def parse(argv: list[str]):
             cfg = dataclasses.replace(cfg, out=f"datasets/{cfg.env.name}-{policy}-s{cfg.seed}")
         return cmd, cfg
     cls = {"label": LabelConfig, "returns": ReturnsConfig, "verify": VerifyConfig}[cmd]
-    return cmd, tyro.cli(cls, args=rest, description=DESCRIPTIONS[cmd],
-                         prog=f"label.py {cmd}")
+    return cmd, config_io.cli(cls, rest, DESCRIPTIONS[cmd], f"label.py {cmd}")
 
 
 def main(argv: list[str] | None = None):

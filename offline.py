@@ -68,29 +68,21 @@ def main(argv: list[str] | None = None):
     cmd, rest = argv[0], argv[1:]
     try:
         if cmd == "eval":
-            import tyro
-
             from fused.evaluation import EvalConfig, evaluate
 
-            cfg = tyro.cli(EvalConfig, args=rest, description=DESCRIPTIONS[cmd],
-                           prog="offline.py eval")
+            cfg = config_io.cli(EvalConfig, rest, DESCRIPTIONS[cmd], "offline.py eval")
             setup_compilation_cache()
             return evaluate(cfg, console)
         if cmd == "probe":
-            import tyro
-
             from fused.probing import ProbeConfig, run_probe
 
-            cfg = tyro.cli(ProbeConfig, args=rest, description=DESCRIPTIONS[cmd],
-                           prog="offline.py probe")
+            cfg = config_io.cli(ProbeConfig, rest, DESCRIPTIONS[cmd], "offline.py probe")
             setup_compilation_cache()
             return run_probe(cfg, console)
         if cmd == "study":
-            import tyro
             from fused.study import StudyConfig, run_study
 
-            cfg = tyro.cli(StudyConfig, args=rest, description=DESCRIPTIONS[cmd],
-                           prog="offline.py study")
+            cfg = config_io.cli(StudyConfig, rest, DESCRIPTIONS[cmd], "offline.py study")
             setup_compilation_cache()
             return run_study(cfg, console)
         cfg, changed = parse_train(cmd, rest)

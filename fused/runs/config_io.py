@@ -4,6 +4,8 @@ its saved config (tyro takes the saved config as the defaults)."""
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import json
 from pathlib import Path
 from typing import Any, TypeVar
@@ -58,6 +60,29 @@ def changes(old, new) -> dict[str, tuple[Any, Any]]:
     return {k: (a.get(k), b[k]) for k in b if a.get(k) != b[k]}
 
 
+@contextlib.contextmanager
+def _help_paragraphs():
+    """tyro 1.0.17 keeps each source line break of a field's docstring whose continuation
+    lines are indented (as every docstring under a dataclass field is), so --help broke
+    sentences mid-way; cleaning the indentation first (inspect.cleandoc) lets it join them.
+    Patched for the parse only and put back after."""
+    from tyro import _strings
+
+    original = _strings.remove_single_line_breaks
+    _strings.remove_single_line_breaks = lambda text: original(inspect.cleandoc(text))
+    try:
+        yield
+    finally:
+        _strings.remove_single_line_breaks = original
+
+
+def cli(cls: type[C], args: list[str], description: str | None = None,
+        prog: str | None = None, default: C | None = None) -> C:
+    """tyro.cli with docstrings as paragraphs in --help."""
+    with _help_paragraphs():
+        return tyro.cli(cls, args=args, description=description, prog=prog, default=default)
+
+
 def parse(cls: type[C], presets: dict[str, tuple[str, C]], default_preset: str, argv: list[str],
           description: str, prog: str | None = None) -> C:
     """`[PRESET] [--flags]`: a preset name may lead (default `default_preset`); flags override
@@ -69,8 +94,9 @@ def parse(cls: type[C], presets: dict[str, tuple[str, C]], default_preset: str, 
                   + "".join(f"  {k}: {v[0]}\n" for k, v in presets.items())
                   + f"the flags below show the {default_preset} preset's values:\n")
         argv = [default_preset, *argv]
-    return tyro.extras.overridable_config_cli(presets, args=argv, prog=prog,
-                                              description=description)
+    with _help_paragraphs():
+        return tyro.extras.overridable_config_cli(presets, args=argv, prog=prog,
+                                                  description=description)
 
 
 def resume(cls: type[C], saved_path: Path, argv: list[str], presets: dict,
@@ -85,7 +111,7 @@ def resume(cls: type[C], saved_path: Path, argv: list[str], presets: dict,
         raise ConfigError(f"preset {argv[0]!r} with --resume: the run's saved config is the base; "
                           "drop the preset name and give only the flags to change")
     saved = from_json(cls, saved_path.read_text(), str(saved_path))
-    cfg = tyro.cli(cls, default=saved, args=argv)
+    cfg = cli(cls, argv, default=saved)
     diff = {k: v for k, v in changes(saved, cfg).items() if k != "resume"}
     bad = [k for k in diff if k.startswith(fixed) and k not in free]
     if bad:
