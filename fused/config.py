@@ -360,6 +360,13 @@ def validate_llm(m: LLMConfig, env_name: str, local_envs: int, num_devices: int 
         raise ConfigError(f"llm.layer={m.layer} but the model "
                           f"({m.weights or m.random_model}) has {q.num_layers} layers; pick "
                           f"0..{q.num_layers}")
+    if m.weights is not None and m.active_backend == "jax":  # vLLM reads them, not us
+        from llm_jax.loader import WeightsError, check_weights, resolve_folder
+
+        try:
+            check_weights(resolve_folder(m.weights))
+        except WeightsError as e:
+            raise ConfigError(f"llm.weights={m.weights!r}: {e}") from None
 
 
 def model_config(m: LLMConfig) -> Qwen3Config:
@@ -367,12 +374,10 @@ def model_config(m: LLMConfig) -> Qwen3Config:
     model's shape. A folder that is not a Qwen3 checkpoint is a ConfigError on llm.weights."""
     if m.weights is None:
         return TINY if m.random_model == "tiny" else Qwen3Config.shape(m.random_model)
-    from llm_jax.loader import WeightsError, check_folder, resolve_folder
+    from llm_jax.loader import WeightsError, resolve_folder
 
     try:
-        folder = resolve_folder(m.weights)
-        check_folder(folder)
-        return Qwen3Config.from_folder(folder)
+        return Qwen3Config.from_folder(resolve_folder(m.weights))
     except (Qwen3ConfigError, WeightsError) as e:
         raise ConfigError(f"llm.weights={m.weights!r}: {e}") from None
 

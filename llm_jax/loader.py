@@ -69,13 +69,8 @@ def resolve_folder(weights: str | Path) -> Path:
             f"allows (`hf download {weights}`)") from None
 
 
-def check_folder(folder: Path) -> None:
-    """WeightsError unless `folder` holds config.json and safetensors weights (one line)."""
-    if not folder.is_dir():
-        raise WeightsError(f"{folder} is not a folder; pass a HuggingFace Qwen3 model folder or "
-                           "hub id")
-    if not (folder / "config.json").is_file():
-        raise WeightsError(f"{folder} has no config.json; pass a HuggingFace Qwen3 model folder")
+def check_weights(folder: Path) -> None:
+    """WeightsError (one line) unless `folder` holds safetensors weights (single or sharded)."""
     if not ((folder / "model.safetensors").is_file()
             or (folder / "model.safetensors.index.json").is_file()):
         found = sorted(p.name for p in folder.glob("*"))[:10]
@@ -94,8 +89,11 @@ def expected_tensors(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
 
 def load_params(folder: str | Path, dtype=jnp.float32) -> tuple[Qwen3Config, dict]:
     folder = resolve_folder(folder)
-    check_folder(folder)
+    if not folder.is_dir():
+        raise WeightsError(f"{folder} is not a folder; pass a HuggingFace Qwen3 model folder or "
+                           "hub id")
     cfg = Qwen3Config.from_folder(folder)
+    check_weights(folder)
     files = _tensor_files(folder)
     expected = expected_tensors(cfg)
     handles: dict[Path, object] = {}

@@ -226,7 +226,7 @@ def test_weights_without_safetensors_is_one_line(dataset, tmp_path):
     w = tmp_path / "w"
     w.mkdir()
     (w / "config.json").write_text(json.dumps({
-        "architectures": ["Qwen3ForCausalLM"], "vocab_size": 320, "hidden_size": 48,
+        "model_type": "qwen3", "vocab_size": 320, "hidden_size": 48,
         "intermediate_size": 104, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 4096,
         "rms_norm_eps": 1e-6, "rope_theta": 1e6, "tie_word_embeddings": True}))

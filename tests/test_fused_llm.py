@@ -281,6 +281,10 @@ def test_llm_config_errors_name_the_field(tmp_path):
         "model_type": "qwen3", "vocab_size": 151_936, "hidden_size": 64, "intermediate_size": 128,
         "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
         "head_dim": 64, "rope_theta": 1e6}))
+    no_weights = tmp_path / "nw"
+    no_weights.mkdir()
+    (no_weights / "config.json").write_text((shallow / "config.json").read_text())
+    (shallow / "model.safetensors").write_bytes(b"")  # present: validation reads only config.json
     bad = {
         "llm.microbatch": LLMConfig(backend="jax", microbatch=3),
         "llm.skip_n": LLMConfig(skip_n=-1),  # rejected without a backend too
@@ -288,6 +292,7 @@ def test_llm_config_errors_name_the_field(tmp_path):
         "llm.weights": LLMConfig(weights="/nonexistent"),
         "llm.backend vllm needs --llm.weights": LLMConfig(backend="vllm"),
         "llm.layer=3": LLMConfig(weights=str(shallow), layer=3),
+        "no model.safetensors": LLMConfig(weights=str(no_weights), layer=2),
         "llm.layer=40": LLMConfig(backend="jax", random_model="qwen3-0.6b", layer=40),
         "env.name='probe-constant'": LLMConfig(backend="jax"),
     }

@@ -16,25 +16,26 @@ from conftest import ROOT, subprocess_env
 SECTIONS = ("## Datasets and labels", "## Offline RL and evaluation")
 
 # Appended to the README's command whose words start with the key (the most specific match).
+# Training and evaluation sizes match the smoke preset and one another, so the study's runs and
+# evaluations reuse the programs the earlier commands compiled (persistent cache).
+TRAIN = ["--num-updates", "100", "--updates-per-chunk", "50", "--checkpoint-every-updates", "50",
+         "--batch-size", "64", "--layer-width", "32"]
+EVAL = ["--episodes", "2", "--max-steps", "30"]
+GENERATE = ["--num-envs", "8", "--steps", "64", "--env.max-episode-steps", "16",
+            "--block-steps", "16", "--shard-rows", "100"]
 SMOKE = {
-    ("label.py", "generate"): ["--num-envs", "8", "--steps", "64", "--env.max-episode-steps",
-                               "16", "--block-steps", "16", "--shard-rows", "100"],
-    ("label.py", "generate", "--out", "data/ppo"): [
-        "--num-envs", "8", "--steps", "64", "--env.max-episode-steps", "16", "--block-steps",
-        "16", "--shard-rows", "100", "--min-return", "0"],  # the smoke policy is weak
+    ("label.py", "generate"): GENERATE,
+    ("label.py", "generate", "--out", "data/ppo"): GENERATE + ["--min-return", "0"],  # weak policy
     ("label.py", "label"): ["--batch", "16"],
-    ("offline.py", "awr"): ["--num-updates", "60", "--updates-per-chunk", "30",
-                            "--checkpoint-every-updates", "30", "--batch-size", "64",
-                            "--layer-width", "32"],
-    ("offline.py", "awr", "--resume"): ["--num-updates", "90"],
-    ("offline.py", "bc"): ["--num-updates", "60", "--layer-width", "32"],
-    ("offline.py", "eval"): ["--episodes", "3", "--max-steps", "40", "--block-steps", "20"],
-    ("offline.py", "eval", "--run", "runs/awr-l24", "--video"): [
-        "--episodes", "2", "--max-steps", "40", "--block-steps", "20", "--video", "1",
-        "--video-max-steps", "5"],
+    ("offline.py", "awr"): TRAIN,
+    ("offline.py", "awr", "--resume"): ["--num-updates", "150"],
+    ("offline.py", "bc"): TRAIN,
+    ("offline.py", "eval"): EVAL,
+    ("offline.py", "eval", "--run", "runs/awr-l24", "--video"): EVAL + [
+        "--video", "1", "--video-max-steps", "5"],
     ("offline.py", "probe"): ["--states", "6", "--warmup", "4", "--eval-episodes", "2",
                               "--eval-max-steps", "30"],
-    ("offline.py", "study"): ["--preset", "smoke", "--num-updates", "60", "--seeds", "1",
+    ("offline.py", "study"): ["--preset", "smoke", "--num-updates", "100", "--seeds", "1",
                               "--episodes", "2", "--max-steps", "30"],
 }
 

@@ -12,6 +12,7 @@ import contextlib
 import datetime
 import os
 import signal
+import sys
 from pathlib import Path
 
 from fused.config import ConfigError, WandbConfig
@@ -118,7 +119,12 @@ def interrupts_exit(console, resume_command: str):
     except KeyboardInterrupt:
         console.print(f"\ninterrupted: the work committed so far is kept; resume with "
                       f"`{resume_command}`")
-        raise SystemExit(130) from None
+        # Exit at once: the unwinding has removed every temporary, and an XLA compile still
+        # running in another thread crashed the interpreter's teardown (SIGSEGV) when the
+        # signal came during a compilation.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
     finally:
         signal.signal(signal.SIGTERM, previous)
 
