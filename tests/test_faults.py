@@ -362,3 +362,28 @@ def test_label_sigterm_then_rerun_and_a_damaged_label_shard_redone(dataset, tmp_
     assert p.returncode == 0 and "1 redone" in p.stdout, (p.stdout[-1500:], p.stderr[-1500:])
     assert tree(d / "labels" / "h") == before  # the redone shard has its bytes back
     assert run("label.py", "verify", "--data", str(d)).returncode == 0
+
+
+@pytest.mark.slow
+def test_regenerated_shard_with_other_bytes_marks_derived_sets_stale(dataset, tmp_path):
+    """A trajectory shard regenerated with bytes other than the manifest recorded (here: the
+    recorded digest is what differs) keeps the returns set but marks it stale for that shard,
+    with one line naming `returns`; reads refuse the stale shard; rerunning `returns` redoes
+    it and clears the mark."""
+    d = copy_of(dataset, tmp_path)
+    m = json.loads((d / "manifest.json").read_text())
+    shard = m["shards"][1]["name"]
+    m["shards"][1]["digest"] = "0" * 64  # as if generated with other bytes before
+    (d / "manifest.json").write_text(json.dumps(m))
+    p = run("label.py", "generate", *GEN, "--min-return", "0", "--out", str(d))
+    assert p.returncode == 0, p.stderr[-3000:]
+    stale_lines = [x for x in p.stdout.splitlines() if "stale" in x]
+    assert len(stale_lines) == 1 and "python label.py returns --data" in stale_lines[0]
+    assert Dataset(d).manifest()["returns"]["gamma0.9"]["stale"] == [shard]
+    msg = one_line_error(run("offline.py", "bc", "smoke", "--data", str(d), "--out-dir",
+                             str(tmp_path / "runs")))
+    assert f"shard {shard} is stale" in msg
+    p = run("label.py", "returns", "--data", str(d), "--gamma", "0.9")
+    assert p.returncode == 0 and "1 rewritten" in p.stdout, p.stdout[-2000:]
+    assert "stale" not in Dataset(d).manifest()["returns"]["gamma0.9"]
+    assert run("label.py", "verify", "--data", str(d)).returncode == 0
