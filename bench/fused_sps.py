@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from fused.runs.files import atomic_write_json, setup_compilation_cache  # noqa: E402
+from fused.commands.process import setup_compilation_cache  # noqa: E402
+from fused.runs.files import atomic_write_json  # noqa: E402
 from llm_jax.model import resolve_form  # noqa: E402
 
 
@@ -91,7 +92,9 @@ def build_checkpoint(folder: Path) -> None:
 
 
 def train_cfg(a: Args, llm=None):
-    from fused.config import EnvConfig, LLMConfig, PPOConfig, TrainConfig, WandbConfig
+    from fused.config import TrainConfig, WandbConfig
+    from fused.llm.config import LLMConfig
+    from fused.rl.config import EnvConfig, PPOConfig
 
     return TrainConfig(env=EnvConfig(name=a.env, num_envs=a.num_envs, reset_pool=8),
                        ppo=PPOConfig(num_steps=a.num_steps, layer_width=a.width, num_minibatches=4,
@@ -227,7 +230,7 @@ def main(a: Args) -> list[dict]:
     import jax
     import jax.numpy as jnp
 
-    from fused.config import LLMConfig
+    from fused.llm.config import LLMConfig
     from fused.text.prompt import prompt_parts
     from llm_jax.config import Qwen3Config
     from llm_jax.tokenizer import load_tokenizer

@@ -30,7 +30,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from fused.runs.files import atomic_write_json, setup_compilation_cache  # noqa: E402
+from fused.commands.process import setup_compilation_cache  # noqa: E402
+from fused.runs.files import atomic_write_json  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +60,8 @@ def main(a: Args) -> list[dict]:
 
     from rich.console import Console
 
-    from fused.config import EnvSettings, LLMConfig
+    from fused.llm.config import LLMConfig
+    from fused.rl.config import EnvSettings
     from fused.data.config import GenerateConfig, LabelConfig
     from fused.data.generate import generate
     from fused.data.labelling import label

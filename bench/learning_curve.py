@@ -35,7 +35,8 @@ def main(args: Args):
 
     from fused.config import PRESETS, validate
     from fused.online import build
-    from fused.runs.files import atomic_path, atomic_write_json, setup_compilation_cache
+    from fused.commands.process import setup_compilation_cache
+    from fused.runs.files import atomic_path, atomic_write_json
 
     setup_compilation_cache()
     cfg = PRESETS[args.preset][1]

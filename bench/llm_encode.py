@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from fused.runs.files import atomic_write_json, setup_compilation_cache  # noqa: E402
+from fused.commands.process import setup_compilation_cache  # noqa: E402
+from fused.runs.files import atomic_write_json  # noqa: E402
 
 MODELS = {
     # name: (hidden, layers, heads, kv_heads, head_dim, intermediate, vocab)

@@ -26,7 +26,8 @@ import tyro
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fused.runs.files import atomic_write_json, setup_compilation_cache  # noqa: E402
+from fused.commands.process import setup_compilation_cache  # noqa: E402
+from fused.runs.files import atomic_write_json  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,7 +22,8 @@ import tyro
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fused.runs.files import atomic_write_json, setup_compilation_cache  # noqa: E402
+from fused.commands.process import setup_compilation_cache  # noqa: E402
+from fused.runs.files import atomic_write_json  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +61,7 @@ class Args:
 def env_rows(args: Args):
     import jax
 
-    from fused.config import EnvConfig
+    from fused.rl.config import EnvConfig
     from fused.rl.envs import make_env
     from fused.rl.vec_env import VecEnv
 
@@ -108,8 +109,8 @@ def env_rows(args: Args):
 def ppo_rows(args: Args):
     import jax
 
-    from fused.config import (EnvConfig, ExploreConfig, PolicyConfig, PPOConfig, TrainConfig,
-                              validate)
+    from fused.config import TrainConfig, validate
+    from fused.rl.config import EnvConfig, ExploreConfig, PolicyConfig, PPOConfig
     from fused.online import build
 
     rows = []

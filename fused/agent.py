@@ -4,6 +4,7 @@ core (`fused.rl`) is handed the result and never asks."""
 
 from __future__ import annotations
 
+import logging
 from typing import NamedTuple
 
 import flax.linen as nn
@@ -15,6 +16,8 @@ from fused.llm.encoder import make_llm
 from fused.llm.policy_input import LLMInput
 from fused.rl.networks import ActorCritic, AugmentedActorCritic, RecurrentActorCritic
 from fused.rl.policy_input import Identity, PolicyInput
+
+log = logging.getLogger(__name__)
 
 
 class Agent(NamedTuple):
@@ -35,9 +38,8 @@ def make_agent(cfg: TrainConfig, num_devices: int = 1, like: Agent | None = None
     local_envs = cfg.env.num_envs // num_devices
     sizes = batching.for_llm(llm, local_envs)
     if like is None and cfg.llm.active_backend == "jax":
-        print(f"LLM calls: micro-batches of {sizes.microbatch} envs, refreshes in calls of "
-              f"{sizes.refresh} (about {sizes.efficiency:.0%} of a refresh call is row work)",
-              flush=True)
+        log.info(f"LLM calls: micro-batches of {sizes.microbatch} envs, refreshes in calls of "
+                 f"{sizes.refresh} (about {sizes.efficiency:.0%} of a refresh call is row work)")
     return Agent(network, LLMInput(llm, sizes.microbatch, sizes.refresh, cfg.env.num_envs))
 
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from fused.config import ConfigError
+from fused.errors import ConfigError
 from fused.policy import TrainedPolicy, is_offline, load_policy
 from fused.rl.envs import make_env
 from fused.rl.evaluate import make_evaluate, summarise
-from fused.rl.networks import acting
+from fused.rl.acting import network_policy
 from fused.runs.config_io import from_json
 from fused.runs.files import atomic_write_json, require_writable
 from fused.runs.metrics import save_figure
@@ -105,7 +105,7 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None) -> dict:
     if is_offline(run_dir) and pol.cfg.llm.active_backend != "none" and not c.allow_mismatch:
         check_llm_matches_labels(run_dir, pol)
     env = make_env(pol.cfg.env)
-    ev = make_evaluate(env, acting(pol.agent.network), pol.agent.inputs, c.episodes,
+    ev = make_evaluate(env, network_policy(pol.agent.network), pol.agent.inputs, c.episodes,
                        c.block_steps, c.greedy, c.max_steps)
     frozen = pol.agent.inputs.frozen
     t0 = time.time()

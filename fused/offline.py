@@ -23,16 +23,10 @@ import optax
 import tyro
 
 from fused.agent import policy_network
-from fused.config import (
-    ConfigError,
-    EnvConfig,
-    LLMConfig,
-    PolicyConfig,
-    PPOConfig,
-    TrainConfig,
-    WandbConfig,
-    model_config,
-)
+from fused.config import TrainConfig, WandbConfig
+from fused.errors import ConfigError
+from fused.llm.config import LLMConfig, model_config
+from fused.rl.config import EnvConfig, PolicyConfig, PPOConfig
 from fused.data.loader import (TrainingData, WindowStream, hidden_moments, load_training_data,
                                open_training_set)
 from fused.envspec import spec

@@ -13,7 +13,8 @@ from typing import Any, NamedTuple
 import jax
 
 from fused.agent import Agent, make_agent
-from fused.config import ConfigError, TrainConfig
+from fused.config import TrainConfig
+from fused.errors import ConfigError
 from fused.online import build
 from fused.runs import config_io
 from fused.runs.checkpoint import Checkpointer, CheckpointError, abstract_like

@@ -2,7 +2,8 @@
 distribution on curated states, made by editing real env states, under several hidden states.
 
 States: `states` envs reset from fixed seeds and stepped `warmup` uniform-random steps (real
-mid-episode states). Edits (each changes one thing the text would mention; `probe_obs_diff`
+mid-episode states). A recurrent policy reads every probed observation with the carry it built
+reading that history (one carry per state, the same for each of its edits). Edits (each changes one thing the text would mention; `probe_obs_diff`
 in the tests checks that the observation changes only there): an arrow one tile away or four
 tiles away, low food / drink / energy, iron or diamond two tiles to the right, a ladder down
 there (Craftax-Symbolic), a zombie on the tile below.
@@ -28,12 +29,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fused.config import ConfigError
+from fused.errors import ConfigError
 from fused.envspec import spec
 from fused.policy import load_policy
+from fused.rl.acting import network_policy
 from fused.rl.envs import make_env
 from fused.rl.evaluate import episode_keys
-from fused.rl.networks import is_recurrent
 from fused.runs.files import atomic_write, atomic_write_json
 from fused.runs.metrics import save_figure
 
@@ -150,6 +151,31 @@ def probe_states(env, n: int, seed: int, warmup: int):
     return states
 
 
+def history_carry(env, policy, inputs, params, frozen, trained, n: int, seed: int, warmup: int):
+    """The policy's carry after reading the observations of `probe_states`' history (the same
+    resets and uniform-random actions), its policy input stepped along as when acting."""
+    obs, states = jax.vmap(env.reset)(episode_keys(jax.random.PRNGKey(seed), n))
+    istate, _ = inputs.init(frozen, obs, jax.random.PRNGKey(seed + 2), None)
+    if trained is not None:
+        istate = inputs.adopt(istate, trained)
+
+    def body(c, xs):
+        s, obs, istate, carry = c
+        k, t = xs
+        ka, ks = jax.random.split(k)
+        carry, _, _ = policy.forward(params, carry, inputs.view(istate, obs))
+        a = jax.random.randint(ka, (n,), 0, env.num_actions)
+        res = jax.vmap(env.step)(jax.random.split(ks, n), s, a)
+        istate, _ = inputs.step(frozen, istate, res.obs, jnp.zeros(n, bool), t + 1,
+                                jax.random.fold_in(ka, 1), None)
+        return (res.state, res.obs, istate, carry), None
+
+    keys = jax.random.split(jax.random.PRNGKey(seed + 1), warmup)
+    (_, _, _, carry), _ = jax.lax.scan(body, (states, obs, istate, policy.carry(n)),
+                                       (keys, jnp.arange(warmup)))
+    return carry
+
+
 # --- the probe ------------------------------------------------------------------------------------
 
 def kl(p_logits, q_logits):
@@ -164,17 +190,22 @@ def run_probe(c: ProbeConfig, console) -> dict:
     run_dir = Path(c.run).expanduser()
     pol = load_policy(run_dir, c.states, c.checkpoint)
     env_name = pol.cfg.env.name
-    if is_recurrent(pol.agent.network):
-        raise ConfigError(f"{run_dir} has a recurrent policy (policy.kind gru): probes score "
-                          "single edited states, which a GRU reads only after a history; probe "
-                          "an mlp run")
     if spec(env_name).family != "craftax":
         raise ConfigError(f"probes edit Craftax states; {run_dir} plays {env_name}")
     env = make_env(pol.cfg.env)
-    net = pol.agent.network
-    actor = jax.jit(lambda p, x: net.apply(p, x, method=type(net).actor))
-    critic = jax.jit(lambda p, x: net.apply(p, x, method=type(net).critic))
+    policy = network_policy(pol.agent.network)
     base = jax.jit(probe_states, static_argnums=(0, 1, 2, 3))(env, c.states, c.seed, c.warmup)
+    # A recurrent policy reads each probed observation with the carry of the history that led
+    # to the base state (the same one for every edit); a feed-forward one has no carry.
+    pin = pol.agent.inputs
+    carry = (jax.jit(lambda p, f, tr: history_carry(env, policy, pin, p, f, tr, c.states,
+                                                    c.seed, c.warmup))(
+        pol.params, pin.frozen, pol.inputs_state) if policy.recurrent else None)
+
+    @jax.jit
+    def forward(params, x):
+        _, logits, value = policy.forward(params, carry, x)
+        return (policy.critic(params, carry, x) if value is None else value), logits
     observe = jax.jit(jax.vmap(env.observe))
     names = edits_for(env_name)
     obs = {"base": observe(base)}
@@ -190,7 +221,8 @@ def run_probe(c: ProbeConfig, console) -> dict:
         else:
             x = {"obs": obs["base"] if variant == "counterfactual" else obs[name],
                  "hidden": inputs(name, variant)}
-        return np.asarray(critic(pol.params, x)), np.asarray(actor(pol.params, x))
+        value, logits = forward(pol.params, x)
+        return np.asarray(value), np.asarray(logits)
 
     results: dict = {"run": str(run_dir), "env": env_name, "states": c.states,
                      "edits": {}, "ablations": {}}

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fused.config import ConfigError, PolicyConfig
+from fused.errors import ConfigError
+from fused.rl.config import PolicyConfig
 from fused.evaluation import EvalConfig, evaluate
 from fused.offline import PRESETS, build, train, validate
 from fused.rl.evaluate import mean_ci95

@@ -2,8 +2,8 @@
 and beside each frame, for an LLM-augmented policy, the observation text its LLM was given.
 
 Craftax builds a texture cache inside its package the first time its pixel renderer is made
-(about a minute); that is announced once. Videos play their own episodes (episode i uses the
-same world seed as evaluation episode i) and stop at `max_steps` frames.
+(about a minute); that is announced once. Videos play evaluation's episodes through its
+acting step (episode i starts in evaluation episode i's world) and stop at `max_steps` frames.
 """
 
 from __future__ import annotations
@@ -14,14 +14,13 @@ import warnings
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from fused.envspec import spec
 from fused.policy import load_policy
+from fused.rl.acting import network_policy
 from fused.rl.envs import make_env
-from fused.rl.evaluate import episode_keys
-from fused.rl.networks import acting
+from fused.rl.evaluate import make_evaluate
 from fused.runs.files import atomic_path
 
 
@@ -44,34 +43,20 @@ def record(run_dir: Path, checkpoint: int | None, episodes: int, seed: int, max_
     policy (set up for that many envs)."""
     pol = load_policy(run_dir, episodes, checkpoint)
     env = make_env(pol.cfg.env)
-    net, inputs = pol.agent.network, pol.agent.inputs
-    frozen = inputs.frozen
+    inputs, frozen = pol.agent.inputs, pol.agent.inputs.frozen
     render = jax.jit(jax.vmap(pixel_renderer(pol.cfg.env.name)))
     layout = spec(pol.cfg.env.name).layout
-    k_reset, k_inp, k_run = jax.random.split(jax.random.PRNGKey(seed), 3)
-    obs, states = jax.vmap(env.reset)(episode_keys(k_reset, episodes))
-    istate, _ = jax.jit(lambda o, k, f: inputs.init(f, o, k, None))(obs, k_inp, frozen)
-    if pol.inputs_state is not None:
-        istate = inputs.adopt(istate, pol.inputs_state)
-
-    policy = acting(net)
-
-    @jax.jit
-    def step(states, obs, istate, carry, t, key, params, frozen):
-        k_act, k_env, k_inp = jax.random.split(key, 3)
-        carry, logits = policy.act(params, carry, inputs.view(istate, obs))
-        action = logits.argmax(-1) if greedy else jax.random.categorical(k_act, logits)
-        res = jax.vmap(env.step)(jax.random.split(k_env, episodes), states, action)
-        istate, _ = inputs.step(frozen, istate, res.obs, jnp.zeros(episodes, bool), t + 1,
-                                k_inp, None)
-        return res.state, res.obs, istate, carry, res.terminated | res.truncated
-
-    carry = policy.carry(episodes)
+    ev = make_evaluate(env, network_policy(pol.agent.network), inputs, episodes, 1, greedy,
+                       max_steps)
+    state = jax.jit(ev.init)(jax.random.PRNGKey(seed), frozen, pol.inputs_state)
+    step = jax.jit(ev.block)
     frames: list[list[np.ndarray]] = [[] for _ in range(episodes)]
-    done = np.zeros(episodes, bool)
-    for t in range(max_steps):
-        pixels = np.asarray(render(states)).clip(0, 255).astype(np.uint8)
-        host_obs = np.asarray(obs)
+    for _ in range(max_steps):
+        done = np.asarray(state.done)
+        if done.all():
+            break
+        pixels = np.asarray(render(state.env.state)).clip(0, 255).astype(np.uint8)
+        host_obs = np.asarray(state.obs)
         for e in np.flatnonzero(~done):
             frame = pixels[e]
             if with_text:
@@ -79,12 +64,7 @@ def record(run_dir: Path, checkpoint: int | None, episodes: int, seed: int, max_
 
                 frame = beside(frame, render_text(layout, host_obs[e]))
             frames[e].append(frame)
-        k_run, k = jax.random.split(k_run)
-        states, obs, istate, carry, ended = step(states, obs, istate, carry, jnp.int32(t), k,
-                                                 pol.params, frozen)
-        done |= np.asarray(ended)
-        if done.all():
-            break
+        state = step(state, pol.params, frozen)
     return frames
 
 

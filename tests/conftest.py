@@ -23,7 +23,7 @@ import signal  # noqa: E402
 
 import pytest  # noqa: E402
 
-from fused.runs.files import setup_compilation_cache  # noqa: E402
+from fused.commands.process import setup_compilation_cache  # noqa: E402
 
 setup_compilation_cache()
 

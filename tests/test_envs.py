@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fused.config import EnvConfig
+from fused.rl.config import EnvConfig
 from fused.rl.envs import make_env
 from fused.rl.vec_env import VecEnv
 

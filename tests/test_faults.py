@@ -238,7 +238,8 @@ def test_weights_without_safetensors_is_one_line(dataset, tmp_path):
 def test_hub_ids_resolve_from_the_local_cache(tmp_path, monkeypatch):
     """`--llm.weights Org/Name` finds the snapshot in the HF cache laid out as huggingface_hub
     does; an id neither cached nor reachable is one line."""
-    from fused.config import ConfigError, LLMConfig, model_config
+    from fused.errors import ConfigError
+    from fused.llm.config import LLMConfig, model_config
     from qwen_fixtures import build_tiny_qwen3
 
     cache = tmp_path / "hub"

@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, subprocess_env
-from fused.config import (ConfigError, EnvConfig, LLMConfig, PPOConfig, TrainConfig, WandbConfig,
-                          validate)
+from fused.config import TrainConfig, WandbConfig, validate
+from fused.errors import ConfigError
+from fused.llm.config import LLMConfig
+from fused.rl.config import EnvConfig, PPOConfig
 from fused.llm.encoder import _buckets, encode_observations, make_llm
 from fused.llm.policy_input import LLMInput, init_llm_state, llm_step
 from fused.rl.envs import rollout_observations

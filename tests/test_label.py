@@ -311,7 +311,7 @@ def test_labels_equal_encoding_from_scratch_and_the_online_carry(smoke_data, tmp
     """A label set at skip 7 (float16), encoded on 2 devices: every row's state equals what the
     online policy input (llm_step, refreshing at once) holds for that env at that step, replayed
     over the same observations; and labelled rows equal the full prompt encoded from scratch."""
-    from fused.config import LLMConfig
+    from fused.llm.config import LLMConfig
     from fused.data.config import LabelConfig
     from fused.data.labelling import label
     from fused.llm.encoder import make_llm
@@ -404,7 +404,7 @@ def test_an_llm_run_records_the_hidden_states_it_acted_on(tmp_path):
     """Generating with an LLM-augmented run: the label set `behaviour` holds, for every row,
     the raw hidden state the policy acted on; at stream step 0 every env's is the encoding of
     its first observation."""
-    from fused.config import LLMConfig
+    from fused.llm.config import LLMConfig
     from fused.envspec import spec
     from fused.llm.encoder import encode_observations, make_llm
     from fused.rl.collect import ObsCodec

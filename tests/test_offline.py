@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT, subprocess_env
 from rich.console import Console
 
-from fused.config import EnvConfig
+from fused.rl.config import EnvConfig
 from fused.data.config import ReturnsConfig
 from fused.data.returns import compute_returns
 from fused.data.store import Dataset, commit_group
@@ -22,7 +22,7 @@ from fused.policy import load_policy
 from fused.rl.awr import AWRSettings, awr_weights, offline_loss
 from fused.rl.envs import make_env
 from fused.rl.evaluate import make_evaluate, mean_ci95
-from fused.rl.networks import feed_forward
+from fused.rl.acting import random_policy
 from fused.rl.policy_input import Identity
 from fused.rl.vec_env import VecEnv
 
@@ -31,7 +31,7 @@ ENV = "Craftax-Classic-Symbolic-v1"
 
 
 def offline_main(*args):
-    import offline
+    from fused.commands import offline
 
     return offline.main(list(args))
 
@@ -175,7 +175,7 @@ def test_evaluation_is_unbiased_where_first_k_finished_is_not():
     """probe-lengths: half the episodes return 1 (1 step), half 8 (8 steps): E[return] 4.5."""
     env = make_env(EnvConfig(name="probe-lengths", num_envs=1))
     n = 2000
-    uniform = feed_forward(lambda p, x: jnp.zeros((x.shape[0], 2)))
+    uniform = random_policy(2)
     ev = make_evaluate(env, uniform, Identity(), n, 4)
     s = jax.jit(ev.init)(jax.random.PRNGKey(0), None)
     while not bool(s.done.all()):
@@ -204,7 +204,7 @@ def test_eval_cli_writes_eval_json_for_offline_and_online_runs(probe_data, tmp_p
     lo, hi = saved["return_ci95"]
     assert lo <= saved["return_mean"] <= hi
     assert {"length_mean", "achievements", "censored"} <= set(saved)
-    import train
+    from fused.commands import train
 
     online = train.main(["smoke", "--out-dir", str(tmp_path), "--run-name", "ppo"])
     out = offline_main("eval", "--run", str(online), "--episodes", "8", "--max-steps", "50",
@@ -246,7 +246,7 @@ def test_llm_augmented_awr_on_a_label_set_and_its_evaluation(tmp_path):
     augmented network on it, the normaliser in the checkpoint is the label rows' moments
     (numpy), and eval runs the fused LLM path; a label set made with another prompt is a
     one-line error; probes under every variant."""
-    import label
+    from fused.commands import label
 
     data = tmp_path / "d"
     label.main(["generate", "smoke", "--out", str(data), "--env.max-episode-steps", "20"])
@@ -372,7 +372,7 @@ def test_probe_edits_change_only_what_they_say():
 
 @pytest.mark.slow
 def test_probe_of_a_plain_online_run(tmp_path):
-    import train
+    from fused.commands import train
 
     run = train.main(["smoke", "--out-dir", str(tmp_path), "--run-name", "ppo"])
     res = offline_main("probe", "--run", str(run), "--states", "8")

@@ -12,11 +12,13 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, subprocess_env
-from fused.config import (ConfigError, EnvConfig, ExploreConfig, PolicyConfig, PPOConfig,
-                          TrainConfig, validate)
+from fused.config import TrainConfig, validate
+from fused.errors import ConfigError
+from fused.rl.config import EnvConfig, ExploreConfig, PolicyConfig, PPOConfig
 from fused.online import build
 from fused.rl.explore import Explorer, Step
-from fused.rl.networks import RecurrentActorCritic, acting
+from fused.rl.acting import network_policy
+from fused.rl.networks import RecurrentActorCritic
 from test_cli_resume import final_meta, train_cmd
 
 
@@ -137,20 +139,48 @@ def test_variants_resume_exactly(tmp_path, variant):
         out = json.loads((tmp_path / "a" / "eval.json").read_text())
         assert out["episodes"] == 6 and out["length_mean"] == 4 and out["censored"] == 0
         assert set(out["returns"]) <= {-1.0, 1.0}
-        for cmd in (["offline.py", "probe", "--run"], ["label.py", "generate", "--env.name",
-                                                       "probe-memory", "--policy"]):
-            p = subprocess.run([sys.executable, str(ROOT / cmd[0]), *cmd[1:], str(tmp_path / "a"),
-                                *(["--out", str(tmp_path / "d")] if cmd[0] == "label.py" else [])],
-                               env=env, timeout=300, capture_output=True, text=True)
-            lines = [x for x in p.stderr.splitlines() if x.strip()]
-            assert p.returncode != 0 and len(lines) == 1 and "recurrent" in lines[0], p.stderr
+        p = subprocess.run([sys.executable, str(ROOT / "label.py"), "generate", "smoke",
+                            "--env.name", "probe-memory", "--policy", str(tmp_path / "a"),
+                            "--out", str(tmp_path / "d")],
+                           env=env, timeout=300, capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr[-2000:]
+        replay_gru_dataset(tmp_path / "d", tmp_path / "a")
+
+
+def replay_gru_dataset(data, run):
+    """A GRU run's dataset holds what the GRU did acting: every episode replayed as one
+    sequence from a zero carry by the network's sequence form gives the stored log-probs of the
+    stored actions and the stored values."""
+    from fused.data.store import Dataset
+    from fused.policy import load_policy
+
+    ds = Dataset(data)
+    cols = [ds.read(name) for name in ds.shard_names()]
+    rows = {k: np.concatenate([c[k] for c in cols]) for k in ("obs", "action", "log_prob",
+                                                              "value", "step")}
+    assert len(rows["action"]) > 100 and (rows["step"] == 0).sum() > 20
+    pol = load_policy(run, 1)
+    net = pol.agent.network
+    resets = jnp.asarray(rows["step"] == 0)[:, None]
+    _, logits, value = net.apply(pol.params, net.initial_carry(1),
+                                 jnp.asarray(rows["obs"])[:, None], resets)
+    logp = jax.nn.log_softmax(logits[:, 0])
+    want = np.asarray(logp)[np.arange(len(rows["action"])), rows["action"].astype(int)]
+    np.testing.assert_allclose(rows["log_prob"], want, atol=2e-5)
+    np.testing.assert_allclose(rows["value"], np.asarray(value[:, 0]), atol=2e-5)
+    # a feed-forward replay (the carry ignored) does not fit: the carry is what acted
+    _, flat_logits, _ = net.apply(pol.params, net.initial_carry(len(resets)),
+                                  jnp.asarray(rows["obs"])[None], jnp.ones((1, len(resets)), bool))
+    flat = np.asarray(jax.nn.log_softmax(flat_logits[0]))[np.arange(len(want)),
+                                                          rows["action"].astype(int)]
+    assert np.abs(flat - want).max() > 1e-3
 
 
 @pytest.mark.slow
 def test_gru_takes_the_llm_state():
     """--policy.kind gru with the fused LLM: the embedding projects the hidden state beside the
     observation, the run trains, and the first epoch still replays the rollout exactly."""
-    from fused.config import LLMConfig
+    from fused.llm.config import LLMConfig
 
     cfg = TrainConfig(
         env=EnvConfig(name="Craftax-Classic-Symbolic-v1", num_envs=4, reset_pool=2,
@@ -169,9 +199,10 @@ def test_gru_takes_the_llm_state():
     assert {"obs_proj", "hidden_proj", "joint"} <= set(embed)
     # the hidden state reaches the logits: zeroing it changes them
     net, x = online.agent.network, online.agent.inputs.view(state.inputs, state.env.obs)
-    act = acting(net)
-    _, real = act.act(state.params, state.carry, x)
-    _, zero = act.act(state.params, state.carry, dict(x, hidden=jnp.zeros_like(x["hidden"])))
+    act = network_policy(net)
+    _, real, _ = act.forward(state.params, state.carry, x)
+    _, zero, _ = act.forward(state.params, state.carry,
+                             dict(x, hidden=jnp.zeros_like(x["hidden"])))
     assert np.abs(np.asarray(real - zero)).max() > 1e-4
 
 
@@ -352,3 +383,52 @@ def test_offline_gru_learns_the_memory_probe_and_resumes_exactly(tmp_path):
     part = offline_main("awr", *common, "--run-name", "part", *gru, "--num-updates", "200")
     offline_main("awr", "--resume", str(part), "--num-updates", "400")
     assert digest(part, 400) == digest(runs["gru"], 400)
+
+
+# --- offline.py probe of a GRU ------------------------------------------------------------------
+
+def test_probe_reads_a_gru_with_the_carry_of_the_states_history():
+    """The probe's GRU carry is the network's sequence form run over the observations of the
+    history that led to the probed states (resets, then uniform-random steps, replayed here)."""
+    from fused.probing import history_carry, probe_states
+    from fused.rl.envs import make_env
+    from fused.rl.evaluate import episode_keys
+    from fused.rl.networks import init_network
+    from fused.rl.policy_input import Identity
+
+    env = make_env(EnvConfig(name="Craftax-Classic-Symbolic-v1", num_envs=1))
+    net = RecurrentActorCritic(env.num_actions, 32, 2)
+    params = init_network(net, jax.random.PRNGKey(0), jnp.zeros((1, env.obs_dim)))
+    n, seed, warmup = 3, 5, 6
+    carry = jax.jit(lambda p: history_carry(env, network_policy(net), Identity(), p, None, None,
+                                            n, seed, warmup))(params)
+    obs, state = jax.vmap(env.reset)(episode_keys(jax.random.PRNGKey(seed), n))
+    step = jax.jit(lambda k, s, a: jax.vmap(env.step)(jax.random.split(k, n), s, a))
+    seen = [obs]
+    for k in jax.random.split(jax.random.PRNGKey(seed + 1), warmup):
+        ka, ks = jax.random.split(k)
+        res = step(ks, state, jax.random.randint(ka, (n,), 0, env.num_actions))
+        state = res.state
+        seen.append(res.obs)
+    want, _, _ = net.apply(params, net.initial_carry(n), jnp.stack(seen[:-1]),
+                           jnp.zeros((warmup, n), bool))
+    np.testing.assert_allclose(np.asarray(carry), np.asarray(want), atol=1e-5)
+    assert np.abs(np.asarray(want)).max() > 1e-2  # a carry that says something
+    base = jax.jit(probe_states, static_argnums=(0, 1, 2, 3))(env, n, seed, warmup)
+    np.testing.assert_array_equal(np.asarray(jax.vmap(env.observe)(base)), np.asarray(seen[-1]))
+
+
+@pytest.mark.slow
+def test_probe_cli_on_a_gru_run(tmp_path):
+    env = subprocess_env()
+    subprocess.run(train_cmd("smoke", "--policy.kind", "gru", "--out-dir", str(tmp_path),
+                             "--run-name", "gru"), check=True, env=env, timeout=600,
+                   capture_output=True)
+    p = subprocess.run([sys.executable, str(ROOT / "offline.py"), "probe", "--run",
+                        str(tmp_path / "gru"), "--states", "4", "--warmup", "5"],
+                       env=env, timeout=600, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads((tmp_path / "gru" / "probe.json").read_text())
+    assert len(out["edits"]) >= 5
+    assert all(np.isfinite(v["real"]["value_change"]) and v["real"]["kl"] >= 0
+               for v in out["edits"].values())

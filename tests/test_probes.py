@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fused.config import EnvConfig, PPOConfig, TrainConfig, validate
+from fused.config import TrainConfig, validate
+from fused.rl.config import EnvConfig, PPOConfig
 from fused.online import build
 
 GAMMA = 0.9

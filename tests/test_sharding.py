@@ -10,7 +10,8 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from fused.config import EnvConfig, PPOConfig, TrainConfig, validate
+from fused.config import TrainConfig, validate
+from fused.rl.config import EnvConfig, PPOConfig
 from fused.online import build
 
 
@@ -70,7 +71,7 @@ def test_two_devices_equal_one_device_with_llm():
     summed over devices, one branch choice for all) plays and learns as on 1 device. Refreshes
     take every waiting env at once (refresh_batch >= envs, refresh_wait 1) so both splits
     re-encode the same envs at the same steps."""
-    from fused.config import LLMConfig
+    from fused.llm.config import LLMConfig
 
     cfg = TrainConfig(
         env=EnvConfig(name="Craftax-Classic-Symbolic-v1", num_envs=4, reset="auto",
@@ -96,6 +97,7 @@ def test_sharded_epoch_is_the_update_on_global_minibatches():
     `minibatch_step` on those global minibatches, built here by hand, must give the same
     parameters. The devices' advantages have different means and scales, so normalising per
     device (or averaging gradients wrongly) would not."""
+    from fused.rl.acting import Rollout, network_policy
     from fused.rl.networks import ActorCritic
     from fused.rl.ppo import Ctx, epoch_step, minibatch_step
     from fused.rl.sharding import AXIS, make_mesh
@@ -115,7 +117,8 @@ def test_sharded_epoch_is_the_update_on_global_minibatches():
     ppo = PPOConfig(num_minibatches=k)
 
     def ctx(axis):
-        return Ctx(net.apply, None, None, None, None, tx, ppo, n_dev * rows, rows, axis)
+        rollout = Rollout(network_policy(net), None, None, n_dev * rows, rows, axis)
+        return Ctx(rollout, tx, ppo)
 
     key = jax.random.PRNGKey(7)
     sharded = jax.jit(jax.shard_map(lambda b, c: epoch_step(ctx(AXIS), b, c, key),

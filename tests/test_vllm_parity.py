@@ -37,7 +37,9 @@ def test_fused_jax_backend_matches_vllm_fallback(vllm_server):
 
     import jax
 
-    from fused.config import EnvConfig, LLMConfig, PPOConfig, TrainConfig, WandbConfig, validate
+    from fused.config import TrainConfig, WandbConfig, validate
+    from fused.llm.config import LLMConfig
+    from fused.rl.config import EnvConfig, PPOConfig
     from fused.llm.encoder import encode_observations
     from fused.online import build
 
@@ -77,7 +79,7 @@ def test_fused_jax_backend_matches_vllm_fallback(vllm_server):
 def test_garbage_prompt_ablation_reaches_the_vllm_backend(vllm_server):
     """--llm.hidden garbage-prompt with the vllm backend sends the shuffled prefix too: its
     states equal the jax backend's garbage-prompt states and differ from the real prompt's."""
-    from fused.config import LLMConfig
+    from fused.llm.config import LLMConfig
     from fused.llm.encoder import encode_observations, make_llm
     from fused.rl.envs import rollout_observations
 
@@ -107,7 +109,7 @@ def test_label_sets_from_vllm_match_the_jax_path(vllm_server, tmp_path):
     from rich.console import Console
 
     from conftest import ROOT, subprocess_env
-    from fused.config import LLMConfig
+    from fused.llm.config import LLMConfig
     from fused.data.config import LabelConfig
     from fused.data.labelling import BatchEncoder, label
     from fused.data.store import Dataset

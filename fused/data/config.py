@@ -6,7 +6,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from fused.config import ConfigError, EnvSettings, LLMConfig, validate_env, validate_llm
+from fused.errors import ConfigError
+from fused.llm.config import LLMConfig, validate_llm
+from fused.rl.config import EnvSettings, validate_env
 from fused.envspec import EnvName
 
 

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from fused.config import ConfigError
+from fused.errors import ConfigError
 from fused.data.config import LabelConfig, parse_part
 from fused.data.store import Dataset, DatasetError, array_names, commit_group, committed
 from fused.envspec import spec

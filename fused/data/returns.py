@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fused.config import ConfigError
+from fused.errors import ConfigError
 from fused.data.config import ReturnsConfig
 from fused.data.store import Dataset, commit_group, committed
 from fused.runs.cluster import barrier

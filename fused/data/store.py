@@ -29,7 +29,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from fused.config import ConfigError
+from fused.errors import ConfigError
 from fused.runs.files import atomic_write_json
 
 CHUNK_ROWS = 1024  # rows per compressed chunk (the unit of random access)

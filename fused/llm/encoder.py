@@ -12,6 +12,7 @@ pre-compiled bucket sizes), so padding does not make every call cost the worst c
 
 from __future__ import annotations
 
+import logging
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -19,7 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fused.config import ConfigError, LLMConfig, model_config
+from fused.errors import ConfigError
+from fused.llm.config import LLMConfig, model_config
 from fused.envspec import spec
 from fused.llm.vllm_host import HostEncoder
 from fused.text.prompt import garbage_prefix, prompt_parts
@@ -28,6 +30,8 @@ from llm_jax.config import Qwen3Config
 from llm_jax.loader import WeightsError, load_params
 from llm_jax.model import AttentionConfig, PrefixCache, encode, init_params, prefill
 from llm_jax.tokenizer import load_tokenizer
+
+log = logging.getLogger(__name__)
 
 
 class FrozenLLM(NamedTuple):
@@ -78,9 +82,9 @@ def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0) -> LLM:
     dtype = jnp.bfloat16 if cfg.dtype == "bfloat16" else jnp.float32
     qcfg = model_config(cfg)
     if cfg.weights is None:
-        print(f"notice: --llm.weights not given: using a RANDOM Qwen3 ({cfg.random_model}: "
-              f"{qcfg.num_layers} layers, hidden {qcfg.hidden_size}); its hidden states carry no "
-              "meaning (for tests and speed only)", flush=True)
+        log.info(f"notice: --llm.weights not given: using a RANDOM Qwen3 ({cfg.random_model}: "
+                 f"{qcfg.num_layers} layers, hidden {qcfg.hidden_size}); its hidden states carry "
+                 "no meaning (for tests and speed only)")
     layer = qcfg.num_layers if cfg.layer is None else cfg.layer
     total = renderer.max_tokens + len(parts.tail)
     if len(parts.prefix) + total > qcfg.max_position_embeddings:

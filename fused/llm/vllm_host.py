@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
-from fused.config import LLMConfig
+from fused.llm.config import LLMConfig
 from fused.envspec import ObsLayout
 from fused.text.format import render_text
 from llm_jax.vllm_client import VLLMClient

@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from fused.rl.networks import init_network, is_recurrent
-from fused.rl.ppo import categorical_log_prob
+from fused.rl.acting import categorical_log_prob, network_policy
+from fused.rl.networks import init_network
 
 
 class AWRSettings(NamedTuple):
@@ -124,7 +124,8 @@ def make_offline_train(network: nn.Module, settings: AWRSettings, tx: optax.Grad
     `rows` (with `action` and `rtg`; for a recurrent network also `valid` and
     `episode_start`), `valid_index` [V] with `num_valid` (entries past it are padding) and
     whatever else `inputs_of` reads (a hidden-state table). A recurrent network needs `seq`."""
-    recurrent = is_recurrent(network)
+    policy = network_policy(network)
+    recurrent = policy.recurrent
     if recurrent != (seq is not None):
         raise ValueError("a recurrent network trains on sequences (seq), a feed-forward one not")
 
@@ -147,11 +148,9 @@ def make_offline_train(network: nn.Module, settings: AWRSettings, tx: optax.Grad
 
     def forward(params, x):
         if not recurrent:
-            return network.apply(params, x)
+            return policy.batch(params, None, x, None)
         x, resets = x
-        _, logits, value = network.apply(params, network.initial_carry(resets.shape[1]), x,
-                                         resets)
-        return logits.reshape(-1, logits.shape[-1]), value.reshape(-1)
+        return policy.batch(params, policy.carry(resets.shape[1]), x, resets)
 
     def one_update(state: OfflineState, data) -> tuple[OfflineState, dict]:
         rng, k = jax.random.split(state.rng)

@@ -8,62 +8,16 @@ LLM-augmented run sees the hidden states that run's policy would see, and record
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Protocol
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
 from fused.envspec import EnvSpec
+from fused.rl.acting import Policy, Rollout
 from fused.rl.policy_input import PolicyInput
-from fused.rl.ppo import categorical_log_prob
-from fused.rl.vec_env import VecEnv, VecEnvState, per_env_keys
-
-
-class Behaviour(Protocol):
-    """Who acts: (params, network input [N, ...], one key per env [N]) -> (action, log_prob,
-    value), each [N]."""
-
-    def act(self, params, x, keys) -> tuple[jax.Array, jax.Array, jax.Array]: ...
-
-    def value(self, params, x) -> jax.Array: ...
-
-
-class UniformRandom:
-    """Uniform over actions; no critic (values are NaN)."""
-
-    def __init__(self, num_actions: int):
-        self.num_actions = num_actions
-
-    def act(self, params, x, keys):
-        n = keys.shape[0]
-        action = jax.vmap(lambda k: jax.random.randint(k, (), 0, self.num_actions))(keys)
-        log_prob = jnp.full((n,), -jnp.log(self.num_actions), jnp.float32)
-        return action, log_prob, self.value(params, x)
-
-    def value(self, params, x):
-        return jnp.full((jax.tree.leaves(x)[0].shape[0],), jnp.nan, jnp.float32)
-
-
-class EpsilonPolicy:
-    """A trained actor-critic, mixed with uniform actions: pi'(a) = (1 - eps) pi(a) + eps / A.
-    `log_prob` is of that mixture (the policy that really acted)."""
-
-    def __init__(self, actor: Callable, critic: Callable, num_actions: int, epsilon: float = 0.0):
-        self.actor, self.critic = actor, critic
-        self.num_actions, self.epsilon = num_actions, epsilon
-
-    def act(self, params, x, keys):
-        logits = self.actor(params, x)
-        if self.epsilon:
-            probs = ((1 - self.epsilon) * jax.nn.softmax(logits)
-                     + self.epsilon / self.num_actions)
-            logits = jnp.log(probs)
-        action = jax.vmap(jax.random.categorical)(keys, logits)
-        return action, categorical_log_prob(logits, action), self.critic(params, x)
-
-    def value(self, params, x):
-        return self.critic(params, x)
+from fused.rl.vec_env import VecEnv, VecEnvState
 
 
 @struct.dataclass
@@ -72,6 +26,7 @@ class CollectState:
     inputs: Any  # the PolicyInput's state
     rng: jax.Array  # replicated
     achieved: jax.Array  # [N, A] bool: achievements already unlocked in the current episode
+    carry: Any = None  # the policy's carry (None for a feed-forward policy)
 
 
 class Record(NamedTuple):
@@ -121,27 +76,24 @@ class Collector(NamedTuple):
     block: Callable  # (CollectState, params, frozen, t0) -> (CollectState, Record [T, N, ...])
 
 
-def make_collect(spec: EnvSpec, env, env_cfg, behaviour: Behaviour, inputs: PolicyInput,
+def make_collect(spec: EnvSpec, env, env_cfg, policy: Policy, inputs: PolicyInput,
                  num_envs: int, steps: int, axis_name: str | None = None,
                  num_shards: int = 1) -> Collector:
     """`steps` env steps of `num_envs` envs per `block` call (this device's num_envs / num_shards
-    when `axis_name` is set: run under shard_map). Per-env keys do not depend on the sharding."""
-    vec = VecEnv(env, env_cfg)
-    codec = ObsCodec(spec)
+    when `axis_name` is set: run under shard_map). Per-env keys do not depend on the sharding.
+    `policy` acts (`fused.rl.acting`: a network's, mixed with uniform actions, or uniform)."""
     local = num_envs // num_shards
+    rollout = Rollout(policy, inputs, VecEnv(env, env_cfg), num_envs, local, axis_name,
+                      values=True)
+    codec = ObsCodec(spec)
     n_ach = len(spec.achievement_names)
-
-    def keys(key):
-        return per_env_keys(key, num_envs, local, axis_name)
-
-    def fold(key):
-        return key if axis_name is None else jax.random.fold_in(key, jax.lax.axis_index(axis_name))
 
     def init(key, frozen):
         k_env, k_pool, k_run = jax.random.split(key, 3)
-        env_state = vec.reset(keys(k_env), fold(k_pool))
+        env_state = rollout.envs.reset(rollout.keys(k_env), rollout.fold(k_pool))
         state, k_run = inputs.init(frozen, env_state.obs, k_run, axis_name)
-        return CollectState(env_state, state, k_run, jnp.zeros((local, n_ach), bool))
+        return CollectState(env_state, state, k_run, jnp.zeros((local, n_ach), bool),
+                            policy.carry(local))
 
     def block(s: CollectState, params, frozen, t0):
         """t0: stream time of the first step (the policy input's global step counter)."""
@@ -158,25 +110,16 @@ def make_collect(spec: EnvSpec, env, env_cfg, behaviour: Behaviour, inputs: Poli
 
     def step(params, frozen, s: CollectState, key, t):
         """Act on s.env.obs (stream time t), step, update the input state for time t + 1."""
-        k_act, k_env, k_pool, k_inp = jax.random.split(key, 4)
-        x = inputs.view(s.inputs, s.env.obs)
-        action, log_prob, value = behaviour.act(params, x, keys(k_act))
-        env_state, out = vec.step(keys(k_env), fold(k_pool), s.env, action)
-        final_x = inputs.view(s.inputs, out.final_obs)
-        trunc_value = jax.lax.cond(
-            out.truncated.any(),
-            lambda: jnp.where(out.truncated, behaviour.value(params, final_x), 0.0),
-            lambda: jnp.zeros(out.reward.shape, jnp.float32))
-        done = out.terminated | out.truncated
+        (env_state, new_inputs, carry), a = rollout.step(params, frozen, s.env, s.inputs,
+                                                         s.carry, key, t)
+        out = a.env
         achieved = out.achievements.astype(bool)
         unlocked = jnp.packbits((achieved & ~s.achieved).astype(jnp.uint8), axis=-1)
         obs_cols, exact = codec.encode(jnp, s.env.obs)
-        rec = Record(obs_cols, exact, action.astype(jnp.int32), out.reward, out.terminated,
-                     out.truncated, log_prob, value, trunc_value, s.env.episode_length,
-                     unlocked, inputs.record(s.inputs))
-        new_inputs, _ = inputs.step(frozen, s.inputs, env_state.obs, done, t + 1, fold(k_inp),
-                                    axis_name)
-        return s.replace(env=env_state, inputs=new_inputs,
-                         achieved=jnp.where(done[:, None], False, achieved)), rec
+        rec = Record(obs_cols, exact, a.action.astype(jnp.int32), out.reward, out.terminated,
+                     out.truncated, a.log_prob, a.value, a.truncation_value,
+                     s.env.episode_length, unlocked, inputs.record(s.inputs))
+        return s.replace(env=env_state, inputs=new_inputs, carry=carry,
+                         achieved=jnp.where(a.done[:, None], False, achieved)), rec
 
     return Collector(init, block)

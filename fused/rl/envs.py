@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fused.config import EnvConfig
+from fused.rl.config import EnvConfig
 from fused.envspec import EnvSpec, TextEnvName, spec
 from fused.rl.env_api import Env, StepResult
 from fused.rl.probes import make_probe

@@ -16,17 +16,18 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from fused.rl import acting
+from fused.rl.acting import Policy, Rollout
 from fused.rl.env_api import Env
-from fused.rl.networks import Acting
 from fused.rl.policy_input import PolicyInput
+from fused.rl.vec_env import VecEnv, VecEnvState
 
 
 @struct.dataclass
 class EvalState:
-    env: Any  # [N] env states
-    obs: jax.Array  # [N, D]
+    env: VecEnvState  # [N] envs, each in its one episode
     inputs: Any  # the policy input's state
-    carry: Any  # a recurrent policy's carry (None for a feed-forward one)
+    carry: Any  # the policy's carry (None for a feed-forward one)
     done: jax.Array  # [N] bool: the episode has ended
     ret: jax.Array  # [N] float32, undiscounted return so far
     length: jax.Array  # [N] int32
@@ -35,10 +36,15 @@ class EvalState:
     t: jax.Array  # [] int32 steps taken
     rng: jax.Array
 
+    @property
+    def obs(self) -> jax.Array:
+        return self.env.obs
+
 
 class Evaluator(NamedTuple):
     init: Callable  # (seed key, frozen, inputs_state or None) -> EvalState
     block: Callable  # (EvalState, params, frozen) -> EvalState (block_steps steps)
+    step: Callable  # (EvalState, params, frozen, key) -> EvalState (one step; video's)
 
 
 def episode_keys(key: jax.Array, n: int) -> jax.Array:
@@ -46,41 +52,38 @@ def episode_keys(key: jax.Array, n: int) -> jax.Array:
     return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(n))
 
 
-def make_evaluate(env: Env, acting: Acting, inputs: PolicyInput, num_episodes: int,
+def make_evaluate(env: Env, policy: Policy, inputs: PolicyInput, num_episodes: int,
                   block_steps: int, greedy: bool = False,
                   max_steps: int | None = None) -> Evaluator:
-    """`acting`: the policy step by step (`fused.rl.networks.acting`); `init`'s `trained` is the
-    trained run's policy-input state (its normaliser), installed with `inputs.adopt`. Steps past
-    `max_steps` are not counted: episodes running then stay not done (censored)."""
+    """`policy` acts (`fused.rl.acting`) through the shared acting step, on envs that do not
+    reset; `init`'s `trained` is the trained run's policy-input state (its normaliser),
+    installed with `inputs.adopt`. Steps past `max_steps` are not counted: episodes running then
+    stay not done (censored)."""
     cap = jnp.int32(max_steps if max_steps is not None else jnp.iinfo(jnp.int32).max)
     n_ach = len(env.achievement_names)
+    rollout = Rollout(policy.with_sample(acting.greedy) if greedy else policy, inputs,
+                      VecEnv(env, None), num_episodes, num_episodes)
 
     def init(key, frozen, trained=None):
-        k_reset, k_inp, k_run = jax.random.split(key, 3)
-        obs, states = jax.vmap(env.reset)(episode_keys(k_reset, num_episodes))
-        istate, k_run = inputs.init(frozen, obs, k_run, None)
+        k_reset, k_run = jax.random.split(key)
+        env_state = rollout.envs.reset(episode_keys(k_reset, num_episodes), k_reset)
+        istate, k_run = inputs.init(frozen, env_state.obs, k_run, None)
         if trained is not None:
             istate = inputs.adopt(istate, trained)
-        del k_inp
         z = jnp.zeros(num_episodes)
-        return EvalState(states, obs, istate, acting.carry(num_episodes), z.astype(bool),
+        return EvalState(env_state, istate, policy.carry(num_episodes), z.astype(bool),
                          z.astype(jnp.float32), z.astype(jnp.int32),
                          jnp.zeros((num_episodes, n_ach), bool), z.astype(bool), jnp.int32(0),
                          k_run)
 
     def step(s: EvalState, params, frozen, key):
-        k_act, k_env, k_inp = jax.random.split(key, 3)
-        carry, logits = acting.act(params, s.carry, inputs.view(s.inputs, s.obs))
-        action = (logits.argmax(-1) if greedy else
-                  jax.random.categorical(k_act, logits)).astype(jnp.int32)
-        res = jax.vmap(env.step)(jax.random.split(k_env, num_episodes), s.env, action)
+        (env_state, istate, carry), a = rollout.step(params, frozen, s.env, s.inputs, s.carry,
+                                                     key, s.t)
+        res = a.env
         live = ~s.done & (s.t < cap)
-        ended = live & (res.terminated | res.truncated)
-        # Finished envs are not refreshed (done=False): their hidden state no longer matters.
-        istate, _ = inputs.step(frozen, s.inputs, res.obs, jnp.zeros_like(s.done), s.t + 1,
-                                k_inp, None)
+        ended = live & a.done
         return s.replace(
-            env=res.state, obs=res.obs, inputs=istate, carry=carry, done=s.done | ended,
+            env=env_state, inputs=istate, carry=carry, done=s.done | ended,
             ret=s.ret + jnp.where(live, res.reward, 0.0),
             length=s.length + live.astype(jnp.int32),
             achievements=jnp.where(live[:, None], res.achievements.astype(bool),
@@ -96,7 +99,7 @@ def make_evaluate(env: Env, acting: Acting, inputs: PolicyInput, num_episodes: i
         s, _ = jax.lax.scan(body, s.replace(rng=rng), jax.random.split(k, block_steps))
         return s
 
-    return Evaluator(init, block)
+    return Evaluator(init, block, step)
 
 
 def mean_ci95(x: np.ndarray) -> tuple[float, float, float]:

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from fused.config import ExploreConfig
+from fused.rl.config import ExploreConfig
 
 
 class Net(nn.Module):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -208,28 +206,3 @@ def init_network(network: nn.Module, key: jax.Array, example):
         one = jax.tree.map(lambda a: a[None], example)
         return network.init(key, network.initial_carry(1), one, jnp.zeros((1, 1), bool))
     return network.init(key, example)
-
-
-class Acting(NamedTuple):
-    """A policy acting step by step, feed-forward or recurrent alike."""
-
-    carry: Callable  # n -> the carry of n fresh episodes (None for a feed-forward policy)
-    act: Callable  # (params, carry, x [N, ...]) -> (carry, logits [N, A])
-
-
-def feed_forward(actor: Callable) -> Acting:
-    """`actor(params, x) -> logits` as an `Acting` with no carry."""
-    return Acting(lambda n: None, lambda params, carry, x: (carry, actor(params, x)))
-
-
-def acting(network: nn.Module) -> Acting:
-    if not is_recurrent(network):
-        return feed_forward(lambda params, x: network.apply(params, x, method=type(network).actor))
-
-    def act(params, carry, x):
-        one = jax.tree.map(lambda a: a[None], x)
-        carry, logits, _ = network.apply(params, carry, one,
-                                         jnp.zeros((1, carry.shape[0]), bool))
-        return carry, logits[0]
-
-    return Acting(network.initial_carry, act)

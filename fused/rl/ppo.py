@@ -1,23 +1,24 @@
 """PPO pieces as top-level pure functions: GAE, the clipped loss, one rollout step, one update.
 
 Everything here is plain JAX over explicit state; `fused.rl.trainer.make_train` assembles it
-into the jitted chunk. Arrays are time-major `[T, N, ...]` as in PureJaxRL. What the network sees
-comes from the `PolicyInput` in `Ctx` (`fused.rl.policy_input`); nothing here knows which.
+into the jitted chunk. Arrays are time-major `[T, N, ...]` as in PureJaxRL. Acting is `fused.rl.acting`'s
+one step; what the network sees comes from its `PolicyInput`, and nothing here knows which.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import struct
 
-from fused.config import PPOConfig
+from fused.rl.config import PPOConfig
+from fused.rl.acting import Policy, Rollout, categorical_entropy, categorical_log_prob
 from fused.rl.explore import Explorer, Step
 from fused.rl.policy_input import PolicyInput
-from fused.rl.vec_env import VecEnv, VecEnvState, per_env_keys
+from fused.rl.vec_env import VecEnvState
 
 S = TypeVar("S")
 
@@ -77,17 +78,6 @@ def gae(reward, value, terminated, truncated, truncation_value, last_value, gamm
     return adv, adv + value
 
 
-def categorical_log_prob(logits, action):
-    """logits: [B, A], action: [B] -> [B]."""
-    logp = jax.nn.log_softmax(logits)
-    return jnp.take_along_axis(logp, action[:, None], axis=-1)[:, 0]
-
-
-def categorical_entropy(logits):
-    logp = jax.nn.log_softmax(logits)
-    return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
-
-
 def ppo_loss(logits, value, action, old_log_prob, old_value, advantage, target,
              clip_eps, vf_coef, ent_coef):
     """Clipped PPO objective with clipped value loss. Arrays [B]; advantage already normalised.
@@ -109,34 +99,24 @@ def ppo_loss(logits, value, action, old_log_prob, old_value, advantage, target,
 
 
 class Ctx(NamedTuple):
-    """Static pieces the pure step/update functions close over. A feed-forward policy gives
-    apply / actor / critic; a recurrent one gives `seq` instead (the others None)."""
+    """Static pieces the pure step/update functions close over."""
 
-    apply: Callable | None  # params, obs [B, D] -> (logits [B, A], value [B])
-    actor: Callable | None  # params, obs [B, D] -> logits [B, A]
-    critic: Callable | None  # params, obs [B, D] -> value [B]
-    inputs: PolicyInput
-    vec_env: VecEnv
+    rollout: Rollout  # the policy, its input and the envs, acting one step
     tx: optax.GradientTransformation
     cfg: PPOConfig
-    num_envs: int  # global
-    local_envs: int
-    axis_name: str | None  # set inside shard_map
-    seq: Callable | None = None  # params, carry [B, W], x [T, B, ...], resets [T, B]
-    #                              -> (carry, logits [T, B, A], value [T, B])
     explorer: Explorer | None = None
 
     @property
-    def recurrent(self) -> bool:
-        return self.seq is not None
+    def policy(self) -> Policy:
+        return self.rollout.policy
 
+    @property
+    def inputs(self) -> PolicyInput:
+        return self.rollout.inputs
 
-def one_step(ctx: Ctx, params, carry, x):
-    """A recurrent policy on one step of every env: (carry, logits [N, A], value [N])."""
-    n = carry.shape[0]
-    carry, logits, value = ctx.seq(params, carry, jax.tree.map(lambda a: a[None], x),
-                                   jnp.zeros((1, n), bool))
-    return carry, logits[0], value[0]
+    @property
+    def axis_name(self) -> str | None:
+        return self.rollout.axis_name
 
 
 def _pmean(x, axis_name):
@@ -147,61 +127,34 @@ def _psum(x, axis_name):
     return jax.lax.psum(x, axis_name) if axis_name else x
 
 
-def local_keys(ctx: Ctx, key: jax.Array) -> jax.Array:
-    return per_env_keys(key, ctx.num_envs, ctx.local_envs, ctx.axis_name)
-
-
 def rollout_step(ctx: Ctx, params, frozen, carry, xs):
-    """One env step for all local envs. carry: (VecEnvState, input state, recurrent carry or
-    None, explorer state or None); xs: (key, global env step of this step). A feed-forward
-    policy runs its actor only (values come after the rollout, in one batch); a recurrent one
-    gets the value on the way and restarts its carry where an episode ended. With an explorer,
-    the step's intrinsic reward and what the explorer trains on come out beside it."""
+    """One env step for all local envs (`Rollout.step`) as a PPO transition. carry:
+    (VecEnvState, input state, policy carry, explorer state or None); xs: (key, global env step
+    of this step). A feed-forward policy's values come after the rollout, in one batch. With an
+    explorer, the step's intrinsic reward and what the explorer trains on come out beside it."""
     env, inputs, h, ex = carry
     key, step = xs
-    k_act, k_env, k_pool, k_inp = jax.random.split(key, 4)
-    x = ctx.inputs.view(inputs, env.obs)
-    if ctx.recurrent:
-        h, logits, value = one_step(ctx, params, h, x)
-        critic_next = lambda fx: one_step(ctx, params, h, fx)[2]  # noqa: E731
-    else:
-        logits, value = ctx.actor(params, x), None
-        critic_next = lambda fx: ctx.critic(params, fx)  # noqa: E731
-    action = jax.vmap(jax.random.categorical)(local_keys(ctx, k_act), logits)
-    log_prob = categorical_log_prob(logits, action)
-    if ctx.axis_name is not None:
-        k_pool = jax.random.fold_in(k_pool, jax.lax.axis_index(ctx.axis_name))
-        k_inp = jax.random.fold_in(k_inp, jax.lax.axis_index(ctx.axis_name))
-    env_state, out = ctx.vec_env.step(local_keys(ctx, k_env), k_pool, env, action)
-    # V(final obs) is needed only where an episode was truncated: skip the pass otherwise.
-    final_x = ctx.inputs.view(inputs, out.final_obs)
-    trunc_value = jax.lax.cond(
-        out.truncated.any(),
-        lambda: jnp.where(out.truncated, critic_next(final_x), 0.0),
-        lambda: jnp.zeros(out.reward.shape, jnp.float32))
-    tr = Transition(x, action, log_prob, jnp.zeros_like(log_prob) if value is None else value,
-                    out.reward, out.terminated, out.truncated, trunc_value)
-    done = out.terminated | out.truncated
-    if ctx.recurrent:
-        h = jnp.where(done[:, None], 0.0, h)
+    (env_state, inputs, h), a = ctx.rollout.step(params, frozen, env, inputs, h, key, step)
+    out = a.env
+    tr = Transition(a.x, a.action, a.log_prob,
+                    jnp.zeros_like(a.log_prob) if a.value is None else a.value,
+                    out.reward, out.terminated, out.truncated, a.truncation_value)
     explored = None
     if ctx.explorer is not None:
-        step_in = Step(env.obs, action, out.final_obs, done)
+        step_in = Step(env.obs, a.action, out.final_obs, a.done)
         ex, bonus = ctx.explorer.bonus(ex, step_in)
         explored = (step_in, bonus)
+    done = a.done
     stats = EpisodeStats(
         done.sum(), jnp.sum(out.episode_return * done), jnp.sum(out.episode_length * done),
         jnp.sum(out.achievements * done[:, None], axis=0), out.reset_reuse)
-    # The input state for the observations the policy acts on next.
-    inputs, input_metrics = ctx.inputs.step(frozen, inputs, env_state.obs, done, step + 1, k_inp,
-                                            ctx.axis_name)
-    return (env_state, inputs, h, ex), (tr, stats, input_metrics, explored)
+    return (env_state, inputs, h, ex), (tr, stats, a.input_metrics, explored)
 
 
 def minibatch_step(ctx: Ctx, carry, mb):
     """One gradient step on one minibatch. carry: (params, opt_state); mb: dict of [B, ...]."""
     params, opt_state = carry
-    if ctx.recurrent:  # sequences [T, B, ...]: the loss sees them flattened, time-major
+    if ctx.policy.recurrent:  # sequences [T, B, ...]: the loss sees them flattened, time-major
         mb = {k: v if k in ("obs", "carry", "resets") else v.reshape(-1)
               for k, v in mb.items()}
     adv = mb["advantage"]
@@ -211,11 +164,8 @@ def minibatch_step(ctx: Ctx, carry, mb):
         adv = (adv - mean) / (jnp.sqrt(var) + 1e-8)
 
     def loss_fn(p):
-        if ctx.recurrent:  # replay the minibatch's envs from their carry at the rollout's start
-            _, logits, value = ctx.seq(p, mb["carry"], mb["obs"], mb["resets"])
-            logits, value = logits.reshape(-1, logits.shape[-1]), value.reshape(-1)
-        else:
-            logits, value = ctx.apply(p, mb["obs"])
+        # A recurrent policy replays the minibatch's envs from their carry at the rollout's start.
+        logits, value = ctx.policy.batch(p, mb.get("carry"), mb["obs"], mb.get("resets"))
         c = ctx.cfg
         return ppo_loss(logits, value, mb["action"], mb["log_prob"], mb["value"], adv,
                         mb["target"], c.clip_eps, c.vf_coef, c.ent_coef)
@@ -235,7 +185,7 @@ def epoch_step(ctx: Ctx, batch, carry, key):
     if ctx.axis_name is not None:
         key = jax.random.fold_in(key, jax.lax.axis_index(ctx.axis_name))
     k = ctx.cfg.num_minibatches
-    if ctx.recurrent:
+    if ctx.policy.recurrent:
         n = batch["carry"].shape[0]
         perm = jax.random.permutation(key, n)
 
@@ -270,16 +220,13 @@ def update_step(ctx: Ctx, rs: RunnerState, frozen=None) -> tuple[RunnerState, di
         traj = traj._replace(reward=traj.reward + ctx.explorer.cfg.coef * explored[1])
     t, n = traj.action.shape
     flat = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
-    last_x = ctx.inputs.view(inputs, env_state.obs)
-    if ctx.recurrent:
-        last_value = one_step(ctx, rs.params, h, last_x)[2]
-    else:
-        value = ctx.critic(rs.params, jax.tree.map(flat, traj.obs)).reshape(t, n)
+    last_value = ctx.policy.critic(rs.params, h, ctx.inputs.view(inputs, env_state.obs))
+    if not ctx.policy.recurrent:  # the values of the whole rollout in one batch
+        value = ctx.policy.critic(rs.params, None, jax.tree.map(flat, traj.obs)).reshape(t, n)
         traj = traj._replace(value=value)
-        last_value = ctx.critic(rs.params, last_x)
     adv, target = gae(traj.reward, traj.value, traj.terminated, traj.truncated,
                       traj.truncation_value, last_value, cfg.gamma, cfg.gae_lambda)
-    if ctx.recurrent:  # whole sequences; the carry restarts after each episode's last step
+    if ctx.policy.recurrent:  # whole sequences; the carry restarts after each episode's last step
         done = traj.terminated | traj.truncated
         batch = {"obs": traj.obs, "action": traj.action, "log_prob": traj.log_prob,
                  "value": traj.value, "advantage": adv, "target": target, "carry": rs.carry,

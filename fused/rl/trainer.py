@@ -11,21 +11,23 @@ the same functions for several devices (build them with `axis_name` set for that
 
 from __future__ import annotations
 
-from functools import partial
-from typing import Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
-from fused.config import TrainConfig
+from fused.rl.acting import Rollout, network_policy
 from fused.rl.env_api import Env
 from fused.rl.explore import make_explorer
-from fused.rl.networks import init_network, is_recurrent
+from fused.rl.networks import init_network
 from fused.rl.policy_input import PolicyInput
-from fused.rl.ppo import Ctx, RunnerState, local_keys, update_step
+from fused.rl.ppo import Ctx, RunnerState, update_step
 from fused.rl.vec_env import VecEnv
+
+if TYPE_CHECKING:  # the run's config; the core reads its env, ppo and explore settings only
+    from fused.config import TrainConfig
 
 
 class Trainer(NamedTuple):
@@ -59,24 +61,17 @@ def make_train(cfg: TrainConfig, env: Env, network: nn.Module, inputs: PolicyInp
     num_envs / num_shards envs) and must run under `fused.rl.sharding.shard`."""
     tx = make_optimizer(cfg)
     local_envs = cfg.env.num_envs // num_shards
-    vec = VecEnv(env, cfg.env)
+    rollout = Rollout(network_policy(network), inputs, VecEnv(env, cfg.env), cfg.env.num_envs,
+                      local_envs, axis_name)
     explorer = make_explorer(cfg.explore, env.obs_dim, env.num_actions, local_envs)
-    if is_recurrent(network):
-        ctx = Ctx(None, None, None, inputs, vec, tx, cfg.ppo, cfg.env.num_envs, local_envs,
-                  axis_name, network.apply, explorer)
-    else:
-        ctx = Ctx(network.apply, partial(network.apply, method=type(network).actor),
-                  partial(network.apply, method=type(network).critic), inputs, vec, tx, cfg.ppo,
-                  cfg.env.num_envs, local_envs, axis_name, None, explorer)
+    ctx = Ctx(rollout, tx, cfg.ppo, explorer)
 
     def init(key, frozen):
         k_net, k_env, k_pool, k_run = jax.random.split(key, 4)
         params = init_network(network, k_net, inputs.example(jnp.zeros((1, env.obs_dim))))
-        if axis_name is not None:
-            k_pool = jax.random.fold_in(k_pool, jax.lax.axis_index(axis_name))
-        env_state = ctx.vec_env.reset(local_keys(ctx, k_env), k_pool)
+        env_state = rollout.envs.reset(rollout.keys(k_env), rollout.fold(k_pool))
         state, k_run = inputs.init(frozen, env_state.obs, k_run, axis_name)
-        carry = network.initial_carry(local_envs) if ctx.recurrent else None
+        carry = rollout.policy.carry(local_envs)
         # (its own key, so adding an explorer leaves the rest of the run's random stream as is)
         ex = None if explorer is None else explorer.init(jax.random.fold_in(key, 7))
         return strong_types(RunnerState(params, tx.init(params), env_state, k_run, jnp.int32(0),

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from fused.config import EnvConfig
+from fused.rl.config import EnvSettings
 from fused.rl.env_api import Env
 
 
@@ -65,11 +65,18 @@ class VecEnv:
     """N envs of one kind; `keys` arguments hold one PRNG key per env so that a sharded run
     steps each env with the same key as an unsharded one."""
 
-    def __init__(self, env: Env, cfg: EnvConfig):
+    def __init__(self, env: Env, cfg: EnvSettings | None):
+        """cfg None: no resets (each env plays one episode, then stays where it ended; what it
+        reports after that is the caller's to ignore, as evaluation does)."""
         self.env = env
-        self.mode = cfg.reset
-        self.pool_size = cfg.reset_pool
-        self.worlds_per_step = cfg.worlds_per_step
+        self.mode = "none" if cfg is None else cfg.reset
+        self.pool_size = 0 if cfg is None else cfg.reset_pool
+        self.worlds_per_step = 0 if cfg is None else cfg.worlds_per_step
+
+    @property
+    def resets(self) -> bool:
+        """A finished env starts a new episode at once."""
+        return self.mode != "none"
 
     def reset(self, keys: jax.Array, pool_key: jax.Array) -> VecEnvState:
         """keys: [N] per-env keys; pool_key: key for this device's reset pool."""
@@ -89,7 +96,9 @@ class VecEnv:
         done = res.terminated | res.truncated
         ep_return = vstate.episode_return + res.reward
         ep_length = vstate.episode_length + 1
-        if self.mode == "auto":
+        if self.mode == "none":
+            obs, state, pool, reuse = res.obs, res.state, None, jnp.int32(0)
+        elif self.mode == "auto":
             obs, state, pool, reuse = self._auto_reset(reset_keys, done, res)
         else:
             obs, state, pool, reuse = self._optimistic_reset(pool_key, done, res, vstate.pool)

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import pydantic
 import tyro
 
-from fused.config import ConfigError
+from fused.errors import ConfigError
 
 C = TypeVar("C")
 

@@ -38,24 +38,13 @@ def atomic_write_json(path: str | Path, obj, indent: int | None = 1) -> None:
     atomic_write(path, json.dumps(obj, indent=indent) + "\n")
 
 
-def setup_compilation_cache(default: str = DEFAULT_CACHE) -> str:
-    """Turn on JAX's persistent compilation cache ($JAX_COMPILATION_CACHE_DIR, else `default`):
-    a Craftax-Symbolic PPO chunk then compiles once per machine, not once per process."""
-    import jax
-
-    folder = os.path.expanduser(os.environ.get("JAX_COMPILATION_CACHE_DIR", default))
-    jax.config.update("jax_compilation_cache_dir", folder)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-    return folder
-
-
 def require_writable(path: str | Path, what: str) -> None:
     """ConfigError (one line) unless a file can be created in `path` (or, if it does not exist
     yet, in its nearest existing parent): checked before any work, so nothing is computed only
     to be lost at the first write."""
     import tempfile
 
-    from fused.config import ConfigError
+    from fused.errors import ConfigError
 
     folder = Path(path).expanduser().absolute()
     while not folder.exists() and folder != folder.parent:

@@ -15,7 +15,8 @@ import signal
 import sys
 from pathlib import Path
 
-from fused.config import ConfigError, WandbConfig
+from fused.config import WandbConfig
+from fused.errors import ConfigError
 from fused.runs.checkpoint import Checkpointer
 from fused.runs.config_io import to_dict, to_json
 from fused.runs.files import atomic_write
@@ -95,14 +96,6 @@ class RunDir:
         return wandb.init(project=w.project, entity=w.entity, mode=w.mode, dir=str(self.path),
                           config=to_dict(cfg), name=self.path.name,
                           id=self.path.name.replace("/", "_")[:120], resume="allow")
-
-
-def one_line_warnings() -> None:
-    """Warnings as one `warning: ...` line each (entry points call this once): a skipped
-    checkpoint or a redone shard is news for the user, not a source listing."""
-    import warnings
-
-    warnings.formatwarning = lambda message, *args, **kwargs: f"warning: {message}\n"
 
 
 @contextlib.contextmanager

@@ -1,0 +1,112 @@
+"""Offline RL on label.py datasets, and unbiased evaluation of any run's policy.
+
+    python offline.py awr|bc [PRESET] --data D [--labels NAME] --out-dir DIR --run-name NAME
+    python offline.py eval --run R --episodes N --seed K      (train.py run folders too)
+    python offline.py study --data D --labels NAME            plain vs augmented, 3 seeds each
+    python offline.py probe --run R                           LLM-reliance probes
+
+`awr` / `bc` train the online agent's own networks (plain, or LLM-augmented on the label set
+NAME) in jitted chunks of minibatch updates sampled on the device, with train.py's run folder,
+checkpoints, exact resume (`--resume RUN`), metrics, curve and wandb. `eval` plays N whole
+episodes from fixed seeds and writes R/eval.json. `python offline.py awr --help` lists every flag.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+
+from fused.commands import process
+from fused.errors import ConfigError
+from fused.runs import config_io
+from fused.runs.files import require_writable
+from fused.runs.run_dir import RunDir, default_name
+
+DESCRIPTIONS = {"awr": "Advantage-weighted regression on a dataset.",
+                "bc": "Behaviour cloning on a dataset.",
+                "eval": "Play N whole episodes from fixed seeds with a run's policy.",
+                "study": "Plain vs LLM-augmented AWR (and BC), several seeds each, evaluated "
+                         "alike: one comparison table.",
+                "probe": "Value and action changes of a run's policy on edited states, under "
+                         "real, ablated and counterfactual hidden states."}
+
+
+def resume_arg(argv: list[str]) -> str | None:
+    for i, a in enumerate(argv):
+        if a.startswith("--resume="):
+            return a.split("=", 1)[1]
+        if a == "--resume" and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+def parse_train(cmd: str, argv: list[str]):
+    """The config (the command sets `algo`) and, when resuming, what the flags changed."""
+    import dataclasses
+
+    from fused.offline import PRESETS, RESUME_FIXED, OfflineConfig
+
+    resume = resume_arg(argv)
+    if resume is None:
+        cfg = config_io.parse(OfflineConfig, PRESETS, "cpu", argv, DESCRIPTIONS[cmd],
+                              f"offline.py {cmd}")
+        return dataclasses.replace(cfg, algo=cmd), {}
+    cfg, changed = config_io.resume(OfflineConfig, RunDir.reopen(resume).config_path, argv,
+                                    PRESETS, RESUME_FIXED)
+    if cfg.algo != cmd:
+        raise ConfigError(f"--resume {resume} is an `{cfg.algo}` run; resume it with "
+                          f"`python offline.py {cfg.algo} --resume {resume}`")
+    return cfg, changed
+
+
+def main(argv: list[str] | None = None):
+    argv = sys.argv[1:] if argv is None else argv
+    console = Console(soft_wrap=True)
+    process.one_line_warnings()
+    process.log_to(console)
+    if not argv or argv[0] not in DESCRIPTIONS:
+        sys.exit("usage: python offline.py awr|bc|eval|study|probe [--flags] (--help for each)")
+    cmd, rest = argv[0], argv[1:]
+    try:
+        if cmd == "eval":
+            from fused.evaluation import EvalConfig, evaluate
+
+            cfg = config_io.cli(EvalConfig, rest, DESCRIPTIONS[cmd], "offline.py eval")
+            process.setup_compilation_cache()
+            return evaluate(cfg, console)
+        if cmd == "probe":
+            from fused.probing import ProbeConfig, run_probe
+
+            cfg = config_io.cli(ProbeConfig, rest, DESCRIPTIONS[cmd], "offline.py probe")
+            process.setup_compilation_cache()
+            return run_probe(cfg, console)
+        if cmd == "study":
+            from fused.study import StudyConfig, run_study
+
+            cfg = config_io.cli(StudyConfig, rest, DESCRIPTIONS[cmd], "offline.py study")
+            process.setup_compilation_cache()
+            return run_study(cfg, console)
+        cfg, changed = parse_train(cmd, rest)
+        from fused.offline import validate
+
+        validate(cfg)
+        require_writable(cfg.resume or cfg.out_dir, "--resume" if cfg.resume else "--out-dir")
+        process.setup_compilation_cache()
+        run = (RunDir.reopen(cfg.resume) if cfg.resume else RunDir.create(
+            cfg.out_dir, cfg.run_name or default_name(
+                "offline", cfg.algo, cfg.labels or "plain", f"s{cfg.seed}")))
+        from fused.offline import build
+
+        off = build(cfg)  # reads the dataset: its problems are one-line errors here
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
+    for k, (old, new) in changed.items():
+        console.print(f"resume: {k} {old!r} -> {new!r}")
+    from fused.offline import train
+
+    return train(off, run, console)
+
+
+if __name__ == "__main__":
+    main()

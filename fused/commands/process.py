@@ -1,0 +1,72 @@
+"""What a command sets up for its whole process, once, before any work; library code never
+touches process-wide state. Warnings as one line each, JAX's persistent compilation cache, the
+library's notices through the command's console (quiet on non-lead processes), and several hosts
+through JAX's own multi-process runtime, `jax.distributed`, configured from the environment:
+JAX_COORDINATOR_ADDRESS (host:port of process 0), JAX_NUM_PROCESSES and JAX_PROCESS_ID, or a
+SLURM job of several tasks (JAX reads its variables itself); CPU processes use gloo collectives."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from rich.console import Console
+
+from fused.runs.files import DEFAULT_CACHE
+
+def one_line_warnings() -> None:
+    """Warnings as one `warning: ...` line each (entry points call this once): a skipped
+    checkpoint or a redone shard is news for the user, not a source listing."""
+    import warnings
+
+    warnings.formatwarning = lambda message, *args, **kwargs: f"warning: {message}\n"
+
+
+def setup_compilation_cache(default: str = DEFAULT_CACHE) -> str:
+    """Turn on JAX's persistent compilation cache ($JAX_COMPILATION_CACHE_DIR, else `default`):
+    a Craftax-Symbolic PPO chunk then compiles once per machine, not once per process."""
+    import jax
+
+    folder = os.path.expanduser(os.environ.get("JAX_COMPILATION_CACHE_DIR", default))
+    jax.config.update("jax_compilation_cache_dir", folder)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    return folder
+
+
+def join_cluster() -> bool:
+    """Join the cluster described by the environment, if any; True when part of one."""
+    env = os.environ
+    slurm = int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_JOB_ID" in env
+    if not env.get("JAX_COORDINATOR_ADDRESS") and not slurm:
+        return False
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    kw = {}
+    if env.get("JAX_COORDINATOR_ADDRESS"):
+        kw = {"coordinator_address": env["JAX_COORDINATOR_ADDRESS"],
+              "num_processes": int(env["JAX_NUM_PROCESSES"]) if "JAX_NUM_PROCESSES" in env
+              else None,
+              "process_id": int(env["JAX_PROCESS_ID"]) if "JAX_PROCESS_ID" in env else None}
+    jax.distributed.initialize(**kw)
+    return True
+
+
+class ConsoleHandler(logging.Handler):
+    """Log records as plain, unwrapped lines on a rich console (quiet consoles print nothing)."""
+
+    def __init__(self, console: Console):
+        super().__init__()
+        self.console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.console.print(self.format(record), markup=False, highlight=False, soft_wrap=True)
+
+
+def log_to(console: Console) -> None:
+    """The library's notices (`logging` under `fused`) as lines on the command's console."""
+    logger = logging.getLogger("fused")
+    logger.handlers[:] = [ConsoleHandler(console)]
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+

@@ -1,0 +1,141 @@
+"""The --llm.* settings: which Qwen3, which layer and pooling, how often it is called, the
+ablations; their checks (the model's config.json is read, nothing loaded) and the built-in tiny
+random model."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from fused.envspec import TEXT_ENVS, spec
+from fused.errors import ConfigError
+from llm_jax.config import Qwen3Config, Qwen3ConfigError
+from llm_jax.model import AttentionForm
+
+# The built-in tiny random Qwen3 (real vocabulary so real prompt tokens embed): no meaning.
+TINY = Qwen3Config(vocab_size=151_936, hidden_size=128, intermediate_size=384, num_layers=2,
+                   num_heads=2, num_kv_heads=1, head_dim=64, rope_theta=1_000_000.0,
+                   rms_norm_eps=1e-6, tie_word_embeddings=True)
+
+
+
+@dataclasses.dataclass(frozen=True)
+class LLMConfig:
+    backend: Literal["none", "jax", "vllm"] = "none"
+    """`none`: plain PPO. `jax`: the Flax Qwen3 runs inside the jitted chunk (render -> encode
+    against the cached prompt prefix). `vllm`: observations go to the host every call, are
+    rendered there and sent to the vLLM server at --llm.url (the prior architecture, for parity
+    and comparison). Giving --llm.weights with backend none means jax."""
+    weights: str | None = None
+    """HuggingFace Qwen3 folder; None with backend jax uses a built-in RANDOM Qwen3 (see
+    --llm.random-model) whose hidden states carry no meaning (for tests and speed measurements)."""
+    random_model: Literal["tiny", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"] = "tiny"
+    """Shape of the random Qwen3 used when --llm.weights is not given: the built-in tiny one, or
+    a released size's architecture with random weights (speed and memory measurements)."""
+    url: str = "http://127.0.0.1:8000"
+    """vLLM server (backend vllm)."""
+    layer: int | None = None
+    """Hidden state after this many layers (HF convention, 0 = embeddings); None = the last.
+    Later layers are not computed. The vllm backend serves only the last layer (truncate the
+    checkpoint with `python -m llm_jax truncate` for another)."""
+    pool: Literal["last", "mean"] = "last"
+    """Last prompt token, or mean over the observation and instruction tokens."""
+    post_norm: bool = False
+    """Apply the final RMSNorm (always on for the vllm backend, whose states are post-norm)."""
+    skip_n: int = 25
+    """Call the LLM every skip_n env steps (any value >= 1); 0 = never (hidden state stays 0:
+    what the fused program costs without LLM calls)."""
+    refresh_on_reset: bool = True
+    """Re-encode an env within --llm.refresh-wait steps of its episode's end instead of keeping
+    the previous episode's hidden state until the next call (the prior system's staleness bug)."""
+    refresh_batch: int = 0
+    """Envs per refresh call (envs whose episode ended, re-encoded between periodic calls; a
+    refresh encodes every waiting env in calls of this size). 0 = sized from the env count:
+    about the envs expected to end within --llm.refresh-wait steps (`fused.llm.batching`)."""
+    refresh_wait: int = 4
+    """A refresh runs once refresh_batch envs are waiting or one has waited this many steps
+    (1 = at the first step after the reset): fewer refreshes padded with rows that need none."""
+    microbatch: int = 0
+    """Envs per micro-batch of a periodic LLM call over all envs (must divide the envs per
+    device). 0 = the largest the device's activation budget allows (`fused.llm.batching`)."""
+    hidden: Literal["real", "zero", "shuffle", "garbage-prompt"] = "real"
+    """Ablation: the real hidden state, zeros, hidden states shuffled across envs at each call,
+    or states of a prompt whose prefix tokens are shuffled into nonsense."""
+    normalize: bool = True
+    """Normalise hidden states by running mean/std (saved in checkpoints) before the policy."""
+    projection: Literal["dense", "layernorm"] = "dense"
+    """Policy's hidden-state branch: Dense+tanh (prior), or LayerNorm then Dense+tanh."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """LLM compute dtype (jax backend)."""
+    attention: AttentionForm = "auto"
+    """Attention form (jax backend): auto (row by row on CPU, cuDNN on a GPU in bf16/fp16,
+    blocked otherwise), or one of cudnn / blocked / row; all compute the same function."""
+
+    @property
+    def constant_hidden(self) -> bool:
+        """The policy sees the same hidden state for every env: the LLM is never called."""
+        return self.skip_n == 0 or self.hidden == "zero"
+
+    @property
+    def active_backend(self) -> str:
+        return "jax" if self.backend == "none" and self.weights is not None else self.backend
+
+
+
+def validate_llm(m: LLMConfig, env_name: str, local_envs: int, num_devices: int = 1) -> None:
+    """The --llm.* checks, the model's among them (its config.json is read, nothing loaded)."""
+    if m.skip_n < 0:
+        raise ConfigError(f"llm.skip_n={m.skip_n} must be >= 1, or 0 for never")
+    if m.refresh_batch < 0:
+        raise ConfigError(f"llm.refresh_batch={m.refresh_batch} must be >= 0 (0 = sized from "
+                          "the env count)")
+    if m.refresh_wait <= 0:
+        raise ConfigError(f"llm.refresh_wait={m.refresh_wait} must be positive")
+    if m.microbatch < 0:
+        raise ConfigError(f"llm.microbatch={m.microbatch} must be >= 0 (0 = sized from the "
+                          "device's memory)")
+    if m.layer is not None and m.layer < 0:
+        raise ConfigError(f"llm.layer={m.layer} must be >= 0 (0 = embeddings) or None")
+    if m.backend == "vllm" and m.weights is None:
+        raise ConfigError("llm.backend vllm needs --llm.weights: the model folder the server "
+                          "serves (its tokenizer and config.json are read here)")
+    if m.active_backend == "none":
+        return
+    if not spec(env_name).has_text:
+        raise ConfigError(f"--llm needs a text renderer; env.name={env_name!r} has none "
+                          f"(use one of {', '.join(TEXT_ENVS)})")
+    if m.microbatch and local_envs % m.microbatch:
+        raise ConfigError(f"llm.microbatch={m.microbatch} must divide the {local_envs} envs per "
+                          "device")
+    if m.active_backend == "vllm":
+        if m.layer is not None:
+            raise ConfigError("llm.layer cannot be chosen with backend vllm (it serves the last "
+                              "layer); truncate the checkpoint with `python -m llm_jax truncate`")
+        if num_devices > 1:
+            raise ConfigError("llm.backend vllm runs on one device; pass --num-devices 1")
+    q = model_config(m)
+    if m.layer is not None and m.layer > q.num_layers:
+        raise ConfigError(f"llm.layer={m.layer} but the model "
+                          f"({m.weights or m.random_model}) has {q.num_layers} layers; pick "
+                          f"0..{q.num_layers}")
+    if m.weights is not None and m.active_backend == "jax":  # vLLM reads them, not us
+        from llm_jax.loader import WeightsError, check_weights, resolve_folder
+
+        try:
+            check_weights(resolve_folder(m.weights))
+        except WeightsError as e:
+            raise ConfigError(f"llm.weights={m.weights!r}: {e}") from None
+
+
+def model_config(m: LLMConfig) -> Qwen3Config:
+    """The Qwen3 architecture --llm.* names: the weights folder's config.json, or the random
+    model's shape. A folder that is not a Qwen3 checkpoint is a ConfigError on llm.weights."""
+    if m.weights is None:
+        return TINY if m.random_model == "tiny" else Qwen3Config.shape(m.random_model)
+    from llm_jax.loader import WeightsError, resolve_folder
+
+    try:
+        return Qwen3Config.from_folder(resolve_folder(m.weights))
+    except (Qwen3ConfigError, WeightsError) as e:
+        raise ConfigError(f"llm.weights={m.weights!r}: {e}") from None
+
