@@ -111,7 +111,7 @@ class Timed:
         import jax
 
         from fused.config import validate
-        from fused.online import build
+        from fused.commands.train import build
 
         validate(cfg)
         self.cfg, self.online = cfg, build(cfg)

@@ -111,7 +111,7 @@ def ppo_rows(args: Args):
 
     from fused.config import TrainConfig, validate
     from fused.rl.config import EnvConfig, ExploreConfig, PolicyConfig, PPOConfig
-    from fused.online import build
+    from fused.commands.train import build
 
     rows = []
     for n, variant in [(n, v) for n in args.ppo_env_counts for v in args.variants]:

@@ -27,14 +27,17 @@ class Agent(NamedTuple):
 
 def make_agent(cfg: TrainConfig, num_devices: int = 1, like: Agent | None = None) -> Agent:
     """Host setup of the policy for `cfg` (with an LLM, loads it and prefills its prompt, unless
-    `like`, an agent of the same config for another env count, already holds it)."""
+    `like`, an agent of the same model, already holds it: then its weights are shared, and its
+    prefix cache where the prompt is the same)."""
     network = policy_network(cfg)
     if cfg.llm.active_backend == "none":
         return Agent(network, Identity())
-    if like is not None and isinstance(like.inputs, LLMInput):
+    if like is not None and isinstance(like.inputs, LLMInput) and like.inputs.llm.cfg == cfg.llm:
         llm = like.inputs.llm
-    else:
-        llm = make_llm(cfg.llm, cfg.env.name, cfg.seed)
+    else:  # an ablation of `like`'s LLM reads its weights rather than loading them again
+        llm = make_llm(cfg.llm, cfg.env.name, cfg.seed,
+                       weights_of=like.inputs.llm if like is not None
+                       and isinstance(like.inputs, LLMInput) else None)
     local_envs = cfg.env.num_envs // num_devices
     sizes = batching.for_llm(llm, local_envs)
     if like is None and cfg.llm.active_backend == "jax":

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from fused.envspec import spec
-from fused.policy import load_policy
+from fused.trained_policy import load_policy
 from fused.rl.acting import network_policy
 from fused.rl.envs import make_env
 from fused.rl.evaluate import make_evaluate
@@ -38,10 +38,11 @@ def pixel_renderer(env_name: str, block_pixel_size: int = 16):
 
 
 def record(run_dir: Path, checkpoint: int | None, episodes: int, seed: int, max_steps: int,
-           greedy: bool, with_text: bool) -> list[list[np.ndarray]]:
+           greedy: bool, with_text: bool, like=None, llm_overrides: dict | None = None
+           ) -> list[list[np.ndarray]]:
     """Frames [H, W, 3] uint8 of `episodes` episodes (each to its end or max_steps) of a run's
-    policy (set up for that many envs)."""
-    pol = load_policy(run_dir, episodes, checkpoint)
+    policy (set up for that many envs; `like`: an agent of the run whose LLM it shares)."""
+    pol = load_policy(run_dir, episodes, checkpoint, llm_overrides=llm_overrides, like=like)
     env = make_env(pol.cfg.env)
     inputs, frozen = pol.agent.inputs, pol.agent.inputs.frozen
     render = jax.jit(jax.vmap(pixel_renderer(pol.cfg.env.name)))

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMING = ("steps_per_s", "seconds", "time", "sps", "compile")
+TIMING = ("_per_s", "seconds", "time", "sps", "compile")
 
 JOBS = [
     ("train_smoke", ["train.py", "smoke", "--run-name", "smoke"]),

@@ -112,7 +112,7 @@ def smoke_cfg(**llm_kw) -> TrainConfig:
 
 @pytest.fixture(scope="module")
 def trained():
-    from fused.online import build, commit
+    from fused.commands.train import build, commit
 
     cfg = smoke_cfg()
     validate(cfg)
@@ -375,3 +375,36 @@ def test_explicit_call_sizes_win(llm):
     assert auto[:2] == (16, 1)  # tiny model: all rows fit; 16 * 4 / 150 envs wait -> 1
     assert batching.for_llm(llm._replace(cfg=LLMConfig(backend="jax", microbatch=4,
                                                        refresh_batch=2)), 16, "cpu")[:2] == (4, 2)
+
+
+def test_llm_call_sizes_cost_each_gpu_kind_by_its_own_figures(caplog):
+    """A GPU is costed by its kind (not every GPU as an H100), an unknown one as an H100 with a
+    notice, and the activation budget never exceeds a quarter of the memory it reports."""
+    import logging
+
+    from fused.llm import batching
+    from llm_jax.config import Qwen3Config
+
+    class Fake:
+        platform = "gpu"
+
+        def __init__(self, kind, limit=None):
+            self.device_kind, self.limit = kind, limit
+
+        def memory_stats(self):
+            return {"bytes_limit": self.limit} if self.limit else None
+
+    h200 = batching.device_cost(Fake("NVIDIA H200", 141 * 2**30))
+    assert h200.bandwidth == 4.8e12 and h200.activation_bytes == 16 * 2**30
+    assert batching.device_cost(Fake("NVIDIA A100-SXM4-80GB")).bandwidth == 2.0e12
+    assert batching.device_cost(Fake("NVIDIA L4")).bandwidth == 3.0e11
+    assert batching.device_cost(Fake("NVIDIA L40S")).bandwidth == 8.6e11  # not L4's
+    assert batching.device_cost(Fake("NVIDIA L4", 8 * 2**30)).activation_bytes == 2 * 2**30
+    with caplog.at_level(logging.INFO, logger="fused"):
+        other = batching.device_cost(Fake("Some Future GPU"))
+    assert other == batching.DEVICE_COSTS["gpu"] and "no cost model" in caplog.text
+    # the sizes follow: L4's smaller budget holds fewer rows per micro-batch than an H100's
+    q = Qwen3Config.shape("qwen3-4b")
+    args = (q, 24, 1024, 4, 236, 1040, 790, "bfloat16")
+    assert (batching.plan(*args, batching.device_cost(Fake("NVIDIA L4"))).microbatch
+            < batching.plan(*args, "gpu").microbatch)

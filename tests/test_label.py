@@ -316,7 +316,7 @@ def test_labels_equal_encoding_from_scratch_and_the_online_carry(smoke_data, tmp
     from fused.data.labelling import label
     from fused.llm.encoder import make_llm
     from fused.llm.policy_input import init_llm_state, llm_step
-    from fused.rl.collect import ObsCodec
+    from fused.rl.obs_codec import ObsCodec
     from fused.envspec import spec
     from fused.text.format import render_text
     from fused.text.prompt import full_prompt
@@ -368,8 +368,8 @@ def test_generate_from_a_trained_run_with_epsilon(tmp_path):
     log-probs are the mixture's, the values the run's critic, both recomputed here from the
     checkpoint's parameters on the stored observations."""
     from fused.envspec import spec
-    from fused.policy import load_policy
-    from fused.rl.collect import ObsCodec
+    from fused.trained_policy import load_policy
+    from fused.rl.obs_codec import ObsCodec
 
     env = subprocess_env()
     subprocess.run([sys.executable, str(ROOT / "train.py"), "smoke", "--out-dir", str(tmp_path),
@@ -407,7 +407,7 @@ def test_an_llm_run_records_the_hidden_states_it_acted_on(tmp_path):
     from fused.llm.config import LLMConfig
     from fused.envspec import spec
     from fused.llm.encoder import encode_observations, make_llm
-    from fused.rl.collect import ObsCodec
+    from fused.rl.obs_codec import ObsCodec
 
     env = subprocess_env()
     subprocess.run([sys.executable, str(ROOT / "train.py"), "smoke", "--llm.backend", "jax",

@@ -18,7 +18,7 @@ from fused.rl.config import EnvConfig
 from fused.data.config import ReturnsConfig
 from fused.data.returns import compute_returns
 from fused.data.store import Dataset, commit_group
-from fused.policy import load_policy
+from fused.trained_policy import load_policy
 from fused.rl.awr import AWRSettings, awr_weights, offline_loss
 from fused.rl.envs import make_env
 from fused.rl.evaluate import make_evaluate, mean_ci95
@@ -241,7 +241,7 @@ def test_bad_inputs_are_one_line_errors(probe_data, tmp_path):
 
 
 @pytest.mark.slow
-def test_llm_augmented_awr_on_a_label_set_and_its_evaluation(tmp_path):
+def test_llm_augmented_awr_on_a_label_set_and_its_evaluation(tmp_path, monkeypatch):
     """A Classic dataset labelled by the tiny random Qwen3 at skip 5: AWR trains the online
     augmented network on it, the normaliser in the checkpoint is the label rows' moments
     (numpy), and eval runs the fused LLM path; a label set made with another prompt is a
@@ -287,8 +287,14 @@ def test_llm_augmented_awr_on_a_label_set_and_its_evaluation(tmp_path):
     # probes under every hidden-state variant, and evaluations under each ablation (which run
     # with the mismatch allowed: a garbage prompt differs from the label set's on purpose)
     (data / "card.json").write_text(good)
+    import fused.llm.encoder
+
+    made = []  # the random Qwen3's weights are made once for the probe and its 4 evaluations
+    monkeypatch.setattr(fused.llm.encoder, "init_params",
+                        lambda *a, _f=fused.llm.encoder.init_params: made.append(1) or _f(*a))
     res = offline_main("probe", "--run", str(run), "--states", "4", "--eval-episodes", "2",
                        "--eval-max-steps", "6")
+    assert len(made) == 1, len(made)
     variants = {"real", "zero", "shuffle", "garbage"}
     assert all(set(v) == variants for v in res["edits"].values())
     assert set(res["ablations"]["zombie_adjacent"]) == variants - {"real"} | {"counterfactual"}
@@ -338,7 +344,7 @@ def test_probe_edits_change_only_what_they_say():
     """Each edit of real Classic states changes the observation only at its own tile (or
     inventory entry), and there the way its name says."""
     from fused.envspec import spec
-    from fused.probing import EDITS, edits_for, probe_states
+    from fused.commands.offline_probe import EDITS, edits_for, probe_states
 
     layout = spec(ENV).layout
     env = make_env(EnvConfig(name=ENV, num_envs=1))
@@ -379,7 +385,7 @@ def test_probe_of_a_plain_online_run(tmp_path):
     assert set(res["edits"]) >= {"zombie_adjacent", "food_low"}
     assert all(set(v) == {"real"} for v in res["edits"].values())  # no hidden state to ablate
     # the figures for one edit, recomputed here from the network's outputs
-    from fused.probing import EDITS, probe_states
+    from fused.commands.offline_probe import EDITS, probe_states
 
     pol = load_policy(run, 8)
     env = make_env(EnvConfig(name=ENV, num_envs=1))

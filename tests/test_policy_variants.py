@@ -15,7 +15,7 @@ from conftest import ROOT, subprocess_env
 from fused.config import TrainConfig, validate
 from fused.errors import ConfigError
 from fused.rl.config import EnvConfig, ExploreConfig, PolicyConfig, PPOConfig
-from fused.online import build
+from fused.commands.train import build
 from fused.rl.explore import Explorer, Step
 from fused.rl.acting import network_policy
 from fused.rl.networks import RecurrentActorCritic
@@ -152,7 +152,7 @@ def replay_gru_dataset(data, run):
     sequence from a zero carry by the network's sequence form gives the stored log-probs of the
     stored actions and the stored values."""
     from fused.data.store import Dataset
-    from fused.policy import load_policy
+    from fused.trained_policy import load_policy
 
     ds = Dataset(data)
     cols = [ds.read(name) for name in ds.shard_names()]
@@ -390,7 +390,7 @@ def test_offline_gru_learns_the_memory_probe_and_resumes_exactly(tmp_path):
 def test_probe_reads_a_gru_with_the_carry_of_the_states_history():
     """The probe's GRU carry is the network's sequence form run over the observations of the
     history that led to the probed states (resets, then uniform-random steps, replayed here)."""
-    from fused.probing import history_carry, probe_states
+    from fused.commands.offline_probe import history_carry, probe_states
     from fused.rl.envs import make_env
     from fused.rl.evaluate import episode_keys
     from fused.rl.networks import init_network
@@ -430,5 +430,5 @@ def test_probe_cli_on_a_gru_run(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     out = json.loads((tmp_path / "gru" / "probe.json").read_text())
     assert len(out["edits"]) >= 5
-    assert all(np.isfinite(v["real"]["value_change"]) and v["real"]["kl"] >= 0
+    assert all(np.isfinite(v["real"]["value_change"]) and v["real"]["kl"] > -1e-6
                for v in out["edits"].values())

@@ -8,7 +8,7 @@ import pytest
 
 from fused.config import TrainConfig, validate
 from fused.rl.config import EnvConfig, PPOConfig
-from fused.online import build
+from fused.commands.train import build
 
 GAMMA = 0.9
 

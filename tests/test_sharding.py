@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 from fused.config import TrainConfig, validate
 from fused.rl.config import EnvConfig, PPOConfig
-from fused.online import build
+from fused.commands.train import build
 
 
 def run(cfg: TrainConfig, devices: int):

@@ -41,7 +41,7 @@ def test_fused_jax_backend_matches_vllm_fallback(vllm_server):
     from fused.llm.config import LLMConfig
     from fused.rl.config import EnvConfig, PPOConfig
     from fused.llm.encoder import encode_observations
-    from fused.online import build
+    from fused.commands.train import build
 
     folder, client = vllm_server
     env = "Craftax-Classic-Symbolic-v1"
@@ -115,7 +115,7 @@ def test_label_sets_from_vllm_match_the_jax_path(vllm_server, tmp_path):
     from fused.data.store import Dataset
     from fused.envspec import spec
     from fused.llm.encoder import make_llm
-    from fused.rl.collect import ObsCodec
+    from fused.rl.obs_codec import ObsCodec
 
     folder, client = vllm_server
     data = tmp_path / "d"

@@ -45,7 +45,7 @@ def parse_train(cmd: str, argv: list[str]):
     """The config (the command sets `algo`) and, when resuming, what the flags changed."""
     import dataclasses
 
-    from fused.offline import PRESETS, RESUME_FIXED, OfflineConfig
+    from fused.commands.offline_train import PRESETS, RESUME_FIXED, OfflineConfig
 
     resume = resume_arg(argv)
     if resume is None:
@@ -70,25 +70,25 @@ def main(argv: list[str] | None = None):
     cmd, rest = argv[0], argv[1:]
     try:
         if cmd == "eval":
-            from fused.evaluation import EvalConfig, evaluate
+            from fused.commands.offline_eval import EvalConfig, evaluate
 
             cfg = config_io.cli(EvalConfig, rest, DESCRIPTIONS[cmd], "offline.py eval")
             process.setup_compilation_cache()
             return evaluate(cfg, console)
         if cmd == "probe":
-            from fused.probing import ProbeConfig, run_probe
+            from fused.commands.offline_probe import ProbeConfig, run_probe
 
             cfg = config_io.cli(ProbeConfig, rest, DESCRIPTIONS[cmd], "offline.py probe")
             process.setup_compilation_cache()
             return run_probe(cfg, console)
         if cmd == "study":
-            from fused.study import StudyConfig, run_study
+            from fused.commands.offline_study import StudyConfig, run_study
 
             cfg = config_io.cli(StudyConfig, rest, DESCRIPTIONS[cmd], "offline.py study")
             process.setup_compilation_cache()
             return run_study(cfg, console)
         cfg, changed = parse_train(cmd, rest)
-        from fused.offline import validate
+        from fused.commands.offline_train import validate
 
         validate(cfg)
         require_writable(cfg.resume or cfg.out_dir, "--resume" if cfg.resume else "--out-dir")
@@ -96,14 +96,14 @@ def main(argv: list[str] | None = None):
         run = (RunDir.reopen(cfg.resume) if cfg.resume else RunDir.create(
             cfg.out_dir, cfg.run_name or default_name(
                 "offline", cfg.algo, cfg.labels or "plain", f"s{cfg.seed}")))
-        from fused.offline import build
+        from fused.commands.offline_train import build
 
         off = build(cfg)  # reads the dataset: its problems are one-line errors here
     except ConfigError as e:
         sys.exit(f"error: {e}")
     for k, (old, new) in changed.items():
         console.print(f"resume: {k} {old!r} -> {new!r}")
-    from fused.offline import train
+    from fused.commands.offline_train import train
 
     return train(off, run, console)
 

@@ -9,19 +9,67 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import NamedTuple
 from pathlib import Path
 
+import jax
+from jax.sharding import Mesh
 from rich.console import Console
 
 from fused.config import TrainConfig, PRESETS, RESUME_FIXED, RESUME_FREE, validate
 from fused.errors import ConfigError
+from fused.agent import Agent, make_agent
 from fused.commands import process
+from fused.rl.env_api import Env
+from fused.rl.envs import make_env
+from fused.rl.ppo import RunnerState
+from fused.rl.sharding import AXIS, make_mesh, shard, state_shardings
+from fused.rl.trainer import Trainer, make_train
 from fused.runs import config_io
 from fused.runs.files import require_writable
 from fused.runs.run_dir import RunDir, default_name
 
 DEFAULT_PRESET = "cpu"
 DESCRIPTION = "Train PPO on Craftax with the whole rollout and update compiled."
+
+
+class Online(NamedTuple):
+    cfg: TrainConfig
+    env: Env
+    agent: Agent
+    trainer: Trainer  # under shard_map when `mesh` is set
+    mesh: Mesh | None
+
+    @property
+    def frozen(self):
+        """The policy input's device arrays: the second argument of init and chunk."""
+        return self.agent.inputs.frozen
+
+
+def build(cfg: TrainConfig, num_devices: int = 1, like: Agent | None = None) -> Online:
+    """Host setup (env, policy, an LLM's weights and prefix cache, shared with `like`'s where
+    it has the same model); nothing compiles yet."""
+    env = make_env(cfg.env)
+    agent = make_agent(cfg, num_devices, like)
+    sharded = num_devices > 1
+    trainer = make_train(cfg, env, agent.network, agent.inputs, AXIS if sharded else None,
+                         num_devices)
+    mesh = make_mesh(num_devices) if sharded else None
+    if sharded:
+        trainer = shard(trainer, mesh, agent.inputs.frozen)
+    return Online(cfg, env, agent, trainer, mesh)
+
+
+def commit(online: Online, state: RunnerState) -> RunnerState:
+    """`state` placed on its devices as a restored checkpoint is: jit compiles separately for
+    committed and uncommitted inputs, so fresh and resumed runs then run the same compiled
+    chunk (one entry in the persistent compilation cache too)."""
+    return jax.device_put(state, shardings(online, state))
+
+
+def shardings(online: Online, state: RunnerState):
+    """Where each leaf of the state lives (restore targets for checkpoints)."""
+    return state_shardings(online.trainer, online.mesh, state)
 
 
 def load_config(argv: list[str]) -> tuple[TrainConfig, dict]:
@@ -52,8 +100,6 @@ def main(argv: list[str] | None = None) -> Path:
         run = (RunDir.reopen(cfg.resume) if cfg.resume else
                RunDir.create(cfg.out_dir, cfg.run_name or default_name(cfg.env.name,
                                                                        f"s{cfg.seed}")))
-        from fused.online import build
-
         online = build(cfg, num_devices)  # host setup; model problems are ConfigErrors here
     except ConfigError as e:
         sys.exit(f"error: {e}")
@@ -62,31 +108,13 @@ def main(argv: list[str] | None = None) -> Path:
     return train(online, run, console)
 
 
-def train(online, run: RunDir, console: Console) -> Path:
-    import jax
-
-    from fused.online import commit, shardings
+def train(online: Online, run: RunDir, console: Console) -> Path:
     from fused.runs.checkpoint import abstract_like
+    from fused.runs.loop import Chunk, Job, run_job
     from fused.runs.metrics import chunk_rows
-    from fused.runs.loop import Cadence, Chunk, run_chunks
 
     cfg, trainer, inputs = online.cfg, online.trainer, online.agent.inputs
-    lead = jax.process_index() == 0  # writes the run folder's files; every process checkpoints
-    if lead:
-        run.save_config(cfg)
-    log = run.log(cfg.plot and lead)
-    ckpt = run.checkpointer(cfg.keep_checkpoints)
-    console.print(f"[bold]craftax-fused[/] {cfg.env.name}: {cfg.env.num_envs} envs x "
-                  f"{cfg.ppo.num_steps} steps, {cfg.num_updates} updates "
-                  f"({cfg.num_updates * cfg.steps_per_update:,} env steps) on "
-                  f"{online.mesh.size if online.mesh else 1} {jax.devices()[0].platform} "
-                  f"device(s) -> {run.path}")
     chunk = jax.jit(trainer.chunk, donate_argnums=0)
-    t0 = time.time()
-    state = commit(online, jax.jit(trainer.init)(jax.random.PRNGKey(cfg.seed), online.frozen))
-    state = run.starting_state(ckpt, state, abstract_like(state, shardings(online, state)),
-                               log if lead else None, console)
-    wandb_run = run.start_wandb(cfg.wandb, cfg) if lead else None
     profiled = False
 
     def step(state, update: int, first: bool) -> Chunk:
@@ -116,20 +144,28 @@ def train(online, run: RunDir, console: Console) -> Path:
             f"{sum(returns) / len(returns) if returns else float('nan'):6.2f}"
             + (f"  (first chunk incl. compile {dt:.0f}s)" if first else "")))
 
-    state, update = run_chunks(
-        state, int(state.update_step), cfg.num_updates, step, console=console, ckpt=ckpt,
-        log=log, lead=lead, wandb_run=wandb_run, wandb_step="env_steps",
-        cadence=Cadence(cfg.checkpoint_every_updates, cfg.checkpoint_every_minutes),
+    devices = online.mesh.size if online.mesh else 1
+    job = Job(
+        cfg, cfg.num_updates,
+        header=(f"[bold]craftax-fused[/] {cfg.env.name}: {cfg.env.num_envs} envs x "
+                f"{cfg.ppo.num_steps} steps, {cfg.num_updates} updates "
+                f"({cfg.num_updates * cfg.steps_per_update:,} env steps) on {devices} "
+                f"{jax.devices()[0].platform} device(s) -> {run.path}"),
+        init=lambda: commit(online, jax.jit(trainer.init)(jax.random.PRNGKey(cfg.seed),
+                                                          online.frozen)),
+        abstract=lambda state: abstract_like(state, shardings(online, state)),
+        step=step, update_of=lambda state: int(state.update_step),
         meta=lambda u: {"update": u, "env_steps": u * cfg.steps_per_update,
-                        "num_devices": online.mesh.size if online.mesh else 1},
-        resume_command=f"python train.py --resume {run.path}")
-    ckpt.close()
-    if wandb_run is not None:
-        wandb_run.finish()
-    png = log.plot()
-    console.print(f"done: {update}/{cfg.num_updates} updates in {time.time() - t0:.0f}s. "
+                        "num_devices": devices},
+        resume_command=f"python train.py --resume {run.path}",
+        lead=jax.process_index() == 0,  # writes the run folder's files; every process checkpoints
+        wandb_step="env_steps")
+    t0 = time.time()
+    done = run_job(job, run, console)
+    console.print(f"done: {done.update}/{cfg.num_updates} updates in {time.time() - t0:.0f}s. "
                   f"Outputs in {run.path}: config.json, metrics.jsonl"
-                  f"{', curve.png' if png else ''}, checkpoints/ (steps {ckpt.steps()})")
+                  f"{', curve.png' if done.curve else ''}, checkpoints/ (steps "
+                  f"{done.checkpoints})")
     return run.path
 
 

@@ -32,7 +32,7 @@ from fused.data.episodes import EpisodeAssembler, Rows
 from fused.data.store import (SET_NOUN, Dataset, DatasetError, attrs, commit_group, committed,
                                read_group)
 from fused.envspec import spec
-from fused.policy import load_policy
+from fused.trained_policy import load_policy
 from fused.rl.acting import epsilon_mixture, network_policy, random_policy
 from fused.rl.collect import make_collect
 from fused.rl.envs import make_env

@@ -16,7 +16,6 @@ prompts to a vLLM server instead.
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import time
 from pathlib import Path
@@ -31,8 +30,9 @@ from fused.data.config import LabelConfig, parse_part
 from fused.data.store import Dataset, DatasetError, array_names, commit_group, committed
 from fused.envspec import spec
 from fused.llm import batching
+from fused.llm.digests import folder_digest, prompt_digest
 from fused.llm.encoder import LLM, encode_observations, make_llm
-from fused.rl.collect import ObsCodec
+from fused.rl.obs_codec import ObsCodec
 from fused.runs.cluster import barrier
 from fused.runs.config_io import to_dict
 from fused.runs.progress import JobProgress
@@ -97,29 +97,6 @@ def find_rows(ds: Dataset, names: list[str], shard: int, wanted: np.ndarray,
 
 def obs_columns(ds: Dataset, name: str) -> list[str]:
     return ["obs_bits", "obs_aux"] if "obs_bits" in array_names(ds.shard_dir(name)) else ["obs"]
-
-
-def folder_digest(folder: str | None, random_model: str, seed: int) -> str:
-    """sha256 over a weights folder's files (sorted names and bytes); a random model is named."""
-    if folder is None:
-        return f"random:{random_model}:seed{seed}"
-    from llm_jax.loader import resolve_folder
-
-    h = hashlib.sha256()
-    for p in sorted(resolve_folder(folder).iterdir()):
-        if p.is_file() and not p.name.endswith(".log"):
-            h.update(p.name.encode() + b"\0")
-            with open(p, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 22), b""):
-                    h.update(chunk)
-    return h.hexdigest()
-
-
-def prompt_digest(llm: LLM) -> str:
-    """sha256 of the prompt's token ids around an observation (prefix, then tail)."""
-    return hashlib.sha256(np.asarray(llm.prefix_ids, np.int32).tobytes()
-                          + np.asarray(llm.frozen.tail if llm.frozen else llm.host.tail,
-                                       np.int32).tobytes()).hexdigest()
 
 
 def label_card(c: LabelConfig, llm: LLM, seed: int) -> dict:

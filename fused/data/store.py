@@ -71,9 +71,11 @@ def write_group(folder: Path, columns: dict[str, np.ndarray], attrs: dict | None
         # The shard (one file) must hold whole chunks: rows rounded up to a chunk multiple
         # (zarr pads the last chunk; the array's shape keeps the true row count).
         shard_rows = -(-max(a.shape[0], 1) // chunk_rows) * chunk_rows
+        inner = tuple(max(d, 1) for d in a.shape[1:])  # an empty column (an env without
+        # achievements has 0 bytes of them per row) still has chunks of positive size
         arr = g.create_array(name, shape=a.shape, dtype=a.dtype,
-                             chunks=(chunk_rows,) + a.shape[1:],
-                             shards=(shard_rows,) + a.shape[1:], compressors=ZstdCodec(level=3),
+                             chunks=(chunk_rows,) + inner,
+                             shards=(shard_rows,) + inner, compressors=ZstdCodec(level=3),
                              attributes={"dtype": kind})
         if a.size:
             arr[...] = a

@@ -21,11 +21,14 @@ and a resumed run recomputes the same sizes.
 
 from __future__ import annotations
 
+import logging
 from typing import NamedTuple
 
 import jax
 
 from llm_jax.config import Qwen3Config
+
+log = logging.getLogger(__name__)
 
 
 class DeviceCost(NamedTuple):
@@ -45,6 +48,40 @@ DEVICE_COSTS = {
     # 2-core AMD EPYC: f32 GEMM ~186 GFLOP/s measured (bench/offline_sps.py); bf16 is emulated.
     "cpu": DeviceCost(4.6e10, 4.0, 2e10, 2e-6, 2 * 2**30),
 }
+
+# GPUs by their device_kind, from datasheets (dense bf16, memory bandwidth) scaled by the H100's
+# measured / datasheet matmul ratio (662 / 989): not measured on those GPUs. H200: the H100's
+# compute with HBM3e. A kind not listed is costed as an H100, with a notice.
+GPU_KINDS = {
+    "H200": DeviceCost(6.6e14, 0.5, 4.8e12, 5e-6, 16 * 2**30),
+    "H100": DEVICE_COSTS["gpu"],
+    "A100": DeviceCost(2.1e14, 0.5, 2.0e12, 5e-6, 16 * 2**30),
+    "L40S": DeviceCost(2.4e14, 0.5, 8.6e11, 5e-6, 8 * 2**30),
+    "L4": DeviceCost(8.1e13, 0.5, 3.0e11, 5e-6, 4 * 2**30),
+    "A10": DeviceCost(8.4e13, 0.5, 6.0e11, 5e-6, 4 * 2**30),
+}
+
+
+def device_cost(device=None) -> DeviceCost:
+    """The cost model of `device` (default this process's first): its platform's, a GPU's by
+    its kind; the activation budget at most a quarter of the memory the device reports."""
+    device = device or jax.local_devices()[0]
+    dev = DEVICE_COSTS.get(device.platform, DEVICE_COSTS["gpu"])
+    if device.platform == "gpu":
+        kind = getattr(device, "device_kind", "")
+        known = [k for k in GPU_KINDS if k in kind]
+        if known:
+            dev = GPU_KINDS[max(known, key=len)]
+        else:
+            log.info(f"notice: no cost model for the GPU {kind!r}; LLM call sizes are those of "
+                     "an H100 (set --llm.microbatch / --llm.refresh-batch to override)")
+    try:
+        limit = (device.memory_stats() or {}).get("bytes_limit")
+    except Exception:  # platforms without memory statistics
+        limit = None
+    if limit:
+        dev = dev._replace(activation_bytes=min(dev.activation_bytes, limit / 4))
+    return dev
 
 KERNELS_PER_LAYER = 14  # norms, q/k/v/o, rope, attention, gate/up/down, residuals (order of)
 EPISODE_STEPS = 150  # Craftax-Classic episodes in the cpu preset's training: 130-230 steps
@@ -84,11 +121,12 @@ def divisors(n: int) -> list[int]:
 
 
 def plan(q: Qwen3Config, layers: int, local_envs: int, refresh_wait: int, tokens: int,
-         max_tokens: int, prefix: int, dtype: str, platform: str) -> Batching:
+         max_tokens: int, prefix: int, dtype: str, device: str | DeviceCost) -> Batching:
     """Micro-batch and refresh sizes (divisors of `local_envs`, the envs per device) for rows of
     typically `tokens` and at most `max_tokens` tokens after a `prefix`-token prompt, on
-    `platform` ("cpu", "gpu", "tpu")."""
-    dev = DEVICE_COSTS.get(platform, DEVICE_COSTS["gpu"])
+    `device` (a platform's name, "cpu", "gpu", "tpu", or a device's `device_cost`)."""
+    dev = device if isinstance(device, DeviceCost) else DEVICE_COSTS.get(device,
+                                                                        DEVICE_COSTS["gpu"])
     divs = divisors(local_envs)
     row_bytes = row_activation_bytes(q, max_tokens, prefix, dtype)
     cap = max(1, int(dev.activation_bytes // row_bytes))
@@ -108,7 +146,7 @@ def for_llm(llm, local_envs: int, platform: str | None = None) -> Batching:
     # Rows are typically a quarter of the renderer's worst case (Craftax-Classic: 209 of 1013).
     auto = plan(llm.qcfg, llm.layer, local_envs, c.refresh_wait,
                 llm.renderer.max_tokens // 4 + tail, max_tokens, len(llm.prefix_ids), c.dtype,
-                platform or jax.default_backend())
+                platform or device_cost())
     microbatch = c.microbatch or auto.microbatch
     refresh = min(c.refresh_batch or auto.refresh, local_envs)
     return auto._replace(microbatch=microbatch, refresh=refresh)

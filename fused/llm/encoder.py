@@ -56,6 +56,7 @@ class LLM(NamedTuple):
     tokenizer: Any
     prefix_ids: np.ndarray  # [P] the prompt prefix encoded (shuffled for garbage-prompt)
     attn: AttentionConfig
+    seed: int = 0  # of the random model's weights (when --llm.weights is not given)
 
     @property
     def hidden_size(self) -> int:
@@ -71,7 +72,13 @@ def _buckets(length: int) -> tuple[int, ...]:
     return tuple(out) + (length,)
 
 
-def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0) -> LLM:
+def same_weights(a: LLMConfig, b: LLMConfig) -> bool:
+    """Two --llm.* settings that read the same (truncated) weights in the same dtype."""
+    return (a.weights, a.random_model, a.dtype, a.layer) == (b.weights, b.random_model, b.dtype,
+                                                            b.layer)
+
+
+def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0, weights_of: LLM | None = None) -> LLM:
     """Host setup: weights (or a random model), tokenizer, renderer, prefix cache. Problems a
     model brings (too few layers, a prompt past its context, a foreign vocabulary) are
     ConfigErrors naming the field, raised before anything compiles."""
@@ -100,7 +107,14 @@ def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0) -> LLM:
     attn = AttentionConfig(cfg.attention)
     frozen, host = None, None
     if backend == "jax":
-        if cfg.weights is not None:
+        params, cache = None, None
+        if (weights_of is not None and weights_of.frozen is not None
+                and same_weights(cfg, weights_of.cfg) and (cfg.weights or seed == weights_of.seed)):
+            # an ablation of a loaded model: its weights, and its prefix cache if the same prefix
+            params = weights_of.frozen.params
+            if np.array_equal(prefix_ids, weights_of.prefix_ids):
+                cache = weights_of.frozen.prefix
+        elif cfg.weights is not None:
             try:
                 _, params = load_params(cfg.weights, dtype)
             except WeightsError as e:
@@ -109,10 +123,10 @@ def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0) -> LLM:
             params = init_params(qcfg, jax.random.PRNGKey(seed), dtype)
         params = {"embed": params["embed"], "final_norm": params["final_norm"],
                   "layers": jax.tree.map(lambda a: a[:layer], params["layers"])}
-        if layer > 0:
+        if cache is None and layer > 0:
             cache = jax.jit(partial(prefill, cfg=qcfg, num_layers=layer, attn=attn))(
                 params, prefix_tokens=jnp.asarray(prefix_ids))
-        else:  # embeddings only: no attention, an empty cache
+        elif cache is None:  # embeddings only: no attention, an empty cache
             empty = jnp.zeros((0, len(prefix_ids), qcfg.num_kv_heads, qcfg.head_dim), dtype)
             cache = PrefixCache(empty, empty)
         frozen = FrozenLLM(params, cache, jnp.asarray(parts.tail))
@@ -120,7 +134,7 @@ def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0) -> LLM:
         host = HostEncoder(cfg, spec(env_name).layout, tok, prefix_ids, parts.tail,
                            qcfg.hidden_size)
     return LLM(cfg, backend, qcfg, layer, renderer, frozen, host, _buckets(total), tok,
-               prefix_ids, attn)
+               prefix_ids, attn, seed)
 
 
 def append_tail(tokens, lengths, tail):

@@ -1,5 +1,5 @@
 """The one-env interface every environment implements (Craftax in `fused.rl.envs`, the probes in
-`fused.rl.probes`); `fused.rl.vec_env.VecEnv` batches any of them."""
+`fused.rl.diagnostic_envs`); `fused.rl.vec_env.VecEnv` batches any of them."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import numpy as np
 from fused.rl.config import EnvConfig
 from fused.envspec import EnvSpec, TextEnvName, spec
 from fused.rl.env_api import Env, StepResult
-from fused.rl.probes import make_probe
+from fused.rl.diagnostic_envs import make_probe
 
 
 class CraftaxEnv:

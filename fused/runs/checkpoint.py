@@ -18,7 +18,7 @@ import shutil
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -121,6 +121,46 @@ class Checkpointer:
             raise CheckpointError(f"checkpoint {step} in {self.directory}: content digest "
                                   "mismatch")
         return step, state, dict(out.meta)
+
+    def restore_part(self, step: int, select: Callable[[dict], dict]) -> dict:
+        """Part of checkpoint `step`'s state, as saved (nested dicts of arrays on this process's
+        first device): `select` picks it from the saved tree of array metadata (e.g. the
+        parameters). Checked against the sha256 of the checkpoint's files where recorded (the
+        content digest covers the whole state, so it cannot check a part)."""
+        damaged = self.damaged_files(step)
+        if damaged:
+            raise CheckpointError(f"{len(damaged)} file(s) differ from the sha256 recorded "
+                                  f"when it was saved, e.g. {damaged[0]}")
+        one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        try:
+            saved = ocp.StandardCheckpointHandler().metadata(self.directory / str(step) / "state")
+            target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one),
+                                  select(getattr(saved, "tree", saved)))
+            with warnings.catch_warnings():  # orbax notes the handler type it falls back to
+                warnings.simplefilter("ignore")
+                out = self.manager.restore(step, args=ocp.args.Composite(
+                    state=ocp.args.PyTreeRestore(item=target, partial_restore=True)))
+        except Exception as e:  # orbax raises many kinds on damaged files
+            raise CheckpointError(f"checkpoint {step} in {self.directory} does not read back "
+                                  f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from e
+        return out.state
+
+    def restore_latest_part(self, select: Callable[[dict], dict]) -> tuple[int, dict]:
+        """`restore_part` of the newest checkpoint that reads back (each unusable newer one named
+        in one warning line)."""
+        steps = self.steps()
+        if not steps:
+            raise CheckpointError(f"no checkpoint in {self.directory} yet (the run stopped "
+                                  "before its first)")
+        for step in reversed(steps):
+            try:
+                return step, self.restore_part(step, select)
+            except CheckpointError as e:
+                why = str(e.__cause__ or e).splitlines()[0].split(". See full")[0][:200]
+                warnings.warn(f"checkpoint {step} in {self.directory} is unusable ({why}); "
+                              "trying the previous one", stacklevel=2)
+        raise CheckpointError(f"no checkpoint in {self.directory} ({steps}) reads back (each "
+                              "one's error is in the warnings above)")
 
     def set_aside(self, step: int) -> Path:
         """Move checkpoint `step` out of the manager's sight (a run that goes on from an older

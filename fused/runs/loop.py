@@ -1,14 +1,16 @@
-"""The chunk loop every training entry point runs (train.py, offline.py): call a jitted chunk,
-write its metric rows (JSONL, wandb), advance the progress bar, checkpoint every N updates or M
-minutes, at the end and on SIGINT/SIGTERM, then stop cleanly with the command that resumes."""
+"""The one job loop of every training command (train.py's PPO, offline.py's AWR / BC): save the
+run's config, start or resume from the newest good checkpoint, then call the jitted chunk, write
+its metric rows (JSONL, wandb), advance the progress bar, checkpoint every N updates or M
+minutes, at the end and on SIGINT/SIGTERM, and stop cleanly with the command that resumes."""
 
 from __future__ import annotations
 
 import time
 from typing import Any, Callable, NamedTuple
 
+from fused.runs.files import atomic_write
 from fused.runs.progress import JobProgress
-from fused.runs.run_dir import StopFlag
+from fused.runs.run_dir import RunDir, StopFlag
 
 
 class Chunk(NamedTuple):
@@ -23,6 +25,57 @@ class Chunk(NamedTuple):
 class Cadence(NamedTuple):
     every_updates: int  # 0: never by count
     every_minutes: float  # 0: never by time
+
+
+class Job(NamedTuple):
+    """A training run as a command hands it to `run_job`."""
+
+    cfg: Any  # the run's config (config.json): keep_checkpoints, plot, wandb and the
+    #           checkpoint_every_* fields are read
+    total: int  # updates of the whole run
+    header: str  # printed before the first chunk
+    init: Callable[[], Any]  # the fresh state, placed where it runs
+    abstract: Callable[[Any], Any]  # the restore target of a state like the given one
+    step: Callable[[Any, int, bool], Chunk]  # (state, updates done, first call) -> Chunk
+    update_of: Callable[[Any], int]  # updates done in a state
+    meta: Callable[[int], dict]  # saved with the checkpoint after that many updates
+    resume_command: str
+    lead: bool = True  # this process writes the run folder's files (all checkpoint)
+    wandb_step: str = "update"  # the row field wandb steps by
+    files: tuple[tuple[str, str], ...] = ()  # more files beside config.json: (name, text)
+
+
+class JobResult(NamedTuple):
+    state: Any
+    update: int  # updates done
+    curve: Any  # the learning curve's path (None without one)
+    checkpoints: list[int]
+
+
+def run_job(job: Job, run: RunDir, console) -> JobResult:
+    cfg = job.cfg
+    if job.lead:
+        run.save_config(cfg)
+        for name, text in job.files:
+            atomic_write(run.path / name, text)
+    log = run.log(cfg.plot and job.lead)
+    ckpt = run.checkpointer(cfg.keep_checkpoints)
+    console.print(job.header)
+    state = job.init()
+    state = run.starting_state(ckpt, state, job.abstract(state), log if job.lead else None,
+                               console)
+    wandb_run = run.start_wandb(cfg.wandb, cfg) if job.lead else None
+    try:
+        state, update = run_chunks(
+            state, job.update_of(state), job.total, job.step, console=console, ckpt=ckpt,
+            log=log, lead=job.lead, wandb_run=wandb_run, wandb_step=job.wandb_step,
+            cadence=Cadence(cfg.checkpoint_every_updates, cfg.checkpoint_every_minutes),
+            meta=job.meta, resume_command=job.resume_command)
+    finally:
+        ckpt.close()
+    if wandb_run is not None:
+        wandb_run.finish()
+    return JobResult(state, update, log.plot(), ckpt.steps())
 
 
 def run_chunks(state, update: int, total: int, step: Callable[[Any, int, bool], Chunk], *,

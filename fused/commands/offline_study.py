@@ -19,8 +19,8 @@ import numpy as np
 
 from fused.errors import ConfigError
 from fused.rl.config import PolicyConfig
-from fused.evaluation import EvalConfig, evaluate
-from fused.offline import PRESETS, build, train, validate
+from fused.commands.offline_eval import EvalConfig, evaluate
+from fused.commands.offline_train import PRESETS, build, train, validate
 from fused.rl.evaluate import mean_ci95
 from fused.runs.files import atomic_write, atomic_write_json, require_writable
 from fused.runs.run_dir import RunDir

@@ -16,7 +16,7 @@ that is not on the map). A plain policy has only `real`.
 
 Reported per edit and variant: mean V(edited) - V(base) and mean KL(pi(base) || pi(edited));
 per edit, the ablation's effect against `real` on the same edited states (value change, KL);
-and the evaluation return under each ablation (whole episodes, `fused.evaluation`).
+and the evaluation return under each ablation (whole episodes, `fused.commands.offline_eval`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import numpy as np
 
 from fused.errors import ConfigError
 from fused.envspec import spec
-from fused.policy import load_policy
+from fused.trained_policy import load_policy
 from fused.rl.acting import network_policy
 from fused.rl.envs import make_env
 from fused.rl.evaluate import episode_keys
@@ -249,7 +249,7 @@ def run_probe(c: ProbeConfig, console) -> dict:
                                                     else outputs("base", "real")[1], la)).mean())}
             results["ablations"][n] = row
     if c.eval_episodes and llm:
-        results["eval"] = ablation_returns(c, run_dir, console)
+        results["eval"] = ablation_returns(c, run_dir, console, pol.agent)
     out = run_dir / "probe.json"
     atomic_write_json(out, results)
     atomic_write(run_dir / "probe.md", table(results))
@@ -266,7 +266,7 @@ def hidden_inputs(pol, obs: dict, seed: int) -> Callable:
 
     llm = pol.agent.inputs.llm
     garbage = make_llm(dataclasses.replace(pol.cfg.llm, hidden="garbage-prompt"),
-                       pol.cfg.env.name, pol.cfg.seed)
+                       pol.cfg.env.name, pol.cfg.seed, weights_of=llm)
     mb = pol.agent.inputs.microbatch
     enc_real = jax.jit(lambda f, o: encode_observations(llm, f, o, mb)[0])
     enc_garbage = jax.jit(lambda f, o: encode_observations(garbage, f, o, mb)[0])
@@ -291,8 +291,9 @@ def hidden_inputs(pol, obs: dict, seed: int) -> Callable:
     return get
 
 
-def ablation_returns(c: ProbeConfig, run_dir: Path, console) -> dict:
-    from fused.evaluation import EvalConfig, evaluate
+def ablation_returns(c: ProbeConfig, run_dir: Path, console, like) -> dict:
+    """Evaluation returns under each hidden-state ablation, all on `like`'s LLM weights."""
+    from fused.commands.offline_eval import EvalConfig, evaluate
 
     out = {}
     for hidden in ("real", "zero", "shuffle", "garbage-prompt"):
@@ -300,7 +301,8 @@ def ablation_returns(c: ProbeConfig, run_dir: Path, console) -> dict:
                         max_steps=c.eval_max_steps, checkpoint=c.checkpoint, plot=False,
                         allow_mismatch=c.allow_mismatch or hidden != "real",
                         out=str(run_dir / f"probe_eval_{hidden}.json"))
-        r = evaluate(ev, console, llm_overrides=None if hidden == "real" else {"hidden": hidden})
+        r = evaluate(ev, console, llm_overrides=None if hidden == "real" else {"hidden": hidden},
+                     like=like)
         out[hidden] = {"return_mean": r["return_mean"], "return_ci95": r["return_ci95"],
                        "censored": r["censored"]}
     return out

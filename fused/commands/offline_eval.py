@@ -16,8 +16,9 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from fused.agent import Agent
 from fused.errors import ConfigError
-from fused.policy import TrainedPolicy, is_offline, load_policy
+from fused.trained_policy import TrainedPolicy, is_offline, load_policy
 from fused.rl.envs import make_env
 from fused.rl.evaluate import make_evaluate, summarise
 from fused.rl.acting import network_policy
@@ -61,9 +62,9 @@ class EvalConfig:
 
 def check_llm_matches_labels(run_dir: Path, pol: TrainedPolicy) -> None:
     """An offline policy's LLM, built now, against the label set it was trained on."""
-    from fused.data.labelling import folder_digest, prompt_digest
+    from fused.llm.digests import folder_digest, prompt_digest
     from fused.data.store import Dataset
-    from fused.offline import OfflineConfig
+    from fused.commands.offline_train import OfflineConfig
 
     ocfg = from_json(OfflineConfig, (run_dir / "config.json").read_text(),
                      str(run_dir / "config.json"))
@@ -86,7 +87,10 @@ def check_llm_matches_labels(run_dir: Path, pol: TrainedPolicy) -> None:
                               "fix the weights folder or prompt, or pass --allow-mismatch")
 
 
-def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None) -> dict:
+def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None,
+             like: Agent | None = None) -> dict:
+    """eval.json of the run's policy (`llm_overrides`: an ablation; `like`: an agent of the
+    run already set up, whose LLM weights are then not loaded again)."""
     if c.episodes <= 1:
         raise ConfigError(f"episodes={c.episodes}: at least 2 for a confidence interval")
     if c.max_steps is not None and c.max_steps <= 0:
@@ -101,7 +105,7 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
     if c.video:
         require_writable(run_dir / "videos", "--run (videos/)")
-    pol = load_policy(run_dir, c.episodes, c.checkpoint, llm_overrides=llm_overrides)
+    pol = load_policy(run_dir, c.episodes, c.checkpoint, llm_overrides=llm_overrides, like=like)
     if is_offline(run_dir) and pol.cfg.llm.active_backend != "none" and not c.allow_mismatch:
         check_llm_matches_labels(run_dir, pol)
     env = make_env(pol.cfg.env)
@@ -129,7 +133,8 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None) -> dict:
         from fused.video import record, write_gifs
 
         frames = record(run_dir, pol.step, c.video, c.seed, c.video_max_steps, c.greedy,
-                        c.video_text and pol.cfg.llm.active_backend != "none")
+                        c.video_text and pol.cfg.llm.active_backend != "none", like=pol.agent,
+                        llm_overrides=llm_overrides)
         out["videos"] = [str(p) for p in write_gifs(frames, run_dir / "videos")]
         atomic_write_json(path, out)
         console.print(f"{len(out['videos'])} videos -> {run_dir / 'videos'}")

@@ -5,7 +5,7 @@ agent's own network (plain, or LLM-augmented when a label set is named), the pur
 An offline run folder holds, besides config.json and checkpoints, `policy.json`: the train.py
 config the policy acts under (env, network, and for an LLM-augmented policy the label set's
 --llm.* settings), so evaluation, probes and online fine-tuning build the same agent as for an
-online run (`fused.policy.load_policy`).
+online run (`fused.trained_policy.load_policy`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from fused.data.loader import (TrainingData, WindowStream, hidden_moments, load_
 from fused.envspec import spec
 from fused.llm.norm import RunningNorm, normalize
 from fused.rl.awr import AWRSettings, OfflineTrainer, Sequences, make_offline_train
-from fused.rl.collect import ObsCodec
+from fused.rl.obs_codec import ObsCodec
 from fused.runs.run_dir import RunDir
 
 
@@ -243,42 +243,18 @@ def example_input(acting: TrainConfig):
                                             jnp.float32)}
 
 
-def abstract_state(c: OfflineConfig, acting: TrainConfig):
-    """Shapes and dtypes of an offline run's checkpointed state (its restore target)."""
-    trainer = make_trainer(c, policy_network(acting))
-    norm = None
-    if acting.llm.active_backend != "none":
-        h = model_config(acting.llm).hidden_size
-        norm = RunningNorm(jnp.float32(0), jnp.zeros(h), jnp.ones(h))
-    return jax.eval_shape(trainer.init, jax.random.PRNGKey(0), example_input(acting), norm)
-
-
 def train(off: Offline, run: RunDir, console) -> Path:
-    """Trains to `num_updates` (or resumes `run`) with the shared run machinery."""
+    """Trains to `num_updates` (or resumes `run`) in the one job loop (`fused.runs.loop`)."""
     from fused.runs.checkpoint import abstract_like
     from fused.runs.config_io import to_json
-    from fused.runs.files import atomic_write
-    from fused.runs.loop import Cadence, Chunk, run_chunks
+    from fused.runs.loop import Chunk, Job, run_job
 
     cfg = off.cfg
-    run.save_config(cfg)
-    atomic_write(run.path / "policy.json", to_json(off.acting))
-    log = run.log(cfg.plot)
-    ckpt = run.checkpointer(cfg.keep_checkpoints)
     d = off.data
     labels = f", labels {cfg.labels!r} (H={d.hidden_size})" if cfg.labels else ""
     streamed = (f", streamed in windows of {cfg.device_rows:,} rows" if off.stream is not None
                 else "")
-    console.print(f"[bold]craftax-fused offline[/] {cfg.algo.upper()} on {cfg.data} ({d.env}: "
-                  f"{d.valid:,} of {d.rows:,} rows with a valid return, returns "
-                  f"{off.returns!r}{labels}{streamed}), {cfg.num_updates:,} updates of "
-                  f"{cfg.batch_size} -> {run.path}")
-    t0 = time.time()
-    state = jax.jit(off.trainer.init)(jax.random.PRNGKey(cfg.seed), example_input(off.acting),
-                                      off.norm)
-    state = run.starting_state(ckpt, state, abstract_like(state), log, console)
     chunk = jax.jit(off.trainer.chunk, donate_argnums=0)
-    wandb_run = run.start_wandb(cfg.wandb, cfg)
 
     def step(state, update: int, first: bool) -> Chunk:
         tc = time.time()
@@ -296,15 +272,20 @@ def train(off: Offline, run: RunDir, console) -> Path:
             f"{last['samples_per_s']:,.0f} samples/s"
             + (f"  (first chunk incl. compile {dt:.0f}s)" if first else "")))
 
-    state, update = run_chunks(
-        state, int(state.update), cfg.num_updates, step, console=console, ckpt=ckpt, log=log,
-        lead=True, wandb_run=wandb_run,
-        cadence=Cadence(cfg.checkpoint_every_updates, cfg.checkpoint_every_minutes),
-        meta=lambda u: {"update": u}, resume_command=f"python offline.py {cfg.algo} --resume "
-                                                      f"{run.path}")
-    ckpt.close()
-    if wandb_run is not None:
-        wandb_run.finish()
-    console.print(f"done: {update}/{cfg.num_updates} updates in {time.time() - t0:.0f}s -> "
-                  f"{run.path} (evaluate: python offline.py eval --run {run.path})")
+    job = Job(
+        cfg, cfg.num_updates,
+        header=(f"[bold]craftax-fused offline[/] {cfg.algo.upper()} on {cfg.data} ({d.env}: "
+                f"{d.valid:,} of {d.rows:,} rows with a valid return, returns "
+                f"{off.returns!r}{labels}{streamed}), {cfg.num_updates:,} updates of "
+                f"{cfg.batch_size} -> {run.path}"),
+        init=lambda: jax.jit(off.trainer.init)(jax.random.PRNGKey(cfg.seed),
+                                               example_input(off.acting), off.norm),
+        abstract=abstract_like, step=step, update_of=lambda state: int(state.update),
+        meta=lambda u: {"update": u},
+        resume_command=f"python offline.py {cfg.algo} --resume {run.path}",
+        files=(("policy.json", to_json(off.acting)),))
+    t0 = time.time()
+    done = run_job(job, run, console)
+    console.print(f"done: {done.update}/{cfg.num_updates} updates in {time.time() - t0:.0f}s "
+                  f"-> {run.path} (evaluate: python offline.py eval --run {run.path})")
     return run.path

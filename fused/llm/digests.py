@@ -1,0 +1,34 @@
+"""What names an LLM's hidden states: a digest of its weights folder (or the random model's name)
+and of the prompt around an observation. Label sets record them; evaluation of an offline
+policy checks the LLM it is given against them."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from fused.llm.encoder import LLM
+
+
+def folder_digest(folder: str | None, random_model: str, seed: int) -> str:
+    """sha256 over a weights folder's files (sorted names and bytes); a random model is named."""
+    if folder is None:
+        return f"random:{random_model}:seed{seed}"
+    from llm_jax.loader import resolve_folder
+
+    h = hashlib.sha256()
+    for p in sorted(resolve_folder(folder).iterdir()):
+        if p.is_file() and not p.name.endswith(".log"):
+            h.update(p.name.encode() + b"\0")
+            with open(p, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 22), b""):
+                    h.update(chunk)
+    return h.hexdigest()
+
+
+def prompt_digest(llm: LLM) -> str:
+    """sha256 of the prompt's token ids around an observation (prefix, then tail)."""
+    return hashlib.sha256(np.asarray(llm.prefix_ids, np.int32).tobytes()
+                          + np.asarray(llm.frozen.tail if llm.frozen else llm.host.tail,
+                                       np.int32).tobytes()).hexdigest()

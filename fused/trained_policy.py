@@ -1,0 +1,101 @@
+"""A trained policy read back from a run folder, online (train.py) or offline (offline.py): the
+config it acts under, the agent built from it (network + policy input, an LLM loaded if it has
+one), and the parameters and input normaliser of one checkpoint. What label.py and offline.py
+use to act with a run's policy. An offline run keeps that config in `policy.json` beside its
+own config.json."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from fused.agent import Agent, make_agent
+from fused.config import TrainConfig
+from fused.errors import ConfigError
+from fused.runs import config_io
+from fused.runs.checkpoint import Checkpointer, CheckpointError
+
+
+class TrainedPolicy(NamedTuple):
+    run_dir: Path
+    cfg: TrainConfig  # the run's config, env count replaced by the caller's
+    agent: Agent
+    params: Any
+    inputs_state: Any  # the run's policy-input state (e.g. its hidden-state normaliser)
+    step: int  # the checkpoint's update
+
+
+def is_offline(run_dir: str | Path) -> bool:
+    return (Path(run_dir).expanduser() / "policy.json").is_file()
+
+
+def run_config(run_dir: str | Path) -> TrainConfig:
+    """The train.py config a run's policy acts under (an offline run's policy.json)."""
+    run_dir = Path(run_dir).expanduser()
+    path = run_dir / ("policy.json" if is_offline(run_dir) else "config.json")
+    if not path.is_file():
+        raise ConfigError(f"policy {run_dir}: no config.json there; pass a run folder written "
+                          "by train.py (or `random`)")
+    return config_io.from_json(TrainConfig, path.read_text(), str(path))
+
+
+def load_policy(run_dir: str | Path, num_envs: int, checkpoint: int | None = None,
+                num_devices: int = 1, llm_overrides: dict | None = None,
+                like: Agent | None = None) -> TrainedPolicy:
+    """The run's policy, set up to act in `num_envs` envs: its parameters and what its policy
+    input learned (an LLM run's hidden-state normaliser) read from one checkpoint, nothing of
+    the trainer (optimiser, envs) built or read. `checkpoint` picks an update (default the
+    newest checkpoint that reads back); `llm_overrides` replace --llm.* fields of the acting
+    config (ablations: `{"hidden": "zero"}`); `like`, an agent of this run already set up (for
+    another env count or ablation), lends its LLM's weights."""
+    run_dir = Path(run_dir).expanduser()
+    cfg = run_config(run_dir)
+    offline = is_offline(run_dir)
+    acting = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, num_envs=num_envs))
+    if llm_overrides:
+        acting = dataclasses.replace(acting, llm=dataclasses.replace(acting.llm, **llm_overrides))
+
+    def select(saved: dict) -> dict:
+        """The parameters, and the hidden-state normaliser where the run has one (an offline
+        run keeps it as `norm`, an online one in its policy input's state)."""
+        part = {"params": saved["params"]}
+        if offline and saved.get("norm") is not None:
+            part["norm"] = saved["norm"]
+        if not offline and saved.get("inputs") is not None:
+            part["inputs"] = {"norm": saved["inputs"]["norm"]}
+        return part
+
+    ckpt = Checkpointer(run_dir / "checkpoints")
+    try:
+        if checkpoint is None:
+            step, part = ckpt.restore_latest_part(select)
+        else:
+            if checkpoint not in ckpt.steps():
+                raise ConfigError(f"checkpoint={checkpoint} is not in {run_dir}/checkpoints "
+                                  f"(there: {ckpt.steps()})")
+            step, part = checkpoint, ckpt.restore_part(checkpoint, select)
+    except CheckpointError as e:
+        again = (f"python offline.py {run_algo(run_dir)} --resume {run_dir}" if offline else
+                 f"python train.py --resume {run_dir}")
+        raise ConfigError(f"policy {run_dir}: {e}; train it first: `{again}`") from None
+    finally:
+        ckpt.close()
+    agent = make_agent(acting, num_devices, like=like)
+    norm = part.get("norm") or part.get("inputs", {}).get("norm")
+    inputs_state = None
+    if norm is not None:  # the policy input's state as training normalised it
+        from fused.llm.norm import RunningNorm
+        from fused.llm.policy_input import init_llm_state
+
+        inputs_state = init_llm_state(agent.inputs.llm, 1).replace(norm=RunningNorm(**norm))
+    return TrainedPolicy(run_dir, acting, agent, part["params"], inputs_state, step)
+
+
+def run_algo(run_dir: Path) -> str:
+    """An offline run's algorithm (awr or bc), read from its config.json."""
+    try:
+        return json.loads((run_dir / "config.json").read_text())["algo"]
+    except (OSError, ValueError, KeyError):
+        return "awr"
