@@ -92,13 +92,13 @@ def build_checkpoint(folder: Path) -> None:
 
 
 def train_cfg(a: Args, llm=None):
-    from fused.config import TrainConfig, WandbConfig
+    from fused.commands.train import TrainConfig, WandbConfig
     from fused.llm.config import LLMConfig
-    from fused.rl.config import EnvConfig, PPOConfig
+    from fused.rl.config import EnvConfig, PolicyConfig, PPOConfig
 
     return TrainConfig(env=EnvConfig(name=a.env, num_envs=a.num_envs, reset_pool=8),
-                       ppo=PPOConfig(num_steps=a.num_steps, layer_width=a.width, num_minibatches=4,
-                                     update_epochs=2),
+                       ppo=PPOConfig(num_steps=a.num_steps, num_minibatches=4, update_epochs=2),
+                       policy=PolicyConfig(layer_width=a.width),
                        llm=llm or LLMConfig(), total_timesteps=a.num_envs * a.num_steps * 1000,
                        updates_per_chunk=a.updates, wandb=WandbConfig(mode="disabled"), plot=False)
 
@@ -110,7 +110,7 @@ class Timed:
     def __init__(self, cfg):
         import jax
 
-        from fused.config import validate
+        from fused.commands.train import validate
         from fused.commands.train import build
 
         validate(cfg)

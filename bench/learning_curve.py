@@ -33,7 +33,7 @@ class Args:
 def main(args: Args):
     import jax
 
-    from fused.config import PRESETS, validate
+    from fused.commands.train import PRESETS, validate
     from fused.commands.train import build
     from fused.commands.process import setup_compilation_cache
     from fused.runs.files import atomic_path, atomic_write_json

@@ -109,7 +109,7 @@ def env_rows(args: Args):
 def ppo_rows(args: Args):
     import jax
 
-    from fused.config import TrainConfig, validate
+    from fused.commands.train import TrainConfig, validate
     from fused.rl.config import EnvConfig, ExploreConfig, PolicyConfig, PPOConfig
     from fused.commands.train import build
 

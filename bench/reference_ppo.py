@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fused.config import TrainConfig
+from fused.commands.train import TrainConfig
 from fused.envspec import spec
 from fused.rl.envs import CraftaxEnv
 from fused.rl.networks import ActorCritic
@@ -25,7 +25,7 @@ def make_reference_update(cfg: TrainConfig):
     env = CraftaxEnv(spec(cfg.env.name))
     n, p = cfg.env.num_envs, cfg.ppo
     num_resets = max(1, n // 16)
-    net = ActorCritic(env.num_actions, p.layer_width, p.num_layers)
+    net = ActorCritic(env.num_actions, cfg.policy.layer_width, cfg.policy.num_layers)
     tx = make_optimizer(cfg)
 
     def init(key):

@@ -1,23 +1,41 @@
-"""What a policy is made of, built from a config: the network and the policy input that feeds
-it. The one place that chooses between the plain observation and the LLM-augmented one; the RL
-core (`fused.rl`) is handed the result and never asks."""
+"""What a policy is made of, built from its `AgentConfig`: the network and the policy input that
+feeds it. The one place that chooses between the plain observation and the LLM-augmented one;
+the RL core (`fused.rl`) is handed the result and never asks."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import NamedTuple
 
 import flax.linen as nn
 
-from fused.config import TrainConfig
 from fused.envspec import spec
+from fused.llm.config import LLMConfig
 from fused.llm import batching
 from fused.llm.encoder import make_llm
 from fused.llm.policy_input import LLMInput
 from fused.rl.networks import ActorCritic, AugmentedActorCritic, RecurrentActorCritic
+from fused.rl.config import EnvSettings, PolicyConfig
 from fused.rl.policy_input import Identity, PolicyInput
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentConfig:
+    """A policy as everything that acts with it needs it (training, evaluation, datasets, video,
+    probes): the env it acts in, its network and its input. Part of a run's config: train.py's
+    `TrainConfig.agent`, offline.py's saved `agent`; how many envs it acts in is the caller's."""
+
+    env: EnvSettings = EnvSettings()
+    """The env the policy acts in."""
+    policy: PolicyConfig = PolicyConfig()
+    """The network."""
+    llm: LLMConfig = LLMConfig()
+    """The LLM whose hidden state it reads (backend none: the observation alone)."""
+    seed: int = 0
+    """Seeds a random LLM's weights (when llm.weights is not given)."""
 
 
 class Agent(NamedTuple):
@@ -25,10 +43,12 @@ class Agent(NamedTuple):
     inputs: PolicyInput
 
 
-def make_agent(cfg: TrainConfig, num_devices: int = 1, like: Agent | None = None) -> Agent:
-    """Host setup of the policy for `cfg` (with an LLM, loads it and prefills its prompt, unless
-    `like`, an agent of the same model, already holds it: then its weights are shared, and its
-    prefix cache where the prompt is the same)."""
+def make_agent(cfg: AgentConfig, num_envs: int, num_devices: int = 1,
+               like: Agent | None = None) -> Agent:
+    """Host setup of the policy for `cfg` acting in `num_envs` envs split over `num_devices`
+    (with an LLM, loads it and prefills its prompt, unless `like`, an agent of the same model,
+    already holds it: then its weights are shared, and its prefix cache where the prompt is the
+    same)."""
     network = policy_network(cfg)
     if cfg.llm.active_backend == "none":
         return Agent(network, Identity())
@@ -38,18 +58,18 @@ def make_agent(cfg: TrainConfig, num_devices: int = 1, like: Agent | None = None
         llm = make_llm(cfg.llm, cfg.env.name, cfg.seed,
                        weights_of=like.inputs.llm if like is not None
                        and isinstance(like.inputs, LLMInput) else None)
-    local_envs = cfg.env.num_envs // num_devices
+    local_envs = num_envs // num_devices
     sizes = batching.for_llm(llm, local_envs)
     if like is None and cfg.llm.active_backend == "jax":
         log.info(f"LLM calls: micro-batches of {sizes.microbatch} envs, refreshes in calls of "
                  f"{sizes.refresh} (about {sizes.efficiency:.0%} of a refresh call is row work)")
-    return Agent(network, LLMInput(llm, sizes.microbatch, sizes.refresh, cfg.env.num_envs))
+    return Agent(network, LLMInput(llm, sizes.microbatch, sizes.refresh, num_envs))
 
 
-def policy_network(cfg: TrainConfig) -> nn.Module:
+def policy_network(cfg: AgentConfig) -> nn.Module:
     """The network of `cfg`'s policy (feed-forward or GRU, plain or with an LLM state), built
     without loading the LLM (offline training reads hidden states from label sets)."""
-    s, p = spec(cfg.env.name), cfg.ppo
+    s, p = spec(cfg.env.name), cfg.policy
     gru = cfg.policy.kind == "gru"
     if cfg.llm.active_backend == "none":
         return (RecurrentActorCritic(s.num_actions, p.layer_width, p.num_layers) if gru

@@ -1,8 +1,8 @@
 """A trained policy read back from a run folder, online (train.py) or offline (offline.py): the
-config it acts under, the agent built from it (network + policy input, an LLM loaded if it has
-one), and the parameters and input normaliser of one checkpoint. What label.py and offline.py
-use to act with a run's policy. An offline run keeps that config in `policy.json` beside its
-own config.json."""
+`AgentConfig` it acts under (a train.py run's `TrainConfig.agent`, an offline run's saved
+`agent`), the agent built from it (network + policy input, an LLM loaded if it has one), and
+the parameters and input normaliser of one checkpoint. What label.py and offline.py use to act
+with a run's policy."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from fused.agent import Agent, make_agent
-from fused.config import TrainConfig
+from fused.agent import Agent, AgentConfig, make_agent
 from fused.errors import ConfigError
 from fused.runs import config_io
 from fused.runs.checkpoint import Checkpointer, CheckpointError
@@ -20,7 +19,8 @@ from fused.runs.checkpoint import Checkpointer, CheckpointError
 
 class TrainedPolicy(NamedTuple):
     run_dir: Path
-    cfg: TrainConfig  # the run's config, env count replaced by the caller's
+    cfg: AgentConfig  # how the run's policy acts
+    num_envs: int  # it is set up to act in
     agent: Agent
     params: Any
     inputs_state: Any  # the run's policy-input state (e.g. its hidden-state normaliser)
@@ -28,17 +28,40 @@ class TrainedPolicy(NamedTuple):
 
 
 def is_offline(run_dir: str | Path) -> bool:
-    return (Path(run_dir).expanduser() / "policy.json").is_file()
-
-
-def run_config(run_dir: str | Path) -> TrainConfig:
-    """The train.py config a run's policy acts under (an offline run's policy.json)."""
+    """An offline.py run (its config names the algorithm; runs written before the agent went
+    into config.json kept it in policy.json)."""
     run_dir = Path(run_dir).expanduser()
-    path = run_dir / ("policy.json" if is_offline(run_dir) else "config.json")
+    if (run_dir / "policy.json").is_file():
+        return True
+    try:
+        return "algo" in json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def agent_config(run_dir: str | Path) -> AgentConfig:
+    """How a run's policy acts, read from its config.json: an offline run's `agent`; of a
+    train.py run, the fields that make its agent (`TrainConfig.agent`)."""
+    run_dir = Path(run_dir).expanduser()
+    path = run_dir / "config.json"
+    if (run_dir / "policy.json").is_file():  # an offline run of an earlier version
+        path = run_dir / "policy.json"
     if not path.is_file():
         raise ConfigError(f"policy {run_dir}: no config.json there; pass a run folder written "
-                          "by train.py (or `random`)")
-    return config_io.from_json(TrainConfig, path.read_text(), str(path))
+                          "by train.py or offline.py (or `random`)")
+    try:
+        saved = config_io.upgrade(json.loads(path.read_text()))
+    except ValueError as e:
+        raise ConfigError(f"{path} is not valid JSON ({e})") from None
+    if "algo" in saved:
+        if saved.get("agent") is None:
+            raise ConfigError(f"policy {run_dir}: its config.json has no `agent` (the run "
+                              "stopped before it started training); train it first")
+        return config_io.from_dict(AgentConfig, saved["agent"], f"{path} (agent)")
+    env = {k: v for k, v in saved.get("env", {}).items() if k != "num_envs"}
+    return config_io.from_dict(AgentConfig, {"env": env, "policy": saved.get("policy", {}),
+                                             "llm": saved.get("llm", {}),
+                                             "seed": saved.get("seed", 0)}, str(path))
 
 
 def load_policy(run_dir: str | Path, num_envs: int, checkpoint: int | None = None,
@@ -51,9 +74,8 @@ def load_policy(run_dir: str | Path, num_envs: int, checkpoint: int | None = Non
     config (ablations: `{"hidden": "zero"}`); `like`, an agent of this run already set up (for
     another env count or ablation), lends its LLM's weights."""
     run_dir = Path(run_dir).expanduser()
-    cfg = run_config(run_dir)
+    acting = agent_config(run_dir)
     offline = is_offline(run_dir)
-    acting = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, num_envs=num_envs))
     if llm_overrides:
         acting = dataclasses.replace(acting, llm=dataclasses.replace(acting.llm, **llm_overrides))
 
@@ -82,7 +104,7 @@ def load_policy(run_dir: str | Path, num_envs: int, checkpoint: int | None = Non
         raise ConfigError(f"policy {run_dir}: {e}; train it first: `{again}`") from None
     finally:
         ckpt.close()
-    agent = make_agent(acting, num_devices, like=like)
+    agent = make_agent(acting, num_envs, num_devices, like=like)
     norm = part.get("norm") or part.get("inputs", {}).get("norm")
     inputs_state = None
     if norm is not None:  # the policy input's state as training normalised it
@@ -90,7 +112,7 @@ def load_policy(run_dir: str | Path, num_envs: int, checkpoint: int | None = Non
         from fused.llm.policy_input import init_llm_state
 
         inputs_state = init_llm_state(agent.inputs.llm, 1).replace(norm=RunningNorm(**norm))
-    return TrainedPolicy(run_dir, acting, agent, part["params"], inputs_state, step)
+    return TrainedPolicy(run_dir, acting, num_envs, agent, part["params"], inputs_state, step)
 
 
 def run_algo(run_dir: Path) -> str:

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, subprocess_env
-from fused.config import TrainConfig, WandbConfig, validate
+from fused.commands.train import TrainConfig, WandbConfig, validate
 from fused.errors import ConfigError
 from fused.llm.config import LLMConfig
-from fused.rl.config import EnvConfig, PPOConfig
+from fused.rl.config import EnvConfig, PolicyConfig, PPOConfig
 from fused.llm.encoder import _buckets, encode_observations, make_llm
 from fused.llm.policy_input import LLMInput, init_llm_state, llm_step
 from fused.rl.envs import rollout_observations
@@ -104,7 +104,8 @@ def test_no_refresh_keeps_stale_hidden(obs):
 def smoke_cfg(**llm_kw) -> TrainConfig:
     return TrainConfig(
         env=EnvConfig(name=ENV, num_envs=8, reset_pool=2, max_episode_steps=12),
-        ppo=PPOConfig(num_steps=8, layer_width=32, num_minibatches=2, update_epochs=1),
+        ppo=PPOConfig(num_steps=8, num_minibatches=2, update_epochs=1),
+        policy=PolicyConfig(layer_width=32),
         llm=LLMConfig(backend="jax", skip_n=5, microbatch=4, **llm_kw),
         total_timesteps=8 * 8 * 4, updates_per_chunk=2, wandb=WandbConfig(mode="disabled"),
         plot=False)

@@ -382,7 +382,7 @@ def test_generate_from_a_trained_run_with_epsilon(tmp_path):
     ds = Dataset(out)
     card = ds.card()
     assert card["policy"] == str(tmp_path / "run") and card["checkpoint"] == 6
-    assert card["epsilon"] == 0.25 and card["run_config"]["ppo"]["layer_width"] == 32
+    assert card["epsilon"] == 0.25 and card["run_config"]["policy"]["layer_width"] == 32
     cols = ds.read(ds.shard_names()[1])
     pol = load_policy(tmp_path / "run", 8)
     net = pol.agent.network

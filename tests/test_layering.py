@@ -63,8 +63,8 @@ def test_one_way_imports():
         "llm_jax": ("fused",),
         "fused.envspec": ("fused.rl", "fused.text", "fused.llm", "fused.runs", "fused.agent"),
         "fused.errors": ("fused.", "llm_jax"),
-        "fused.rl": ("fused.llm", "fused.text", "fused.agent", "fused.data", "fused.config",
-                     "fused.runs", "fused.trained_policy", "fused.video", "llm_jax"),
+        "fused.rl": ("fused.llm", "fused.text", "fused.agent", "fused.data", "fused.runs",
+                     "fused.trained_policy", "fused.video", "llm_jax"),
         "fused.text": ("fused.llm", "fused.agent", "fused.data"),
         "fused.llm": ("fused.agent", "fused.data"),
         "fused.runs": ("fused.rl", "fused.text", "fused.llm", "fused.agent", "fused.data"),
@@ -82,7 +82,7 @@ def test_importing_the_core_loads_no_llm_code():
     code = ("import sys, fused.rl.ppo, fused.rl.trainer, fused.rl.collect, fused.rl.evaluate, "
             "fused.rl.awr, fused.rl.sharding; "
             "print(sorted(m for m in sys.modules if m.startswith(('llm_jax', 'fused.llm', "
-            "'fused.text', 'fused.data', 'fused.runs', 'fused.config'))))")
+            "'fused.text', 'fused.data', 'fused.runs', 'fused.commands'))))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "[]", out

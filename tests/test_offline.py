@@ -4,6 +4,7 @@ against "first K finished", eval.json of an offline and an online run, an LLM-au
 a label set (its normaliser against numpy), one-line errors."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -133,7 +134,25 @@ def test_bc_recovers_the_behaviour_policy_and_awr_prefers_the_better_action(prob
     assert p_awr[0, 1] > 0.9 and p_awr[1, 0] > 0.9, p_awr  # the rewarded action per sign
     rows = [json.loads(x) for x in (awr / "metrics.jsonl").read_text().splitlines()]
     assert [r["update"] for r in rows] == list(range(1, 601))
-    assert (awr / "policy.json").is_file() and (awr / "curve.png").is_file()
+    assert (awr / "curve.png").is_file() and not (awr / "policy.json").exists()
+    agent = json.loads((awr / "config.json").read_text())["agent"]  # one config per run
+    assert agent["env"]["name"] == "probe-obs-action" and agent["policy"]["layer_width"] == 32
+
+    # A run folder of the version before (the policy in policy.json, widths under ppo. and at
+    # the top level) acts the same.
+    old = tmp_path / "old"
+    shutil.copytree(awr, old)
+    cfg = json.loads((old / "config.json").read_text())
+    cfg.pop("agent")
+    policy = cfg.pop("policy")
+    cfg.update(layer_width=policy.pop("layer_width"), num_layers=policy.pop("num_layers"),
+               policy=policy)
+    (old / "config.json").write_text(json.dumps(cfg))
+    acting = {"env": dict(agent["env"], num_envs=1), "policy": {"kind": policy["kind"]},
+              "ppo": {"layer_width": 32, "num_layers": agent["policy"]["num_layers"]},
+              "llm": agent["llm"], "seed": 0}
+    (old / "policy.json").write_text(json.dumps(acting))
+    np.testing.assert_array_equal(action_probs(old, SIGNS), p_awr)
 
 
 def test_resume_is_exact(probe_data, tmp_path):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, subprocess_env
-from fused.config import TrainConfig, validate
+from fused.commands.train import TrainConfig, validate
 from fused.errors import ConfigError
 from fused.rl.config import EnvConfig, ExploreConfig, PolicyConfig, PPOConfig
 from fused.commands.train import build
@@ -23,12 +23,11 @@ from test_cli_resume import final_meta, train_cmd
 
 
 def probe_cfg(name, kind, updates, num_steps=8, explore=ExploreConfig(), **ppo_kw):
-    kw = dict(num_steps=num_steps, layer_width=32, num_layers=2, num_minibatches=2,
-              update_epochs=4, lr=3e-3, anneal_lr=False, gamma=0.9, gae_lambda=0.95,
+    kw = dict(num_steps=num_steps, num_minibatches=2, update_epochs=4, lr=3e-3, anneal_lr=False, gamma=0.9, gae_lambda=0.95,
               ent_coef=0.0)
     kw.update(ppo_kw)
     cfg = TrainConfig(env=EnvConfig(name=name, num_envs=16, reset="auto"), ppo=PPOConfig(**kw),
-                      policy=PolicyConfig(kind), explore=explore,
+                      policy=PolicyConfig(kind, layer_width=32, num_layers=2), explore=explore,
                       total_timesteps=16 * num_steps * updates)
     validate(cfg)
     return cfg
@@ -185,9 +184,9 @@ def test_gru_takes_the_llm_state():
     cfg = TrainConfig(
         env=EnvConfig(name="Craftax-Classic-Symbolic-v1", num_envs=4, reset_pool=2,
                       max_episode_steps=6),
-        ppo=PPOConfig(num_steps=8, layer_width=16, num_layers=2, num_minibatches=1,
-                      update_epochs=1),
-        llm=LLMConfig(backend="jax", skip_n=3), policy=PolicyConfig("gru"),
+        ppo=PPOConfig(num_steps=8, num_minibatches=1, update_epochs=1),
+        llm=LLMConfig(backend="jax", skip_n=3),
+        policy=PolicyConfig("gru", layer_width=16, num_layers=2),
         total_timesteps=4 * 8 * 2, updates_per_chunk=2)
     validate(cfg)
     online = build(cfg)

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fused.config import TrainConfig, validate
-from fused.rl.config import EnvConfig, PPOConfig
+from fused.commands.train import TrainConfig, validate
+from fused.rl.config import EnvConfig, PolicyConfig, PPOConfig
 from fused.commands.train import build
 
 GAMMA = 0.9
@@ -16,9 +16,9 @@ GAMMA = 0.9
 def probe_config(name: str, updates: int = 150, **env_kw) -> TrainConfig:
     cfg = TrainConfig(
         env=EnvConfig(name=name, num_envs=16, reset="auto", **env_kw),
-        ppo=PPOConfig(num_steps=8, layer_width=32, num_layers=2, num_minibatches=2,
-                      update_epochs=4, lr=3e-3, anneal_lr=False, gamma=GAMMA, gae_lambda=0.95,
-                      ent_coef=0.0),
+        ppo=PPOConfig(num_steps=8, num_minibatches=2, update_epochs=4, lr=3e-3, anneal_lr=False,
+                      gamma=GAMMA, gae_lambda=0.95, ent_coef=0.0),
+        policy=PolicyConfig(layer_width=32, num_layers=2),
         total_timesteps=16 * 8 * updates)
     validate(cfg)
     return cfg

@@ -19,7 +19,7 @@ SECTIONS = ("## Datasets and labels", "## Offline RL and evaluation")
 # Training and evaluation sizes match the smoke preset and one another, so the study's runs and
 # evaluations reuse the programs the earlier commands compiled (persistent cache).
 TRAIN = ["--num-updates", "100", "--updates-per-chunk", "50", "--checkpoint-every-updates", "50",
-         "--batch-size", "64", "--layer-width", "32"]
+         "--batch-size", "64", "--policy.layer-width", "32"]
 EVAL = ["--episodes", "2", "--max-steps", "30"]
 GENERATE = ["--num-envs", "8", "--steps", "64", "--env.max-episode-steps", "16",
             "--block-steps", "16", "--shard-rows", "100"]

@@ -10,8 +10,8 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from fused.config import TrainConfig, validate
-from fused.rl.config import EnvConfig, PPOConfig
+from fused.commands.train import TrainConfig, validate
+from fused.rl.config import EnvConfig, PolicyConfig, PPOConfig
 from fused.commands.train import build
 
 
@@ -47,8 +47,8 @@ def assert_same_run(cfg):
 def test_two_devices_equal_one_device_on_probe():
     cfg = TrainConfig(
         env=EnvConfig(name="probe-obs-action", num_envs=8, reset="auto"),
-        ppo=PPOConfig(num_steps=4, layer_width=16, num_layers=2, num_minibatches=1,
-                      update_epochs=2, lr=1e-2),
+        ppo=PPOConfig(num_steps=4, num_minibatches=1, update_epochs=2, lr=1e-2),
+        policy=PolicyConfig(layer_width=16, num_layers=2),
         total_timesteps=8 * 4 * 6, updates_per_chunk=3)
     assert_same_run(cfg)
 
@@ -58,8 +58,8 @@ def test_two_devices_equal_one_device_on_classic():
     cfg = TrainConfig(
         env=EnvConfig(name="Craftax-Classic-Symbolic-v1", num_envs=4, reset="auto",
                       max_episode_steps=6),
-        ppo=PPOConfig(num_steps=4, layer_width=16, num_layers=2, num_minibatches=1,
-                      update_epochs=1),
+        ppo=PPOConfig(num_steps=4, num_minibatches=1, update_epochs=1),
+        policy=PolicyConfig(layer_width=16, num_layers=2),
         total_timesteps=4 * 4 * 4, updates_per_chunk=2)
     m, _ = assert_same_run(cfg)
     assert sum(int(x["episodes"]["episodes"].sum()) for x in m) > 0  # resets happened
@@ -76,8 +76,8 @@ def test_two_devices_equal_one_device_with_llm():
     cfg = TrainConfig(
         env=EnvConfig(name="Craftax-Classic-Symbolic-v1", num_envs=4, reset="auto",
                       max_episode_steps=5),
-        ppo=PPOConfig(num_steps=4, layer_width=16, num_layers=2, num_minibatches=1,
-                      update_epochs=1),
+        ppo=PPOConfig(num_steps=4, num_minibatches=1, update_epochs=1),
+        policy=PolicyConfig(layer_width=16, num_layers=2),
         llm=LLMConfig(backend="jax", skip_n=3, refresh_batch=4, refresh_wait=1),
         total_timesteps=4 * 4 * 4, updates_per_chunk=2)
     m1, m2 = assert_same_run(cfg)

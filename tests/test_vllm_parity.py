@@ -37,9 +37,9 @@ def test_fused_jax_backend_matches_vllm_fallback(vllm_server):
 
     import jax
 
-    from fused.config import TrainConfig, WandbConfig, validate
+    from fused.commands.train import TrainConfig, WandbConfig, validate
     from fused.llm.config import LLMConfig
-    from fused.rl.config import EnvConfig, PPOConfig
+    from fused.rl.config import EnvConfig, PolicyConfig, PPOConfig
     from fused.llm.encoder import encode_observations
     from fused.commands.train import build
 
@@ -47,7 +47,8 @@ def test_fused_jax_backend_matches_vllm_fallback(vllm_server):
     env = "Craftax-Classic-Symbolic-v1"
     base = TrainConfig(
         env=EnvConfig(name=env, num_envs=4, reset_pool=2, max_episode_steps=10),
-        ppo=PPOConfig(num_steps=8, layer_width=32, num_minibatches=2, update_epochs=1),
+        ppo=PPOConfig(num_steps=8, num_minibatches=2, update_epochs=1),
+        policy=PolicyConfig(layer_width=32),
         llm=LLMConfig(backend="jax", weights=str(folder), post_norm=True, skip_n=3,
                       refresh_batch=4),
         total_timesteps=4 * 8 * 2, updates_per_chunk=2, wandb=WandbConfig(mode="disabled"),

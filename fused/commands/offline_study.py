@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -24,6 +25,22 @@ from fused.commands.offline_train import PRESETS, build, train, validate
 from fused.rl.evaluate import mean_ci95
 from fused.runs.files import atomic_write, atomic_write_json, require_writable
 from fused.runs.run_dir import RunDir
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyPolicy:
+    """The network of every variant: the preset's, with what is given here changed."""
+
+    kind: Literal["mlp", "gru"] = "mlp"
+    """`gru`: the recurrent policy, with the preset's --seq-len / --burn-in."""
+    layer_width: int | None = None
+    """Override the preset's hidden width."""
+    num_layers: int | None = None
+    """Override the preset's hidden layers."""
+
+    def over(self, preset: PolicyConfig) -> PolicyConfig:
+        given = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        return dataclasses.replace(preset, **given)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,9 +61,8 @@ class StudyConfig:
     """Override the preset's learning rate."""
     beta: float | None = None
     """Override the AWR temperature."""
-    policy: PolicyConfig = PolicyConfig()
-    """Network of every variant (`--policy.kind gru`: the recurrent policy, with the preset's
-    --seq-len / --burn-in)."""
+    policy: StudyPolicy = StudyPolicy()
+    """Network of every variant (`--policy.kind gru`: the recurrent policy)."""
     algos: tuple[str, ...] = ("awr", "bc")
     """Algorithms, each trained plain and (with --labels) augmented."""
     seeds: int = 3
@@ -78,7 +94,7 @@ def run_study(c: StudyConfig, console) -> dict:
     base = PRESETS[c.preset][1]
     overrides = {k: getattr(c, k) for k in ("num_updates", "lr", "beta")
                  if getattr(c, k) is not None}
-    base = dataclasses.replace(base, policy=c.policy, **overrides)
+    base = dataclasses.replace(base, policy=c.policy.over(base.policy), **overrides)
     ev = EvalConfig(run="", episodes=c.episodes, seed=c.eval_seed, max_steps=c.max_steps)
     results: dict = {"config": dataclasses.asdict(c), "variants": {}}
     for algo, labels in variants(c):

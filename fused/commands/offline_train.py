@@ -2,10 +2,10 @@
 agent's own network (plain, or LLM-augmented when a label set is named), the pure trainer
 (`fused.rl.awr`). `offline.py` jits and runs it through the shared run machinery.
 
-An offline run folder holds, besides config.json and checkpoints, `policy.json`: the train.py
-config the policy acts under (env, network, and for an LLM-augmented policy the label set's
---llm.* settings), so evaluation, probes and online fine-tuning build the same agent as for an
-online run (`fused.trained_policy.load_policy`).
+An offline run's one config (config.json) holds, besides its flags, `agent`: the policy as it
+acts (env, network, and for an LLM-augmented policy the label set's --llm.* settings), so
+evaluation, probes, datasets and online fine-tuning build the same agent as for an online run
+(`fused.trained_policy.load_policy`).
 """
 
 from __future__ import annotations
@@ -22,11 +22,10 @@ import numpy as np
 import optax
 import tyro
 
-from fused.agent import policy_network
-from fused.config import TrainConfig, WandbConfig
+from fused.agent import AgentConfig, policy_network
 from fused.errors import ConfigError
 from fused.llm.config import LLMConfig, model_config
-from fused.rl.config import EnvConfig, PolicyConfig, PPOConfig
+from fused.rl.config import EnvSettings, PolicyConfig
 from fused.data.loader import (TrainingData, WindowStream, hidden_moments, load_training_data,
                                open_training_set)
 from fused.envspec import spec
@@ -34,10 +33,14 @@ from fused.llm.norm import RunningNorm, normalize
 from fused.rl.awr import AWRSettings, OfflineTrainer, Sequences, make_offline_train
 from fused.rl.obs_codec import ObsCodec
 from fused.runs.run_dir import RunDir
+from fused.runs.settings import RESUME_FIXED as RUN_FIXED
+from fused.runs.settings import RunSettings, WandbConfig, validate_run_settings
 
 
 @dataclasses.dataclass(frozen=True)
-class OfflineConfig:
+class OfflineConfig(RunSettings):
+    """The run settings every training command has (`fused.runs.settings`), then AWR / BC's."""
+
     data: str = ""
     """Dataset folder (written by `label.py generate`, with a returns set)."""
     labels: str | None = None
@@ -46,15 +49,13 @@ class OfflineConfig:
     """Returns set (`label.py returns`); default the dataset's only one."""
     algo: tyro.conf.Suppress[Literal["awr", "bc"]] = "awr"
     """Set by the command (`offline.py awr|bc`), not a flag."""
-    seed: int = 0
-    """PRNG seed (initialisation and minibatch sampling)."""
     num_updates: int = 100_000
     """Minibatch updates."""
     batch_size: int = 256
     """Rows per minibatch, sampled uniformly among the rows with a valid return-to-go (GRU:
     batch_size / seq_len windows of consecutive rows)."""
     policy: PolicyConfig = PolicyConfig()
-    """Network kind, as train.py's --policy.kind: `gru` trains on windows of consecutive rows
+    """The network, as train.py's --policy.*: `gru` trains on windows of consecutive rows
     (--seq-len, --burn-in) and acts with its carry from each episode's start."""
     seq_len: int = 32
     """GRU: rows per window that count in the loss, from a uniformly drawn valid row on."""
@@ -71,34 +72,15 @@ class OfflineConfig:
     """AWR weights are clipped at this."""
     value_coef: float = 1.0
     """Weight of the critic's 0.5 (R - V)^2 in the loss."""
-    layer_width: int = 512
-    """Hidden width of the actor and critic (the online networks')."""
-    num_layers: int = 3
-    """Hidden layers of the actor and critic."""
     projection: Literal["dense", "layernorm"] = "dense"
     """With labels: the hidden-state branch's projection (as train.py's --llm.projection)."""
-    updates_per_chunk: int = 1000
-    """Updates compiled into one jitted chunk (the host logs and checkpoints between chunks)."""
     device_rows: int = 0
     """0: the whole dataset goes on the device. N: data larger than N rows is streamed, each
     chunk training on a window of whole shards of at most N rows (seeded per chunk, read one
     window ahead with the dataset's zarr reader)."""
-    out_dir: str = "runs"
-    """Folder under which each run gets its own folder."""
-    run_name: str | None = None
-    """Run folder name; default `offline-<algo>-<labels|plain>-s<seed>-<time>`."""
-    resume: str | None = None
-    """Resume this run folder from its latest good checkpoint (flags apply over its config)."""
-    checkpoint_every_updates: int = 10_000
-    """Checkpoint after at least this many updates; 0 disables."""
-    checkpoint_every_minutes: float = 10.0
-    """Also checkpoint when this many minutes passed; 0 disables."""
-    keep_checkpoints: int = 3
-    """Checkpoints kept on disk."""
-    plot: bool = True
-    """Write a learning-curve PNG into the run folder."""
-    wandb: WandbConfig = WandbConfig()
-    """Weights & Biases logging."""
+    agent: tyro.conf.Suppress[AgentConfig | None] = None
+    """The policy as it acts (env, network, the label set's LLM), written by the run from the
+    dataset's card; what evaluation, datasets and fine-tuning build. Not a flag."""
 
     @property
     def num_chunks(self) -> int:
@@ -106,22 +88,25 @@ class OfflineConfig:
 
 
 def _preset(**kw) -> OfflineConfig:
-    """A preset; --data stays required (tyro.MISSING) whichever preset is named."""
+    """A preset; --data stays required (tyro.MISSING) whichever preset is named. Minibatch
+    updates are cheap: chunks of 1,000, checkpoints every 10,000 unless a preset says."""
+    kw = {"updates_per_chunk": 1000, "checkpoint_every_updates": 10_000, **kw}
     return dataclasses.replace(OfflineConfig(), data=tyro.MISSING, **kw)
 
 
 PRESETS: dict[str, tuple[str, OfflineConfig]] = {
     "cpu": ("Default: width 256, 20k updates of 256 rows (minutes on 2 cores).",
-            _preset(layer_width=256, num_updates=20_000, updates_per_chunk=1000)),
+            _preset(policy=PolicyConfig(layer_width=256), num_updates=20_000)),
     "smoke": ("Seconds: width 32, 200 updates of 64 rows (tests).",
-              _preset(layer_width=32, num_updates=200, batch_size=64, updates_per_chunk=50,
+              _preset(policy=PolicyConfig(layer_width=32), num_updates=200, batch_size=64,
+                      updates_per_chunk=50,
                       checkpoint_every_updates=100, plot=False,
                       wandb=WandbConfig(mode="disabled"))),
     "gpu": ("The prior system's AWR: width 512, 100k updates of 256 rows.",
             _preset()),
 }
-RESUME_FIXED = ("data", "labels", "returns", "algo", "seed", "layer_width", "num_layers",
-                "projection", "policy", "out_dir", "run_name")
+RESUME_FIXED = RUN_FIXED + ("data", "labels", "returns", "algo", "projection", "policy.",
+                            "agent")
 
 
 def validate(c: OfflineConfig) -> None:
@@ -129,9 +114,12 @@ def validate(c: OfflineConfig) -> None:
         raise ConfigError("data is required: --data DIR (a dataset from `label.py generate`)")
     if c.device_rows < 0:
         raise ConfigError(f"device_rows={c.device_rows} must be >= 0 (0 = all on the device)")
-    for name in ("num_updates", "batch_size", "layer_width", "num_layers", "updates_per_chunk"):
-        if getattr(c, name) <= 0:
-            raise ConfigError(f"{name}={getattr(c, name)} must be positive")
+    for name, value in {"num_updates": c.num_updates, "batch_size": c.batch_size,
+                        "policy.layer_width": c.policy.layer_width,
+                        "policy.num_layers": c.policy.num_layers}.items():
+        if value <= 0:
+            raise ConfigError(f"{name}={value} must be positive")
+    validate_run_settings(c)
     for name in ("lr", "beta", "max_weight"):
         if not getattr(c, name) > 0:
             raise ConfigError(f"{name}={getattr(c, name)} must be positive")
@@ -144,9 +132,10 @@ def validate(c: OfflineConfig) -> None:
                               f"{c.seq_len}: a GRU minibatch is batch_size / seq_len windows")
 
 
-def acting_config(c: OfflineConfig, card: dict) -> TrainConfig:
-    """The train.py config whose agent is this offline policy: same env, network and, with
-    labels, the label set's LLM (jax backend; a vLLM-made set is post-norm last layer)."""
+def agent_config(c: OfflineConfig, card: dict) -> AgentConfig:
+    """The policy this run trains, as it will act: the dataset's env, the network of
+    --policy.*, and with labels the label set's LLM (jax backend; a vLLM-made set is post-norm
+    last layer)."""
     llm = LLMConfig()
     if c.labels:
         entry = card.get("labels", {}).get(c.labels)
@@ -158,16 +147,12 @@ def acting_config(c: OfflineConfig, card: dict) -> TrainConfig:
         llm = dataclasses.replace(LLMConfig(**saved), backend="jax", hidden="real",
                                   normalize=True, projection=c.projection,
                                   post_norm=bool(entry["post_norm"]), layer=entry["layer"])
-    return TrainConfig(env=EnvConfig(name=card["env"], num_envs=1),
-                       ppo=PPOConfig(layer_width=c.layer_width, num_layers=c.num_layers),
-                       policy=c.policy, llm=llm, seed=0, plot=False,
-                       wandb=WandbConfig(mode="disabled"))
     # seed 0: a random-weight model is made from the seed; label.py labels with seed 0
+    return AgentConfig(EnvSettings(name=card["env"]), c.policy, llm, seed=0)
 
 
 class Offline(NamedTuple):
-    cfg: OfflineConfig
-    acting: TrainConfig
+    cfg: OfflineConfig  # its `agent` set
     network: nn.Module
     data: TrainingData
     device_data: dict | None
@@ -217,14 +202,18 @@ def build(c: OfflineConfig) -> Offline:
     else:
         data, _, _ = load_training_data(c.data, c.returns, c.labels, sequences)
         device_data = jax.device_put(data.arrays)
-    acting = acting_config(c, card)
-    network = policy_network(acting)
+    agent = agent_config(c, card)
+    if c.agent is not None and c.agent != agent:  # resuming: the card says otherwise now
+        raise ConfigError(f"the dataset {c.data} now describes the policy otherwise than when "
+                          f"this run started ({c.agent} vs {agent}); train a new run")
+    c = dataclasses.replace(c, agent=agent)
+    network = policy_network(agent)
     trainer = make_trainer(c, network, network_inputs(ObsCodec(spec(data.env)), bool(c.labels)))
     norm = None
     if c.labels:
         norm = RunningNorm(jnp.float32(data.valid), jnp.asarray(data.hidden_mean, jnp.float32),
                            jnp.asarray(data.hidden_var, jnp.float32))
-    return Offline(c, acting, network, data, device_data, trainer, norm, ts.returns, stream)
+    return Offline(c, network, data, device_data, trainer, norm, ts.returns, stream)
 
 
 def make_trainer(c: OfflineConfig, network, inputs_of=None) -> OfflineTrainer:
@@ -235,18 +224,17 @@ def make_trainer(c: OfflineConfig, network, inputs_of=None) -> OfflineTrainer:
                               c.num_updates, inputs_of, seq)
 
 
-def example_input(acting: TrainConfig):
-    obs = jnp.zeros((1, spec(acting.env.name).obs_dim), jnp.float32)
-    if acting.llm.active_backend == "none":
+def example_input(agent: AgentConfig):
+    obs = jnp.zeros((1, spec(agent.env.name).obs_dim), jnp.float32)
+    if agent.llm.active_backend == "none":
         return obs
-    return {"obs": obs, "hidden": jnp.zeros((1, model_config(acting.llm).hidden_size),
+    return {"obs": obs, "hidden": jnp.zeros((1, model_config(agent.llm).hidden_size),
                                             jnp.float32)}
 
 
 def train(off: Offline, run: RunDir, console) -> Path:
     """Trains to `num_updates` (or resumes `run`) in the one job loop (`fused.runs.loop`)."""
     from fused.runs.checkpoint import abstract_like
-    from fused.runs.config_io import to_json
     from fused.runs.loop import Chunk, Job, run_job
 
     cfg = off.cfg
@@ -279,11 +267,10 @@ def train(off: Offline, run: RunDir, console) -> Path:
                 f"{off.returns!r}{labels}{streamed}), {cfg.num_updates:,} updates of "
                 f"{cfg.batch_size} -> {run.path}"),
         init=lambda: jax.jit(off.trainer.init)(jax.random.PRNGKey(cfg.seed),
-                                               example_input(off.acting), off.norm),
+                                               example_input(cfg.agent), off.norm),
         abstract=abstract_like, step=step, update_of=lambda state: int(state.update),
         meta=lambda u: {"update": u},
-        resume_command=f"python offline.py {cfg.algo} --resume {run.path}",
-        files=(("policy.json", to_json(off.acting)),))
+        resume_command=f"python offline.py {cfg.algo} --resume {run.path}")
     t0 = time.time()
     done = run_job(job, run, console)
     console.print(f"done: {done.update}/{cfg.num_updates} updates in {time.time() - t0:.0f}s "

@@ -7,18 +7,21 @@ continues a run from its last good checkpoint with its saved config (flags chang
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
-from typing import NamedTuple
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 from jax.sharding import Mesh
 from rich.console import Console
 
-from fused.config import TrainConfig, PRESETS, RESUME_FIXED, RESUME_FREE, validate
+from fused.agent import Agent, AgentConfig, make_agent
 from fused.errors import ConfigError
-from fused.agent import Agent, make_agent
+from fused.llm.config import LLMConfig, validate_llm
+from fused.rl.config import (EnvConfig, ExploreConfig, PolicyConfig, PPOConfig, env_settings,
+                             validate_env)
 from fused.commands import process
 from fused.rl.env_api import Env
 from fused.rl.envs import make_env
@@ -28,9 +31,158 @@ from fused.rl.trainer import Trainer, make_train
 from fused.runs import config_io
 from fused.runs.files import require_writable
 from fused.runs.run_dir import RunDir, default_name
+from fused.runs.settings import RESUME_FIXED as RUN_FIXED
+from fused.runs.settings import RunSettings, WandbConfig, validate_run_settings
 
 DEFAULT_PRESET = "cpu"
 DESCRIPTION = "Train PPO on Craftax with the whole rollout and update compiled."
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig(RunSettings):
+    """The run settings every training command has (`fused.runs.settings`), then PPO's."""
+
+    env: EnvConfig = EnvConfig()
+    """Environment settings."""
+    ppo: PPOConfig = PPOConfig()
+    """PPO hyperparameters."""
+    llm: LLMConfig = LLMConfig()
+    """LLM hidden-state augmentation (off by default)."""
+    policy: PolicyConfig = PolicyConfig()
+    """Policy network: feed-forward or recurrent (either takes the LLM state when one is on)."""
+    explore: ExploreConfig = ExploreConfig()
+    """Exploration bonus (off by default)."""
+    total_timesteps: int = 1_000_000
+    """Env steps to train for (rounded down to whole updates)."""
+    profile_dir: str | None = None
+    """Write a jax.profiler trace of the second chunk here."""
+    num_devices: int | None = None
+    """Local devices to shard envs over; None uses all."""
+
+    @property
+    def agent(self) -> AgentConfig:
+        """The policy this run trains, as evaluation and datasets build it."""
+        return AgentConfig(env_settings(self.env), self.policy, self.llm, self.seed)
+
+    @property
+    def steps_per_update(self) -> int:
+        return self.env.num_envs * self.ppo.num_steps
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_timesteps // self.steps_per_update
+
+    @property
+    def num_chunks(self) -> int:
+        return -(-self.num_updates // self.updates_per_chunk)
+
+
+# On resume, fields under these prefixes cannot change (the checkpoint's shapes, the run's
+# identity); the learning rate schedule follows a changed total_timesteps.
+RESUME_FIXED = RUN_FIXED + ("env.", "ppo.num_steps", "llm.", "policy.", "explore.")
+RESUME_FREE = ("llm.url",)
+
+
+def validate(cfg: TrainConfig, num_devices: int = 1) -> None:
+    """Reject values that cannot work, with one line naming the field and the fix."""
+    e, p = cfg.env, cfg.ppo
+    validate_env(e, e.num_envs, num_devices)
+    positive = {
+        "ppo.num_steps": p.num_steps,
+        "ppo.update_epochs": p.update_epochs, "ppo.num_minibatches": p.num_minibatches,
+        "policy.layer_width": cfg.policy.layer_width, "policy.num_layers": cfg.policy.num_layers,
+        "total_timesteps": cfg.total_timesteps,
+    }
+    for name, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{name}={value} must be positive")
+    local_batch = e.num_envs // num_devices * p.num_steps
+    if cfg.policy.kind == "gru" and (e.num_envs // num_devices) % p.num_minibatches:
+        raise ConfigError(
+            f"policy.kind gru splits whole env sequences into minibatches: the "
+            f"{e.num_envs // num_devices} envs per device are not divisible by "
+            f"ppo.num_minibatches={p.num_minibatches}; pick a divisor")
+    if local_batch % p.num_minibatches:
+        raise ConfigError(
+            f"per-device batch {local_batch} (num_envs/devices x num_steps) is not divisible by "
+            f"ppo.num_minibatches={p.num_minibatches}; pick a divisor")
+    for name, value in {"ppo.gamma": p.gamma, "ppo.gae_lambda": p.gae_lambda}.items():
+        if not 0.0 <= value <= 1.0:
+            raise ConfigError(f"{name}={value} must lie in [0, 1]")
+    for name, value in {"ppo.lr": p.lr, "ppo.adam_eps": p.adam_eps, "ppo.clip_eps": p.clip_eps,
+                        "ppo.max_grad_norm": p.max_grad_norm}.items():
+        if value <= 0:
+            raise ConfigError(f"{name}={value} must be positive")
+    if cfg.num_updates < 1:
+        raise ConfigError(
+            f"total_timesteps={cfg.total_timesteps} is less than one update "
+            f"({cfg.steps_per_update} = num_envs x num_steps); raise it")
+    x = cfg.explore
+    if x.kind != "none":
+        for name, value in {"explore.lr": x.lr, "explore.layer_width": x.layer_width,
+                            "explore.num_layers": x.num_layers,
+                            "explore.update_epochs": x.update_epochs,
+                            "explore.rnd_output": x.rnd_output, "explore.latent": x.latent,
+                            "explore.e3b_lambda": x.e3b_lambda}.items():
+            if value <= 0:
+                raise ConfigError(f"{name}={value} must be positive")
+        if x.coef < 0:
+            raise ConfigError(f"explore.coef={x.coef} must be >= 0")
+    validate_run_settings(cfg)
+    validate_llm(cfg.llm, cfg.env.name, cfg.env.num_envs // num_devices, num_devices)
+
+
+def _preset(**kw) -> TrainConfig:
+    return dataclasses.replace(TrainConfig(), **kw)
+
+
+CPU = _preset(
+    env=EnvConfig(name="Craftax-Classic-Symbolic-v1", num_envs=64, reset_pool=8),
+    ppo=PPOConfig(num_steps=32, num_minibatches=4, lr=5e-4, update_epochs=2),
+    policy=PolicyConfig(layer_width=256),
+    total_timesteps=819_200, updates_per_chunk=50, checkpoint_every_updates=100,
+)
+
+PRESETS: dict[str, tuple[str, TrainConfig]] = {
+    "cpu": (
+        "Default: Craftax-Classic-Symbolic, 64 envs, 819k steps; learns visibly in minutes on 2 cores.",
+        CPU,
+    ),
+    "smoke": (
+        "Seconds: tiny Classic run for tests and CI.",
+        _preset(
+            env=EnvConfig(name="Craftax-Classic-Symbolic-v1", num_envs=8, reset_pool=2),
+            ppo=PPOConfig(num_steps=8, num_minibatches=2, update_epochs=1),
+            policy=PolicyConfig(layer_width=32),
+            total_timesteps=8 * 8 * 6, updates_per_chunk=2, checkpoint_every_updates=2,
+            plot=False, wandb=WandbConfig(mode="disabled"),
+        ),
+    ),
+    "gpu": (
+        "Accelerator: Craftax-Symbolic, 1024 envs, 1B steps, prior PPO defaults.",
+        _preset(
+            env=EnvConfig(num_envs=1024, reset_pool=64, worlds_per_step=8),
+            total_timesteps=1_000_000_000, updates_per_chunk=20, checkpoint_every_updates=500,
+        ),
+    ),
+    "gpu-rnn": (
+        "Accelerator: the public baselines' PPO-RNN (Craftax_Baselines ppo_rnn.py defaults: "
+        "GRU 512, 1024 envs, 64 steps, 4 x 8 minibatches, lr 2e-4, 1B steps).",
+        _preset(
+            env=EnvConfig(num_envs=1024, reset_pool=64, worlds_per_step=8),
+            policy=PolicyConfig("gru"), total_timesteps=1_000_000_000, updates_per_chunk=20,
+            checkpoint_every_updates=500,
+        ),
+    ),
+    "cpu-rnn": ("The cpu preset with the GRU policy (compare with cpu at equal steps).",
+                dataclasses.replace(CPU, policy=dataclasses.replace(CPU.policy, kind="gru"))),
+    "cpu-rnd": ("The cpu preset with the RND bonus (the baselines' RND sizes, coef 1).",
+                dataclasses.replace(CPU, explore=ExploreConfig("rnd"))),
+    "symbolic": (
+        "The prior system's Craftax-Symbolic PPO (its published defaults) at 128 envs.",
+        _preset(env=EnvConfig(num_envs=128), total_timesteps=100_000_000, updates_per_chunk=10),
+    ),
+}
 
 
 class Online(NamedTuple):
@@ -50,7 +202,7 @@ def build(cfg: TrainConfig, num_devices: int = 1, like: Agent | None = None) -> 
     """Host setup (env, policy, an LLM's weights and prefix cache, shared with `like`'s where
     it has the same model); nothing compiles yet."""
     env = make_env(cfg.env)
-    agent = make_agent(cfg, num_devices, like)
+    agent = make_agent(cfg.agent, cfg.env.num_envs, num_devices, like)
     sharded = num_devices > 1
     trainer = make_train(cfg, env, agent.network, agent.inputs, AXIS if sharded else None,
                          num_devices)

@@ -38,6 +38,11 @@ class EnvConfig(EnvSettings):
     """Parallel environments (global, across all devices)."""
 
 
+def env_settings(env: EnvSettings) -> EnvSettings:
+    """The settings alone (an `EnvConfig`'s env count dropped): what a policy acts in."""
+    return EnvSettings(**{f.name: getattr(env, f.name) for f in dataclasses.fields(EnvSettings)})
+
+
 @dataclasses.dataclass(frozen=True)
 class PPOConfig:
     num_steps: int = 64
@@ -64,21 +69,24 @@ class PPOConfig:
     """Passes over each rollout."""
     num_minibatches: int = 8
     """Minibatches per epoch (per device the local batch is split this many ways)."""
-    layer_width: int = 512
-    """Hidden width of the actor and critic MLPs."""
-    num_layers: int = 3
-    """Hidden layers in each of the actor and critic."""
     norm_adv: bool = True
     """Normalise advantages per minibatch."""
 
 
 @dataclasses.dataclass(frozen=True)
 class PolicyConfig:
+    """The policy network (what every command that trains or acts builds alike)."""
+
     kind: Literal["mlp", "gru"] = "mlp"
-    """`mlp`: separate feed-forward actor and critic (tanh, --ppo.num-layers x --ppo.layer-width).
-    `gru`: the public baselines' PPO-RNN: Dense+relu embedding, a GRU of --ppo.layer-width whose
-    carry restarts at episode starts, then relu actor and critic heads of --ppo.num-layers - 1
-    layers; PPO epochs replay whole env sequences from the rollout's first carry."""
+    """`mlp`: separate feed-forward actor and critic (tanh, --policy.num-layers x
+    --policy.layer-width). `gru`: the public baselines' PPO-RNN: Dense+relu embedding, a GRU of
+    --policy.layer-width whose carry restarts at episode starts, then relu actor and critic
+    heads of --policy.num-layers - 1 layers; PPO epochs replay whole env sequences from the
+    rollout's first carry."""
+    layer_width: int = 512
+    """Hidden width of the actor and critic (the GRU's width)."""
+    num_layers: int = 3
+    """Hidden layers in each of the actor and critic."""
 
 
 @dataclasses.dataclass(frozen=True)

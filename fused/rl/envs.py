@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fused.rl.config import EnvConfig
+from fused.rl.config import EnvSettings
 from fused.envspec import EnvSpec, TextEnvName, spec
 from fused.rl.env_api import Env, StepResult
 from fused.rl.diagnostic_envs import make_probe
@@ -52,7 +52,7 @@ class CraftaxEnv:
                           truncated, next_state.achievements.astype(bool))
 
 
-def make_env(cfg: EnvConfig) -> Env:
+def make_env(cfg: EnvSettings) -> Env:
     s = spec(cfg.name)
     if s.family == "probe":
         return make_probe(s, cfg.max_episode_steps)

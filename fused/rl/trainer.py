@@ -11,7 +11,7 @@ the same functions for several devices (build them with `axis_name` set for that
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from typing import Callable, NamedTuple, Protocol
 
 import flax.linen as nn
 import jax
@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from fused.rl.acting import Rollout, network_policy
+from fused.rl.config import EnvConfig, ExploreConfig, PPOConfig
 from fused.rl.env_api import Env
 from fused.rl.explore import make_explorer
 from fused.rl.networks import init_network
@@ -26,8 +27,16 @@ from fused.rl.policy_input import PolicyInput
 from fused.rl.ppo import Ctx, RunnerState, update_step
 from fused.rl.vec_env import VecEnv
 
-if TYPE_CHECKING:  # the run's config; the core reads its env, ppo and explore settings only
-    from fused.config import TrainConfig
+class PPORun(Protocol):
+    """What the core reads of a PPO run's config (train.py's `TrainConfig` is one)."""
+
+    env: EnvConfig
+    ppo: PPOConfig
+    explore: ExploreConfig
+    updates_per_chunk: int
+
+    @property
+    def num_updates(self) -> int: ...
 
 
 class Trainer(NamedTuple):
@@ -37,7 +46,7 @@ class Trainer(NamedTuple):
     state_specs: Callable  # (RunnerState, env_axis) -> PartitionSpecs (per-env leaves split)
 
 
-def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
+def make_optimizer(cfg: PPORun) -> optax.GradientTransformation:
     p = cfg.ppo
     steps = cfg.num_updates * p.update_epochs * p.num_minibatches
     lr = optax.linear_schedule(p.lr, 0.0, steps) if p.anneal_lr else p.lr
@@ -54,7 +63,7 @@ def strong_types(tree):
                         if jax.typeof(x).weak_type else x, tree)
 
 
-def make_train(cfg: TrainConfig, env: Env, network: nn.Module, inputs: PolicyInput,
+def make_train(cfg: PPORun, env: Env, network: nn.Module, inputs: PolicyInput,
                axis_name: str | None = None, num_shards: int = 1) -> Trainer:
     """Pure functions for training `network` on `env` through `inputs`. With `axis_name`, they
     hold the collectives of data parallelism over `num_shards` devices (each with

@@ -37,11 +37,44 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# Fields that moved since a version that wrote run folders still in use: {old: new} (dotted).
+# A saved config is read with each old field under its new name, so old runs resume.
+MOVED = {"ppo.layer_width": "policy.layer_width", "ppo.num_layers": "policy.num_layers",
+         "layer_width": "policy.layer_width", "num_layers": "policy.num_layers"}
+
+
+def upgrade(d: dict) -> dict:
+    """A saved config's dict with the fields of `MOVED` under their new names."""
+    flat = flatten(d)
+    if not any(k in flat for k in MOVED):
+        return d
+    for old, new in MOVED.items():
+        if old in flat and new not in flat:
+            flat[new] = flat.pop(old)
+    out: dict = {}
+    for key, value in flat.items():
+        *parents, leaf = key.split(".")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
+
+
 def from_json(cls: type[C], text: str, source: str) -> C:
     """A config written by `to_json`; fields it lacks take today's defaults, fields unknown
     today or values of the wrong type are errors naming them."""
     try:
         d = json.loads(text)
+    except ValueError as e:
+        raise ConfigError(f"{source} is not a valid {cls.__name__} ({e})") from None
+    return from_dict(cls, d, source)
+
+
+def from_dict(cls: type[C], d: dict, source: str) -> C:
+    """`from_json` of a parsed dict."""
+    try:
+        d = upgrade(d) if isinstance(d, dict) else d
         cfg = pydantic.TypeAdapter(cls).validate_python(d)
     except (ValueError, pydantic.ValidationError) as e:
         first = str(e).splitlines()

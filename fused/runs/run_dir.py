@@ -15,7 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
-from fused.config import WandbConfig
+from fused.runs.settings import WandbConfig
 from fused.errors import ConfigError
 from fused.runs.checkpoint import Checkpointer
 from fused.runs.config_io import to_dict, to_json

@@ -1,0 +1,59 @@
+"""The settings every training run has, whatever it trains (train.py's PPO, offline.py's AWR /
+BC): seed, run folder, resume, chunking, checkpoint cadence, plotting, wandb. Declared once here;
+each command's config extends `RunSettings` with its own fields (the flags and config.json keys
+stay flat: `--seed`, `--out-dir`, `--resume`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from fused.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class WandbConfig:
+    mode: Literal["offline", "online", "disabled"] = "offline"
+    """wandb mode: offline by default (sync later with `wandb sync`), online, or disabled."""
+    project: str = "craftax-fused"
+    """wandb project."""
+    entity: str | None = None
+    """wandb entity (team or user)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    seed: int = 0
+    """PRNG seed."""
+    out_dir: str = "runs"
+    """Folder under which each run gets its own folder."""
+    run_name: str | None = None
+    """Run folder name; default from the command, the seed and the time."""
+    resume: str | None = None
+    """Resume from this run folder's latest good checkpoint: its saved config, with the flags
+    given now applied over it (printed); what fixes the saved state's shapes cannot change."""
+    updates_per_chunk: int = 10
+    """Updates compiled into one jitted chunk; the host logs and checkpoints between chunks."""
+    checkpoint_every_updates: int = 50
+    """Checkpoint after at least this many updates (checked at chunk boundaries); 0 disables."""
+    checkpoint_every_minutes: float = 10.0
+    """Also checkpoint when this many minutes passed since the last one; 0 disables."""
+    keep_checkpoints: int = 3
+    """Checkpoints kept on disk."""
+    plot: bool = True
+    """Write a learning-curve PNG into the run folder at each log."""
+    wandb: WandbConfig = WandbConfig()
+    """Weights & Biases logging."""
+
+
+# On resume these cannot change: they name the run.
+RESUME_FIXED = ("seed", "out_dir", "run_name")
+
+
+def validate_run_settings(c: RunSettings) -> None:
+    """One line naming the field and the fix for a value that cannot work."""
+    for name in ("updates_per_chunk", "keep_checkpoints"):
+        if getattr(c, name) <= 0:
+            raise ConfigError(f"{name}={getattr(c, name)} must be positive")
+    if c.checkpoint_every_updates < 0 or c.checkpoint_every_minutes < 0:
+        raise ConfigError("checkpoint_every_updates and checkpoint_every_minutes must be >= 0")
