@@ -172,7 +172,7 @@ def replay_gru_dataset(data, run):
                                   jnp.asarray(rows["obs"])[None], jnp.ones((1, len(resets)), bool))
     flat = np.asarray(jax.nn.log_softmax(flat_logits[0]))[np.arange(len(want)),
                                                           rows["action"].astype(int)]
-    assert np.abs(flat - want).max() > 1e-3
+    assert np.abs(flat - want).max() > 10 * 2e-5  # well outside the tolerance of the match
 
 
 @pytest.mark.slow

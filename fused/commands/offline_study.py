@@ -117,8 +117,9 @@ def run_study(c: StudyConfig, console) -> dict:
     behaviour = _behaviour(c, ev, root, console)
     if behaviour is not None:
         results["behaviour"] = behaviour
-        for v in results["variants"].values():
-            v["vs_behaviour"] = v["return_mean"] / behaviour["return_mean"]
+        for v in results["variants"].values():  # no ratio to a behaviour return of 0
+            v["vs_behaviour"] = (v["return_mean"] / behaviour["return_mean"]
+                                 if behaviour["return_mean"] else None)
     atomic_write_json(root / "study.json", results)
     atomic_write(root / "study.md", table(results))
     console.print(table(results))
@@ -176,7 +177,7 @@ def table(results: dict) -> str:
     for name, v in items:
         lo, hi = v["return_ci95"]
         seeds = ", ".join(f"{x:.2f}" for x in v["seed_means"])
-        ratio = f"{v['vs_behaviour']:.2f}x" if "vs_behaviour" in v else "-"
+        ratio = f"{v['vs_behaviour']:.2f}x" if v.get("vs_behaviour") is not None else "-"
         rows.append(f"| {name} | {v['return_mean']:.2f} | {lo:.2f}-{hi:.2f} | {seeds} | {ratio} "
                     f"| {v['episodes']} |")
     return "\n".join(rows) + "\n"
