@@ -73,20 +73,42 @@ def uniform(num_actions: int) -> Callable:
 class Policy(NamedTuple):
     """A policy for N envs; params come from the caller, so one Policy serves every checkpoint.
 
-    `forward` acts on one step; `critic` values x under the carry held before acting on it;
-    `batch` is the learner's form: x [B, ...] for a feed-forward policy (carry and resets
-    unused), x [T, B, ...] replayed from carry [B, W] with resets [T, B] for a recurrent one,
-    giving logits [T*B, A] and values [T*B] in time-major order."""
+    `forward` acts on one step: `keys` [N] (one per env) are for a policy that draws while it
+    acts (an LLM sampling its reply), which then acts deterministically in `sample` (`chosen`);
+    any other policy ignores them there and draws in `sample`. `critic` values x under the carry
+    held before acting on it; `batch` is the learner's form: x [B, ...] for a feed-forward
+    policy (carry and resets unused), x [T, B, ...] replayed from carry [B, W] with resets
+    [T, B] for a recurrent one, giving logits [T*B, A] and values [T*B] in time-major order.
+    A policy with a carry (`recurrent`) starts each episode from `carry(n)`'s; `stats`, where
+    given, reads per-env figures of the step just acted ({name: [N]}) from the carry after it
+    (an LLM's tokens generated, its unparsable replies), which evaluation sums per episode."""
 
     recurrent: bool
     carry: Callable  # n -> the carry of n fresh episodes (None for a feed-forward policy)
-    forward: Callable  # (params, carry, x [N, ...]) -> (carry, logits [N, A], value [N] or None)
+    forward: Callable  # (params, carry, x [N, ...], keys [N] | None) -> (carry, logits [N, A],
+    #                     value [N] or None)
     critic: Callable  # (params, carry, x [N, ...]) -> value [N]
     batch: Callable  # (params, carry, x, resets) -> (logits [B, A], value [B])
     sample: Callable = sample  # (keys [N], logits) -> (action [N], log_prob [N])
+    stats: Callable | None = None  # carry after acting -> {name: [N]} (None: no figures)
 
     def with_sample(self, draw: Callable) -> "Policy":
         return self._replace(sample=draw)
+
+
+def chosen(keys, logits):
+    """The action a policy already chose in `forward` (its logits are 0 there, -inf elsewhere):
+    no draw; log-prob 0."""
+    action = logits.argmax(-1).astype(jnp.int32)
+    return action, jnp.zeros(action.shape, jnp.float32)
+
+
+def restart(policy: Policy, carry, starts):
+    """`carry` with the envs where `starts` [N] (a new episode begins) back at a fresh carry."""
+    fresh = policy.carry(starts.shape[0])
+    return jax.tree.map(
+        lambda new, h: jnp.where(starts.reshape(starts.shape + (1,) * (h.ndim - 1)), new, h),
+        fresh, carry)
 
 
 def network_policy(network: nn.Module, draw: Callable = sample) -> Policy:
@@ -97,11 +119,11 @@ def network_policy(network: nn.Module, draw: Callable = sample) -> Policy:
         actor = partial(network.apply, method=type(network).actor)
         critic = partial(network.apply, method=type(network).critic)
         return Policy(False, lambda n: None,
-                      lambda params, carry, x: (carry, actor(params, x), None),
+                      lambda params, carry, x, keys=None: (carry, actor(params, x), None),
                       lambda params, carry, x: critic(params, x),
                       lambda params, carry, x, resets: network.apply(params, x), draw)
 
-    def forward(params, carry, x):
+    def forward(params, carry, x, keys=None):
         one = jax.tree.map(lambda a: a[None], x)
         carry, logits, value = network.apply(params, carry, one,
                                              jnp.zeros((1, carry.shape[0]), bool))
@@ -122,8 +144,8 @@ def random_policy(num_actions: int) -> Policy:
         return jnp.full((jax.tree.leaves(x)[0].shape[0],), jnp.nan, jnp.float32)
 
     return Policy(False, lambda n: None,
-                  lambda params, carry, x: (carry, jnp.zeros((nan(x).shape[0], num_actions)),
-                                            nan(x)),
+                  lambda params, carry, x, keys=None: (
+                      carry, jnp.zeros((nan(x).shape[0], num_actions)), nan(x)),
                   lambda params, carry, x: nan(x), None, uniform(num_actions))
 
 
@@ -138,6 +160,7 @@ class Acted(NamedTuple):
     truncation_value: jax.Array  # [N] V(final obs) where truncated, else 0
     done: jax.Array  # [N] bool: terminated or truncated
     input_metrics: dict  # the policy input's per-step metrics
+    policy_stats: dict  # {name: [N]} the policy's figures of this step (`Policy.stats`)
 
 
 class Rollout(NamedTuple):
@@ -171,10 +194,12 @@ class Rollout(NamedTuple):
         pol = self.policy
         k_act, k_env, k_pool, k_inp = jax.random.split(key, 4)
         x = self.inputs.view(inputs, env.obs)
-        acted_carry, logits, value = pol.forward(params, carry, x)
+        keys = self.keys(k_act)
+        acted_carry, logits, value = pol.forward(params, carry, x, keys)
         if self.values and value is None:
             value = pol.critic(params, carry, x)
-        action, log_prob = pol.sample(self.keys(k_act), logits)
+        action, log_prob = pol.sample(keys, logits)
+        stats = {} if pol.stats is None else pol.stats(acted_carry)
         env_state, out = self.envs.step(self.keys(k_env), self.fold(k_pool), env, action)
         # V(final obs) is needed only where an episode was truncated: skip the pass otherwise.
         final_x = self.inputs.view(inputs, out.final_obs)
@@ -186,8 +211,8 @@ class Rollout(NamedTuple):
         # Where an env's next observation starts a new episode (never, without resets).
         starts = done if self.envs.resets else jnp.zeros_like(done)
         if pol.recurrent:
-            acted_carry = jax.tree.map(lambda h: jnp.where(starts[:, None], 0.0, h), acted_carry)
+            acted_carry = restart(pol, acted_carry, starts)
         inputs, input_metrics = self.inputs.step(frozen, inputs, env_state.obs, starts, t + 1,
                                                  self.fold(k_inp), self.axis_name)
-        acted = Acted(x, action, log_prob, value, out, trunc_value, done, input_metrics)
+        acted = Acted(x, action, log_prob, value, out, trunc_value, done, input_metrics, stats)
         return (env_state, inputs, acted_carry), acted

@@ -35,6 +35,7 @@ class EvalState:
     terminated: jax.Array  # [N] bool: ended by termination (vs truncation)
     t: jax.Array  # [] int32 steps taken
     rng: jax.Array
+    stats: dict  # {name: [N]} the policy's per-step figures (`Policy.stats`) summed per episode
 
     @property
     def obs(self) -> jax.Array:
@@ -71,10 +72,12 @@ def make_evaluate(env: Env, policy: Policy, inputs: PolicyInput, num_episodes: i
         if trained is not None:
             istate = inputs.adopt(istate, trained)
         z = jnp.zeros(num_episodes)
-        return EvalState(env_state, istate, policy.carry(num_episodes), z.astype(bool),
-                         z.astype(jnp.float32), z.astype(jnp.int32),
-                         jnp.zeros((num_episodes, n_ach), bool), z.astype(bool), jnp.int32(0),
-                         k_run)
+        carry = policy.carry(num_episodes)
+        stats = {} if policy.stats is None else jax.tree.map(jnp.zeros_like,
+                                                              policy.stats(carry))
+        return EvalState(env_state, istate, carry, z.astype(bool), z.astype(jnp.float32),
+                         z.astype(jnp.int32), jnp.zeros((num_episodes, n_ach), bool),
+                         z.astype(bool), jnp.int32(0), k_run, stats)
 
     def step(s: EvalState, params, frozen, key):
         (env_state, istate, carry), a = rollout.step(params, frozen, s.env, s.inputs, s.carry,
@@ -88,7 +91,8 @@ def make_evaluate(env: Env, policy: Policy, inputs: PolicyInput, num_episodes: i
             length=s.length + live.astype(jnp.int32),
             achievements=jnp.where(live[:, None], res.achievements.astype(bool),
                                    s.achievements),
-            terminated=s.terminated | (live & res.terminated), t=s.t + 1)
+            terminated=s.terminated | (live & res.terminated), t=s.t + 1,
+            stats={k: v + jnp.where(live, a.policy_stats[k], 0) for k, v in s.stats.items()})
 
     def block(s: EvalState, params, frozen):
         rng, k = jax.random.split(s.rng)

@@ -122,3 +122,54 @@ def garbage_prefix(parts: PromptParts, tokenizer, seed: int = 0) -> np.ndarray:
     movable = np.array([i for i, t in enumerate(ids) if int(t) not in special])
     ids[movable] = ids[np.random.default_rng(seed).permutation(movable)]
     return ids
+
+
+# --- Playing: the LLM chooses the action itself (`play.py llm`) ---------------------------------
+
+PLAY_INSTRUCTION = ("Choose the single best next action. Answer with at most one short sentence "
+                    "of reasoning, then the action as `Action: <id>:<NAME>`.")
+REPLY = "\x00REPLY\x00"
+
+
+def play_system(env_name: str) -> str:
+    """The system turn of the player's conversation: the rules, the observation format, the
+    actions, and the worked examples with their answers."""
+    system = prompt_messages(env_name, "")[0]["content"]
+    examples = "\n\n".join(f"Example {i + 1}:\n{obs}\nAnswer: {answer}"
+                           for i, (obs, answer) in enumerate(EXAMPLES[env_name]))
+    return f"{system}\n\n{examples}"
+
+
+def play_messages(env_name: str, turns: list[tuple[str, str]], observation: str) -> list[dict]:
+    """The conversation the player answers: earlier (observation, reply) turns, then the current
+    observation, each observation followed by the instruction."""
+    msgs = [{"role": "system", "content": play_system(env_name)}]
+    for obs, reply in turns:
+        msgs += [{"role": "user", "content": f"{obs}\n\n{PLAY_INSTRUCTION}"},
+                 {"role": "assistant", "content": reply}]
+    return msgs + [{"role": "user", "content": f"{observation}\n\n{PLAY_INSTRUCTION}"}]
+
+
+class PlayParts(NamedTuple):
+    """Token ids of the fixed pieces of the player's conversation, cut from the official chat
+    template, so that prefix + (user_open + obs + user_close + reply + reply_close) per earlier
+    turn + user_open + obs + user_close + think is the template's text, token for token."""
+
+    prefix: np.ndarray  # [P] the system turn (encoded once into a prefix cache)
+    user_open: np.ndarray  # "<|im_start|>user\n"
+    user_close: np.ndarray  # "\n\n<instruction><|im_end|>\n<|im_start|>assistant\n"
+    think: np.ndarray  # thinking off: the empty "<think>\n\n</think>\n\n"; on: nothing
+    reply_close: np.ndarray  # "<|im_end|>\n"
+
+
+def play_parts(tokenizer, env_name: str, thinking: bool) -> PlayParts:
+    text = tokenizer.apply_chat_template(play_messages(env_name, [(SLOT, REPLY)], SLOT),
+                                         add_generation_prompt=True, enable_thinking=thinking)
+    head, user_close, between, last = text.replace(REPLY, SLOT).split(SLOT)
+    user_open = "<|im_start|>user\n"
+    if not (head.endswith(user_open) and between.endswith(user_open)
+            and last.startswith(user_close)):
+        raise ValueError("the chat template does not lay turns out as Qwen3's does")
+    enc = lambda s: np.array(tokenizer.encode(s), np.int32)  # noqa: E731
+    return PlayParts(enc(head[:-len(user_open)]), enc(user_open), enc(user_close),
+                     enc(last[len(user_close):]), enc(between[:-len(user_open)]))
