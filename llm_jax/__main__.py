@@ -103,7 +103,7 @@ def run_truncate(a: Truncate) -> Path:
     from safetensors.numpy import save_file
 
     from llm_jax.loader import _tensor_files, load_params
-    from llm_jax.model import LAYER_WEIGHTS, WEIGHTS
+    from llm_jax.model import LAYER_WEIGHTS, present_weights
 
     src, out = Path(a.weights), Path(a.out)
     cfg, _ = load_params(src)  # full validation before writing anything
@@ -112,9 +112,9 @@ def run_truncate(a: Truncate) -> Path:
     from safetensors import safe_open
 
     files = _tensor_files(src)
-    keep = [n for s in WEIGHTS.values() for n in s.hf_names] + [
+    keep = [n for s in present_weights(cfg).values() for n in s.hf_names] + [
         n.format(i=i) for i in range(a.layers) for s in LAYER_WEIGHTS.values() for n in s.hf_names]
-    if "lm_head.weight" in files:
+    if "lm_head.weight" in files and "lm_head.weight" not in keep:  # a tied model's copy
         keep.append("lm_head.weight")
     tensors = {}
     for name in keep:
