@@ -1,11 +1,13 @@
-"""`python -m llm_jax encode|truncate ...`: hidden states of a text, or a layer-truncated copy of a
-checkpoint (so a vLLM server's post-norm output equals our `layer=L, post_norm=True`)."""
+"""`python -m llm_jax encode|generate|truncate ...`: hidden states of a text, generated text (and
+the generated tokens' hidden states), or a layer-truncated copy of a checkpoint (so a vLLM
+server's post-norm output equals our `layer=L, post_norm=True`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -42,6 +44,49 @@ class Encode:
     prefix_text_file: str | None = None
     """Encode this file's text first as a cached prefix (`prefill`), then the text after it
     (the layout of the LLM-augmented policy's prompt); the .npz then also holds `prefix_ids`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Generate:
+    weights: str
+    """HuggingFace Qwen3 model folder."""
+    out: str
+    """Output .json: settings, prefix_ids, and per prompt {prompt, prompt_ids, tokens, text}
+    (+ hidden [n, H] with --layer)."""
+    max_new_tokens: int
+    """Tokens to generate per prompt at most (fewer where a stop token comes first)."""
+    prompt: str | None = None
+    """One prompt."""
+    prompt_file: str | None = None
+    """Prompts, one a line (blank lines skipped), generated in one batch."""
+    raw: bool = False
+    """Use the prompt's tokens as they are (no chat template)."""
+    enable_thinking: bool = False
+    """Chat template with thinking on (off, the default, appends an empty <think></think>)."""
+    prefix_text_file: str | None = None
+    """Shared prefix, computed once for all prompts: the system message in the chat template,
+    or (with --raw) text whose tokens come before each prompt's."""
+    greedy: bool = False
+    """Argmax decoding; no sampling flag may be given with it."""
+    temperature: float | None = None
+    """Sampling temperature (default 1.0; 0 is greedy)."""
+    top_k: int | None = None
+    """Keep the k most likely tokens (default 0: all)."""
+    top_p: float | None = None
+    """Nucleus sampling threshold in (0, 1] (default 1: all)."""
+    seed: int | None = None
+    """PRNG seed (default 0)."""
+    ignore_eos: bool = False
+    """Generate max_new_tokens for every prompt, past EOS."""
+    layer: int | None = None
+    """Also write each generated token's hidden state at this layer (HF convention: 0 =
+    embeddings, i = after block i)."""
+    post_norm: bool = False
+    """With --layer: apply the final RMSNorm to the states."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Compute dtype (logits are float32 either way)."""
+    attention: Literal["auto", "cudnn", "blocked", "row", "pallas"] = "auto"
+    """Attention form of the prompt pass (decode steps use plain jnp)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,11 +144,117 @@ def run_encode(a: Encode) -> Path:
     return out
 
 
+def _as_flags(e: Exception) -> str:
+    """A library message in the CLI's words: `top_p=1.5` -> `--top-p 1.5`."""
+    msg = str(e)
+    for name, flag in (("max_new_tokens", "--max-new-tokens"), ("hidden_layer", "--layer"),
+                       ("temperature", "--temperature"), ("top_k", "--top-k"),
+                       ("top_p", "--top-p")):
+        msg = re.sub(rf"(?<!-)\b{name}\b=?", lambda m: flag + (" " if m[0][-1] == "=" else ""),
+                     msg)
+    return msg
+
+
+def generate_settings(a: Generate):
+    """Checks of the flags alone (SystemExit "error: ..." before anything loads); returns
+    (prompts, Sampling)."""
+    from llm_jax.decode import GREEDY, GenerateError, Sampling
+
+    if (a.prompt is None) == (a.prompt_file is None):
+        raise SystemExit("error: give exactly one of --prompt or --prompt-file")
+    given = [f"--{n.replace('_', '-')}" for n in ("temperature", "top_k", "top_p", "seed")
+             if getattr(a, n) is not None]
+    if a.greedy and given:
+        raise SystemExit(f"error: {', '.join(given)} given with --greedy; drop them or --greedy")
+    if a.max_new_tokens <= 0:
+        raise SystemExit(f"error: --max-new-tokens {a.max_new_tokens}; generate at least 1")
+    try:
+        sampling = GREEDY if a.greedy else Sampling(
+            1.0 if a.temperature is None else a.temperature, a.top_k or 0,
+            1.0 if a.top_p is None else a.top_p)
+    except GenerateError as e:
+        raise SystemExit(f"error: {_as_flags(e)}") from None
+    if a.prompt is not None:
+        prompts = [a.prompt]
+    else:
+        path = Path(a.prompt_file)
+        if not path.is_file():
+            raise SystemExit(f"error: --prompt-file {path} not found")
+        prompts = [line for line in path.read_text().splitlines() if line.strip()]
+        if not prompts:
+            raise SystemExit(f"error: --prompt-file {path} holds no prompt (one a line)")
+    if a.prefix_text_file is not None and not Path(a.prefix_text_file).is_file():
+        raise SystemExit(f"error: --prefix-text-file {a.prefix_text_file} not found")
+    return prompts, sampling
+
+
+def run_generate(a: Generate) -> Path:
+    from llm_jax.config import Qwen3Config
+    from llm_jax.decode import GenerateError, check_generate
+    from llm_jax.loader import resolve_folder
+    from llm_jax.tokenizer import eos_ids, load_tokenizer, prompt_ids
+
+    prompts, sampling = generate_settings(a)
+    folder = resolve_folder(a.weights)
+    cfg = Qwen3Config.from_folder(folder)  # config.json only: the checks below need no weights
+    tok = load_tokenizer(a.weights)
+    prefix_text = None if a.prefix_text_file is None else Path(a.prefix_text_file).read_text()
+    prefix, rows = prompt_ids(tok, prompts, prefix_text, chat=not a.raw,
+                              enable_thinking=a.enable_thinking)
+    if prefix_text is not None and not prefix:
+        raise SystemExit("error: --prefix-text-file encodes to no tokens")
+    try:
+        check_generate(cfg, [len(r) for r in rows], a.max_new_tokens, len(prefix), a.layer)
+    except GenerateError as e:
+        raise SystemExit(f"error: {_as_flags(e)}") from None
+    top = max(max(r) for r in rows + [prefix or [0]])
+    if top >= cfg.vocab_size:
+        raise SystemExit(f"error: token id {top} >= the model's vocab_size {cfg.vocab_size}; "
+                         "tokenizer and weights do not belong together")
+    stop = () if a.ignore_eos else eos_ids(folder, tok, cfg.vocab_size)
+
+    import jax
+    import jax.numpy as jnp
+
+    from llm_jax.decode import generate
+    from llm_jax.loader import load_params
+    from llm_jax.model import AttentionConfig, prefill
+
+    _, params = load_params(folder, jnp.float32 if a.dtype == "float32" else jnp.bfloat16)
+    attn = AttentionConfig(form=a.attention)
+    cache = (jax.jit(lambda p, t: prefill(p, cfg, t, attn=attn))(params, jnp.asarray(prefix))
+             if prefix else None)
+    tokens = np.zeros((len(rows), max(map(len, rows))), np.int32)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)] = r
+    fn = jax.jit(lambda p, t, n, k, c: generate(
+        p, cfg, t, n, k, max_new_tokens=a.max_new_tokens, sampling=sampling, stop_ids=stop,
+        prefix=c, hidden_layer=a.layer, post_norm=a.post_norm, attn=attn))
+    out = fn(params, tokens, np.array([len(r) for r in rows], np.int32),
+             jax.random.PRNGKey(a.seed or 0), cache)
+    new, num = np.asarray(out.tokens), np.asarray(out.num_tokens)
+    results = []
+    for i, (p, r) in enumerate(zip(prompts, rows)):
+        ids = new[i, : num[i]].tolist()
+        row = {"prompt": p, "prompt_ids": r, "tokens": ids, "text": tok.decode(ids)}
+        if a.layer is not None:
+            row["hidden"] = np.asarray(out.hidden[i, : num[i]], np.float32).tolist()
+        results.append(row)
+    settings = dict(dataclasses.asdict(a), temperature=sampling.temperature, top_k=sampling.top_k,
+                    top_p=sampling.top_p, seed=a.seed or 0, stop_ids=list(stop))
+    path = Path(a.out)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"settings": settings, "prefix_ids": prefix, "results": results}))
+    os.replace(tmp, path)
+    print(f"{len(rows)} prompts, {int(num.sum())} tokens generated -> {path}")
+    return path
+
+
 def run_truncate(a: Truncate) -> Path:
     from safetensors.numpy import save_file
 
     from llm_jax.loader import _tensor_files, load_params
-    from llm_jax.model import LAYER_WEIGHTS, WEIGHTS
+    from llm_jax.model import LAYER_WEIGHTS, present_weights
 
     src, out = Path(a.weights), Path(a.out)
     cfg, _ = load_params(src)  # full validation before writing anything
@@ -112,9 +263,9 @@ def run_truncate(a: Truncate) -> Path:
     from safetensors import safe_open
 
     files = _tensor_files(src)
-    keep = [n for s in WEIGHTS.values() for n in s.hf_names] + [
+    keep = [n for s in present_weights(cfg).values() for n in s.hf_names] + [
         n.format(i=i) for i in range(a.layers) for s in LAYER_WEIGHTS.values() for n in s.hf_names]
-    if "lm_head.weight" in files:
+    if "lm_head.weight" in files and "lm_head.weight" not in keep:  # a tied model's copy
         keep.append("lm_head.weight")
     tensors = {}
     for name in keep:
@@ -148,9 +299,11 @@ def main(argv=None):
     from llm_jax.tokenizer import TokenizerError
 
     cmd = tyro.cli(Annotated[Encode, tyro.conf.subcommand("encode")]
+                   | Annotated[Generate, tyro.conf.subcommand("generate")]
                    | Annotated[Truncate, tyro.conf.subcommand("truncate")], args=argv)
+    run = {Encode: run_encode, Generate: run_generate, Truncate: run_truncate}[type(cmd)]
     try:
-        return run_encode(cmd) if isinstance(cmd, Encode) else run_truncate(cmd)
+        return run(cmd)
     except (Qwen3ConfigError, WeightsError, TokenizerError) as e:
         sys.exit(f"error: {e}")
 

@@ -1,7 +1,7 @@
 """HF model folder (config.json + safetensors, single or sharded) -> (config, params).
 
 Host-only: reads with safetensors' numpy backend (memory-mapped), converts each tensor as
-`model.WEIGHTS` says, stacks layers, casts, and only then puts arrays on the device. No random
+`model.WEIGHTS` says (lm_head for untied models only), stacks layers, casts, and only then puts arrays on the device. No random
 init, no pickle, no network. Every missing, unexpected or mis-shaped tensor is reported at once.
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 from safetensors import safe_open
 
 from llm_jax.config import Qwen3Config
-from llm_jax.model import IGNORED, LAYER_WEIGHTS, WEIGHTS
+from llm_jax.model import IGNORED, LAYER_WEIGHTS, present_weights
 
 
 class WeightsError(ValueError):
@@ -80,7 +80,8 @@ def check_weights(folder: Path) -> None:
 
 
 def expected_tensors(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
-    out = {n: shape for s in WEIGHTS.values() for n, shape in zip(s.hf_names, s.hf_shapes(cfg))}
+    out = {n: shape for s in present_weights(cfg).values()
+           for n, shape in zip(s.hf_names, s.hf_shapes(cfg))}
     for i in range(cfg.num_layers):
         out.update({n.format(i=i): shape for s in LAYER_WEIGHTS.values()
                     for n, shape in zip(s.hf_names, s.hf_shapes(cfg))})
@@ -124,7 +125,7 @@ def load_params(folder: str | Path, dtype=jnp.float32) -> tuple[Qwen3Config, dic
         names = [n.format(i=i) for n in spec.hf_names]
         return spec.convert([handle(n).get_tensor(n) for n in names], cfg).astype(dtype)
 
-    params = {k: jnp.asarray(convert(s)) for k, s in WEIGHTS.items()}
+    params = {k: jnp.asarray(convert(s)) for k, s in present_weights(cfg).items()}
     params["layers"] = {
         k: jnp.asarray(np.stack([convert(s, i) for i in range(cfg.num_layers)]))
         for k, s in LAYER_WEIGHTS.items()}

@@ -32,14 +32,16 @@ class WeightSpec(NamedTuple):
     hf_names: tuple[str, ...]  # "{i}" is the layer index for per-layer weights
     hf_shapes: Callable[[Qwen3Config], tuple[tuple[int, ...], ...]]
     to_ours: Callable[[np.ndarray, Qwen3Config], np.ndarray]
+    # Whether a model of this config has the weight (lm_head: untied models only).
+    present: Callable[[Qwen3Config], bool] = lambda c: True
 
     def convert(self, tensors: list[np.ndarray], cfg: Qwen3Config) -> np.ndarray:
         parts = [self.to_ours(w, cfg) for w in tensors]
         return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
 
 
-def _one(name, shape, to_ours):
-    return WeightSpec((name,), lambda c: (shape(c),), to_ours)
+def _one(name, shape, to_ours, present=lambda c: True):
+    return WeightSpec((name,), lambda c: (shape(c),), to_ours, present)
 
 
 _same = lambda w, c: w  # noqa: E731
@@ -48,6 +50,10 @@ LAYER = "model.layers.{i}."
 WEIGHTS: dict[str, WeightSpec] = {
     "embed": _one("model.embed_tokens.weight", lambda c: (c.vocab_size, c.hidden_size), _same),
     "final_norm": _one("model.norm.weight", lambda c: (c.hidden_size,), _same),
+    # [V, H] as HF stores it (the embedding's layout), untied models only (Qwen3-8B): tied ones
+    # (0.6B-4B) take their logits from `embed`. Only decoding reads it (`lm_logits`).
+    "lm_head": _one("lm_head.weight", lambda c: (c.vocab_size, c.hidden_size), _same,
+                    lambda c: not c.tie_word_embeddings),
 }
 LAYER_WEIGHTS: dict[str, WeightSpec] = {
     "attn_norm": _one(LAYER + "input_layernorm.weight", lambda c: (c.hidden_size,), _same),
@@ -68,8 +74,13 @@ LAYER_WEIGHTS: dict[str, WeightSpec] = {
     "down": _one(LAYER + "mlp.down_proj.weight", lambda c: (c.hidden_size, c.intermediate_size),
                  _t),
 }
-# Read from a checkpoint but not needed for hidden states.
+# Accepted in a checkpoint but not read: a tied model's copy of the embedding saved as lm_head.
 IGNORED = ("lm_head.weight",)
+
+
+def present_weights(cfg: Qwen3Config) -> dict[str, WeightSpec]:
+    """The top-level weights a model of `cfg` has (`WEIGHTS` less lm_head when tied)."""
+    return {name: s for name, s in WEIGHTS.items() if s.present(cfg)}
 
 
 def init_params(cfg: Qwen3Config, key: jax.Array, dtype=jnp.float32) -> dict:
@@ -80,10 +91,14 @@ def init_params(cfg: Qwen3Config, key: jax.Array, dtype=jnp.float32) -> dict:
             return (1.0 + 0.1 * jax.random.normal(k, lead + shape)).astype(dtype)
         return (0.02 * jax.random.normal(k, lead + shape)).astype(dtype)
 
-    keys = iter(jax.random.split(key, len(WEIGHTS) + len(LAYER_WEIGHTS)))
-    params = {name: one(s, next(keys)) for name, s in WEIGHTS.items()}
+    top = present_weights(cfg)
+    keys = iter(jax.random.split(key, len(top) + len(LAYER_WEIGHTS)))
+    # lm_head's key comes last, so a tied model gets the same weights as before it existed.
+    params = {name: one(s, next(keys)) for name, s in top.items() if name != "lm_head"}
     params["layers"] = {name: one(s, next(keys), (cfg.num_layers,))
                         for name, s in LAYER_WEIGHTS.items()}
+    if "lm_head" in top:
+        params["lm_head"] = one(top["lm_head"], next(keys))
     return params
 
 
@@ -301,11 +316,10 @@ def _prefix_attention_by_row(q, k, v, mask, prefix_k, prefix_v):
     return jax.lax.map(row, (q, k, v, mask))
 
 
-def decoder_layer(cfg: Qwen3Config, lp: dict, x, rot, mask, lengths, prefix_kv=None,
-                  attn: AttentionConfig = AttentionConfig()):
-    """One Qwen3 block. x: [B, T, H]; rot: (cos, sin) of `rope_tables`; mask, lengths, attn: as
-    `attention` takes them.
-    Returns (x, (k, v) of this block's own positions)."""
+def project_qkv(cfg: Qwen3Config, lp: dict, x, rot):
+    """Queries, keys and values of one block for x: [B, T, H] (attention norm, one GEMM, per-head
+    q/k RMSNorm, then RoPE from `rot`). Returns q [B, T, N, D], k and v [B, T, K, D]; shared by
+    encoding (`decoder_layer`) and decoding (`llm_jax.decode`)."""
     eps = cfg.rms_norm_eps
     h = rms_norm(x, lp["attn_norm"], eps)
     b, t, _ = x.shape
@@ -317,13 +331,35 @@ def decoder_layer(cfg: Qwen3Config, lp: dict, x, rot, mask, lengths, prefix_kv=N
     k = rms_norm(qkv[..., nd:nd + kd].reshape(b, t, cfg.num_kv_heads, cfg.head_dim),
                  lp["k_norm"], eps)
     v = qkv[..., nd + kd:].reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
-    q, k = rope(q, *rot), rope(k, *rot)
-    a = attention(q, k, v, mask, lengths, *(prefix_kv or (None, None)), cfg=attn)
-    x = x + jnp.einsum("btnd,ndh->bth", a, lp["o"])
-    h = rms_norm(x, lp["mlp_norm"], eps)
+    return rope(q, *rot), rope(k, *rot), v
+
+
+def mlp_block(cfg: Qwen3Config, lp: dict, x):
+    """x + MLP(RMSNorm(x)) for x: [B, T, H]: the one place a mixture-of-experts MLP would replace
+    the dense SwiGLU, for encoding and decoding alike."""
+    h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
     gate, up = jnp.split(jnp.einsum("bth,hf->btf", h, lp["gate_up"]), 2, axis=-1)
     ff = jax.nn.silu(gate) * up
-    return x + jnp.einsum("btf,fh->bth", ff, lp["down"]), (k, v)
+    return x + jnp.einsum("btf,fh->bth", ff, lp["down"])
+
+
+def decoder_layer(cfg: Qwen3Config, lp: dict, x, rot, mask, lengths, prefix_kv=None,
+                  attn: AttentionConfig = AttentionConfig()):
+    """One Qwen3 block. x: [B, T, H]; rot: (cos, sin) of `rope_tables`; mask, lengths, attn: as
+    `attention` takes them.
+    Returns (x, (k, v) of this block's own positions)."""
+    q, k, v = project_qkv(cfg, lp, x, rot)
+    a = attention(q, k, v, mask, lengths, *(prefix_kv or (None, None)), cfg=attn)
+    x = x + jnp.einsum("btnd,ndh->bth", a, lp["o"])
+    return mlp_block(cfg, lp, x), (k, v)
+
+
+def lm_logits(params: dict, cfg: Qwen3Config, x) -> jax.Array:
+    """Next-token logits [..., V] in float32 from final-normed states x: [..., H], through
+    `lm_head` for untied models and the embedding for tied ones (products in the weights' dtype,
+    accumulated in float32)."""
+    w = params["embed"] if cfg.tie_word_embeddings else params["lm_head"]  # [V, H]
+    return jnp.einsum("...h,vh->...v", x.astype(w.dtype), w, preferred_element_type=jnp.float32)
 
 
 def _first_layers(params: dict, n: int) -> dict:

@@ -92,3 +92,41 @@ def load_tokenizer(weights_dir: str | Path | None = None) -> Qwen3Tokenizer:
         if (folder / "tokenizer.json").is_file():
             return Qwen3Tokenizer(folder)
     return Qwen3Tokenizer(packaged_tokenizer_dir())
+
+
+def prompt_ids(tok: Qwen3Tokenizer, prompts: list[str], prefix_text: str | None = None,
+               chat: bool = True, enable_thinking: bool = False) -> tuple[list[int], list[list[int]]]:
+    """(shared prefix ids, per-prompt ids) for generation. With `chat`, each prompt is a user
+    message in the chat template (generation prompt appended; thinking off adds the empty
+    <think></think> block) and `prefix_text` is the system message: the prefix is the rendered
+    system turn, which ends in the special token <|im_end|> and a newline, so the two encoded
+    apart equal the whole conversation encoded at once. Raw: the texts' ids as they are."""
+    if not chat:
+        return (tok.encode(prefix_text) if prefix_text else []), [tok.encode(p) for p in prompts]
+    system = [{"role": "system", "content": prefix_text}] if prefix_text is not None else []
+    head = (tok.apply_chat_template(system, add_generation_prompt=False) if system else "")
+    rows = []
+    for p in prompts:
+        text = tok.apply_chat_template(system + [{"role": "user", "content": p}],
+                                       enable_thinking=enable_thinking)
+        if not text.startswith(head):
+            raise TokenizerError("the chat template renders the system turn differently alone "
+                                 "and in a conversation; pass --raw and a prefix of your own")
+        rows.append(tok.encode(text[len(head):]))
+    return tok.encode(head), rows
+
+
+def eos_ids(folder: Path | None, tok: Qwen3Tokenizer, vocab_size: int) -> tuple[int, ...]:
+    """Stop tokens: `eos_token_id` of the folder's generation_config.json, else of its
+    config.json, else Qwen3's <|im_end|> and <|endoftext|>; only ids the model can emit."""
+    found = None
+    for name in ("generation_config.json", "config.json"):
+        path = None if folder is None else Path(folder) / name
+        if path is not None and path.is_file():
+            found = json.loads(path.read_text()).get("eos_token_id")
+            if found is not None:
+                break
+    if found is None:
+        found = [tok.tokenizer.token_to_id("<|im_end|>"), tok.pad_id]
+    ids = [found] if isinstance(found, int) else list(found)
+    return tuple(sorted({int(i) for i in ids if i is not None and 0 <= int(i) < vocab_size}))

