@@ -43,13 +43,28 @@ def record(run_dir: Path, checkpoint: int | None, episodes: int, seed: int, max_
     """Frames [H, W, 3] uint8 of `episodes` episodes (each to its end or max_steps) of a run's
     policy (set up for that many envs; `like`: an agent of the run whose LLM it shares)."""
     pol = load_policy(run_dir, episodes, checkpoint, llm_overrides=llm_overrides, like=like)
-    env = make_env(pol.cfg.env)
-    inputs, frozen = pol.agent.inputs, pol.agent.inputs.frozen
-    render = jax.jit(jax.vmap(pixel_renderer(pol.cfg.env.name)))
     layout = spec(pol.cfg.env.name).layout
-    ev = make_evaluate(env, network_policy(pol.agent.network), inputs, episodes, 1, greedy,
-                       max_steps)
-    state = jax.jit(ev.init)(jax.random.PRNGKey(seed), frozen, pol.inputs_state)
+
+    def text(before, after, e):  # the observation text the policy's LLM was given
+        from fused.text.format import render_text
+
+        return render_text(layout, np.asarray(before.obs[e]))
+
+    return play_frames(pol.cfg.env, network_policy(pol.agent.network), pol.agent.inputs,
+                       pol.params, pol.inputs_state, episodes, seed, max_steps, greedy,
+                       text if with_text else None)
+
+
+def play_frames(env_cfg, policy, inputs, params, trained_inputs, episodes: int, seed: int,
+                max_steps: int, greedy: bool, text=None) -> list[list[np.ndarray]]:
+    """Frames of `episodes` evaluation episodes (episode i in evaluation episode i's world) of
+    any policy (`fused.rl.acting.Policy`); `text(before, after, e)`, when given, is put beside
+    env e's frame: the text of the step acted from state `before` to `after` (host side)."""
+    env = make_env(env_cfg)
+    frozen = inputs.frozen
+    render = jax.jit(jax.vmap(pixel_renderer(env_cfg.name)))
+    ev = make_evaluate(env, policy, inputs, episodes, 1, greedy, max_steps)
+    state = jax.jit(ev.init)(jax.random.PRNGKey(seed), frozen, trained_inputs)
     step = jax.jit(ev.block)
     frames: list[list[np.ndarray]] = [[] for _ in range(episodes)]
     for _ in range(max_steps):
@@ -57,15 +72,13 @@ def record(run_dir: Path, checkpoint: int | None, episodes: int, seed: int, max_
         if done.all():
             break
         pixels = np.asarray(render(state.env.state)).clip(0, 255).astype(np.uint8)
-        host_obs = np.asarray(state.obs)
+        acted = step(state, params, frozen)
         for e in np.flatnonzero(~done):
             frame = pixels[e]
-            if with_text:
-                from fused.text.format import render_text
-
-                frame = beside(frame, render_text(layout, host_obs[e]))
+            if text is not None:
+                frame = beside(frame, text(state, acted, e))
             frames[e].append(frame)
-        state = step(state, pol.params, frozen)
+        state = acted
     return frames
 
 

@@ -252,7 +252,8 @@ def _decode_step(params, cfg: Qwen3Config, prefix, row_keys, static, state: Deco
 def generate(params, cfg: Qwen3Config, tokens, lengths, key, *, max_new_tokens: int,
              sampling: Sampling = GREEDY, stop_ids: tuple[int, ...] = (),
              prefix: PrefixCache | None = None, hidden_layer: int | None = None,
-             post_norm: bool = False, attn: AttentionConfig = AttentionConfig()) -> Generated:
+             post_norm: bool = False, attn: AttentionConfig = AttentionConfig(),
+             row_keys=None) -> Generated:
     """Generate up to `max_new_tokens` tokens per row, pure and jittable (close over the
     keyword arguments, which are static; params, tokens, lengths, key and prefix are traced).
 
@@ -263,7 +264,10 @@ def generate(params, cfg: Qwen3Config, tokens, lengths, key, *, max_new_tokens: 
     A row stops after a token in `stop_ids` (kept) or after `max_new_tokens`; a stopped row
     changes no more, and the loop ends when every row has stopped. `hidden_layer`: also return
     each generated token's state at that layer (module docstring: which positions).
-    Logits in float32 from `lm_head` (untied) or the embedding (tied)."""
+    `row_keys` [B], when given, are the rows' keys instead of fold_in(key, b) (`key` unused): a
+    caller whose rows have identities of their own (envs, dataset rows) keeps each row's draws
+    whatever batch it lands in. Logits in float32 from `lm_head` (untied) or the embedding
+    (tied)."""
     b, t = tokens.shape
     p = 0 if prefix is None else prefix.k.shape[1]
     check_generate(cfg, [t], max_new_tokens, p, hidden_layer)  # static shapes: at trace time
@@ -275,7 +279,8 @@ def generate(params, cfg: Qwen3Config, tokens, lengths, key, *, max_new_tokens: 
     pad = jnp.zeros((*k.shape[:2], max_new_tokens, *k.shape[3:]), k.dtype)
     cache = KVCache(jnp.concatenate([k, pad], 2), jnp.concatenate([v, pad], 2), lengths)
     last = rms_norm(x[jnp.arange(b), lengths - 1], params["final_norm"], cfg.rms_norm_eps)
-    row_keys = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(b))
+    if row_keys is None:
+        row_keys = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(b))
     zero = jnp.zeros(b, jnp.int32)
     first = sample_tokens(lm_logits(params, cfg, last), _token_keys(row_keys, zero), sampling)
     out = jnp.zeros((b, max_new_tokens), jnp.int32).at[:, 0].set(first)

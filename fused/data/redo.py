@@ -33,6 +33,8 @@ def redo_command(root: Path, card: dict, kind: str, set_name: str | None = None)
     """`python label.py generate|label|returns ...` for `kind` 'shards', 'labels', 'returns'."""
     from fused.data.config import GENERATE_PRESETS, LabelConfig
 
+    if kind == "shards" and "command" in card:  # not generated: the command that played it
+        return card["command"]
     if kind == "shards" or (kind == "labels" and set_name == "behaviour"):
         args = ["generate", "--out", str(root)]
         recorded = card.get("generate")

@@ -18,20 +18,32 @@ TINY = Qwen3Config(vocab_size=151_936, hidden_size=128, intermediate_size=384, n
                    rms_norm_eps=1e-6, tie_word_embeddings=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Which Qwen3 (weights or a random one) and how it computes."""
+
+    weights: str | None = None
+    """HuggingFace Qwen3 folder or hub id; None uses a built-in RANDOM Qwen3 (see
+    --llm.random-model) whose outputs carry no meaning (for tests and speed measurements)."""
+    random_model: Literal["tiny", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"] = "tiny"
+    """Shape of the random Qwen3 used when --llm.weights is not given: the built-in tiny one, or
+    a released size's architecture with random weights (speed and memory measurements)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """LLM compute dtype (jax backend)."""
+    attention: AttentionForm = "auto"
+    """Attention form (jax backend): auto (row by row on CPU, cuDNN on a GPU in bf16/fp16,
+    blocked otherwise), or one of cudnn / blocked / row; all compute the same function."""
+
 
 @dataclasses.dataclass(frozen=True)
-class LLMConfig:
+class LLMConfig(ModelConfig):
+    """The model (`ModelConfig`), then how its hidden state augments the policy."""
+
     backend: Literal["none", "jax", "vllm"] = "none"
     """`none`: plain PPO. `jax`: the Flax Qwen3 runs inside the jitted chunk (render -> encode
     against the cached prompt prefix). `vllm`: observations go to the host every call, are
     rendered there and sent to the vLLM server at --llm.url (the prior architecture, for parity
     and comparison). Giving --llm.weights with backend none means jax."""
-    weights: str | None = None
-    """HuggingFace Qwen3 folder; None with backend jax uses a built-in RANDOM Qwen3 (see
-    --llm.random-model) whose hidden states carry no meaning (for tests and speed measurements)."""
-    random_model: Literal["tiny", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"] = "tiny"
-    """Shape of the random Qwen3 used when --llm.weights is not given: the built-in tiny one, or
-    a released size's architecture with random weights (speed and memory measurements)."""
     url: str = "http://127.0.0.1:8000"
     """vLLM server (backend vllm)."""
     layer: int | None = None
@@ -65,11 +77,6 @@ class LLMConfig:
     """Normalise hidden states by running mean/std (saved in checkpoints) before the policy."""
     projection: Literal["dense", "layernorm"] = "dense"
     """Policy's hidden-state branch: Dense+tanh (prior), or LayerNorm then Dense+tanh."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """LLM compute dtype (jax backend)."""
-    attention: AttentionForm = "auto"
-    """Attention form (jax backend): auto (row by row on CPU, cuDNN on a GPU in bf16/fp16,
-    blocked otherwise), or one of cudnn / blocked / row; all compute the same function."""
 
     @property
     def constant_hidden(self) -> bool:
@@ -118,7 +125,13 @@ def validate_llm(m: LLMConfig, env_name: str, local_envs: int, num_devices: int 
         raise ConfigError(f"llm.layer={m.layer} but the model "
                           f"({m.weights or m.random_model}) has {q.num_layers} layers; pick "
                           f"0..{q.num_layers}")
-    if m.weights is not None and m.active_backend == "jax":  # vLLM reads them, not us
+    if m.active_backend == "jax":  # vLLM reads the weights, not us
+        validate_model(m)
+
+
+def validate_model(m: ModelConfig) -> None:
+    """The weights folder holds safetensors (config.json was read by `model_config`)."""
+    if m.weights is not None:
         from llm_jax.loader import WeightsError, check_weights, resolve_folder
 
         try:
@@ -127,7 +140,7 @@ def validate_llm(m: LLMConfig, env_name: str, local_envs: int, num_devices: int 
             raise ConfigError(f"llm.weights={m.weights!r}: {e}") from None
 
 
-def model_config(m: LLMConfig) -> Qwen3Config:
+def model_config(m: ModelConfig) -> Qwen3Config:
     """The Qwen3 architecture --llm.* names: the weights folder's config.json, or the random
     model's shape. A folder that is not a Qwen3 checkpoint is a ConfigError on llm.weights."""
     if m.weights is None:

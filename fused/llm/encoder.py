@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fused.errors import ConfigError
-from fused.llm.config import LLMConfig, model_config
+from fused.llm.config import LLMConfig, ModelConfig, model_config
 from fused.envspec import spec
 from fused.llm.vllm_host import HostEncoder
 from fused.text.prompt import garbage_prefix, prompt_parts
@@ -78,6 +78,21 @@ def same_weights(a: LLMConfig, b: LLMConfig) -> bool:
                                                             b.layer)
 
 
+def load_llm_params(model: ModelConfig, qcfg: Qwen3Config, seed: int = 0) -> dict:
+    """The model's weights in its dtype: read from --llm.weights, or the random model of
+    `qcfg`'s shape made from `seed` (with a notice that its outputs mean nothing)."""
+    dtype = jnp.bfloat16 if model.dtype == "bfloat16" else jnp.float32
+    if model.weights is None:
+        log.info(f"notice: --llm.weights not given: using a RANDOM Qwen3 ({model.random_model}: "
+                 f"{qcfg.num_layers} layers, hidden {qcfg.hidden_size}); its outputs carry no "
+                 "meaning (for tests and speed only)")
+        return init_params(qcfg, jax.random.PRNGKey(seed), dtype)
+    try:
+        return load_params(model.weights, dtype)[1]
+    except WeightsError as e:
+        raise ConfigError(f"llm.weights={model.weights!r}: {e}") from None
+
+
 def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0, weights_of: LLM | None = None) -> LLM:
     """Host setup: weights (or a random model), tokenizer, renderer, prefix cache. Problems a
     model brings (too few layers, a prompt past its context, a foreign vocabulary) are
@@ -88,10 +103,6 @@ def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0, weights_of: LLM | Non
     parts = prompt_parts(tok, env_name)
     dtype = jnp.bfloat16 if cfg.dtype == "bfloat16" else jnp.float32
     qcfg = model_config(cfg)
-    if cfg.weights is None:
-        log.info(f"notice: --llm.weights not given: using a RANDOM Qwen3 ({cfg.random_model}: "
-                 f"{qcfg.num_layers} layers, hidden {qcfg.hidden_size}); its hidden states carry "
-                 "no meaning (for tests and speed only)")
     layer = qcfg.num_layers if cfg.layer is None else cfg.layer
     total = renderer.max_tokens + len(parts.tail)
     if len(parts.prefix) + total > qcfg.max_position_embeddings:
@@ -114,13 +125,8 @@ def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0, weights_of: LLM | Non
             params = weights_of.frozen.params
             if np.array_equal(prefix_ids, weights_of.prefix_ids):
                 cache = weights_of.frozen.prefix
-        elif cfg.weights is not None:
-            try:
-                _, params = load_params(cfg.weights, dtype)
-            except WeightsError as e:
-                raise ConfigError(f"llm.weights={cfg.weights!r}: {e}") from None
         else:
-            params = init_params(qcfg, jax.random.PRNGKey(seed), dtype)
+            params = load_llm_params(cfg, qcfg, seed)
         params = {"embed": params["embed"], "final_norm": params["final_norm"],
                   "layers": jax.tree.map(lambda a: a[:layer], params["layers"])}
         if cache is None and layer > 0:

@@ -98,9 +98,9 @@ class Policy(NamedTuple):
 
 def chosen(keys, logits):
     """The action a policy already chose in `forward` (its logits are 0 there, -inf elsewhere):
-    no draw; log-prob 0."""
+    no draw; its probability is not known (an LLM's reply), so the log-prob is NaN."""
     action = logits.argmax(-1).astype(jnp.int32)
-    return action, jnp.zeros(action.shape, jnp.float32)
+    return action, jnp.full(action.shape, jnp.nan, jnp.float32)
 
 
 def restart(policy: Policy, carry, starts):

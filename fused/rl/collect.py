@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from fused.envspec import EnvSpec
-from fused.rl.acting import Policy, Rollout
+from fused.rl.acting import Acted, Policy, Rollout
 from fused.rl.obs_codec import ObsCodec
 from fused.rl.policy_input import PolicyInput
 from fused.rl.vec_env import VecEnv, VecEnvState
@@ -45,6 +45,19 @@ class Record(NamedTuple):
     step: jax.Array  # [N] int32, step within the episode of the obs acted on
     unlocked: jax.Array  # [N, ceil(A / 8)] uint8: achievements unlocked by this step (packed)
     extra: dict  # PolicyInput.record: e.g. the LLM hidden state the policy acted on
+
+
+def record_step(codec: ObsCodec, obs, acted: Acted, episode_step, achieved, extra: dict
+                ) -> Record:
+    """The dataset record of one acting step: obs [N, D] acted on at `episode_step` [N], what
+    happened (`acted`), `achieved` [N, A] the achievements unlocked before it in the episode."""
+    out = acted.env
+    unlocked = jnp.packbits((out.achievements.astype(bool) & ~achieved).astype(jnp.uint8),
+                            axis=-1)
+    obs_cols, exact = codec.encode(jnp, obs)
+    return Record(obs_cols, exact, acted.action.astype(jnp.int32), out.reward, out.terminated,
+                  out.truncated, acted.log_prob, acted.value, acted.truncation_value,
+                  episode_step, unlocked, extra)
 
 
 class Collector(NamedTuple):
@@ -88,13 +101,9 @@ def make_collect(spec: EnvSpec, env, env_cfg, policy: Policy, inputs: PolicyInpu
         """Act on s.env.obs (stream time t), step, update the input state for time t + 1."""
         (env_state, new_inputs, carry), a = rollout.step(params, frozen, s.env, s.inputs,
                                                          s.carry, key, t)
-        out = a.env
-        achieved = out.achievements.astype(bool)
-        unlocked = jnp.packbits((achieved & ~s.achieved).astype(jnp.uint8), axis=-1)
-        obs_cols, exact = codec.encode(jnp, s.env.obs)
-        rec = Record(obs_cols, exact, a.action.astype(jnp.int32), out.reward, out.terminated,
-                     out.truncated, a.log_prob, a.value, a.truncation_value,
-                     s.env.episode_length, unlocked, inputs.record(s.inputs))
+        rec = record_step(codec, s.env.obs, a, s.env.episode_length, s.achieved,
+                          inputs.record(s.inputs))
+        achieved = a.env.achievements.astype(bool)
         return s.replace(env=env_state, inputs=new_inputs, carry=carry,
                          achieved=jnp.where(a.done[:, None], False, achieved)), rec
 

@@ -29,3 +29,13 @@ class Env(Protocol):
 
     def step(self, key: jax.Array, state: Any, action: jax.Array) -> StepResult:
         ...
+
+
+def strong_types(tree):
+    """The same arrays without weak types. Craftax puts Python scalars into its states (weak
+    types) that its step returns as ordinary arrays, and a checkpoint restores as ordinary
+    arrays: a jitted function whose input types differ from the ones it was compiled for
+    compiles again (70-100 s on Craftax-Symbolic). `VecEnv.reset` and the trainer's `init`
+    return strong types, so every call after the first reuses its program."""
+    return jax.tree.map(lambda x: jax.lax.convert_element_type(x, x.dtype)
+                        if jax.typeof(x).weak_type else x, tree)

@@ -17,7 +17,10 @@ import numpy as np
 from flax import struct
 
 from fused.rl import acting
+from fused.envspec import EnvSpec
 from fused.rl.acting import Policy, Rollout
+from fused.rl.collect import record_step
+from fused.rl.obs_codec import ObsCodec
 from fused.rl.env_api import Env
 from fused.rl.policy_input import PolicyInput
 from fused.rl.vec_env import VecEnv, VecEnvState
@@ -44,7 +47,9 @@ class EvalState:
 
 class Evaluator(NamedTuple):
     init: Callable  # (seed key, frozen, inputs_state or None) -> EvalState
-    block: Callable  # (EvalState, params, frozen) -> EvalState (block_steps steps)
+    block: Callable  # (EvalState, params, frozen) -> EvalState (block_steps steps); with
+    #                  `record`: (EvalState, (Record [T, N, ...], live [T, N])) (the step's
+    #                  dataset record, and whether it counts: the episode was still running)
     step: Callable  # (EvalState, params, frozen, key) -> EvalState (one step; video's)
 
 
@@ -54,16 +59,18 @@ def episode_keys(key: jax.Array, n: int) -> jax.Array:
 
 
 def make_evaluate(env: Env, policy: Policy, inputs: PolicyInput, num_episodes: int,
-                  block_steps: int, greedy: bool = False,
-                  max_steps: int | None = None) -> Evaluator:
+                  block_steps: int, greedy: bool = False, max_steps: int | None = None,
+                  record: EnvSpec | None = None) -> Evaluator:
     """`policy` acts (`fused.rl.acting`) through the shared acting step, on envs that do not
     reset; `init`'s `trained` is the trained run's policy-input state (its normaliser),
     installed with `inputs.adopt`. Steps past `max_steps` are not counted: episodes running then
-    stay not done (censored)."""
+    stay not done (censored). With `record` (the env's spec), `block` also returns each step's
+    dataset record (`fused.rl.collect.Record`), so the episodes played can be stored."""
     cap = jnp.int32(max_steps if max_steps is not None else jnp.iinfo(jnp.int32).max)
     n_ach = len(env.achievement_names)
     rollout = Rollout(policy.with_sample(acting.greedy) if greedy else policy, inputs,
-                      VecEnv(env, None), num_episodes, num_episodes)
+                      VecEnv(env, None), num_episodes, num_episodes,
+                      values=record is not None)  # a dataset stores V(x) of every step
 
     def init(key, frozen, trained=None):
         k_reset, k_run = jax.random.split(key)
@@ -79,12 +86,21 @@ def make_evaluate(env: Env, policy: Policy, inputs: PolicyInput, num_episodes: i
                          z.astype(jnp.int32), jnp.zeros((num_episodes, n_ach), bool),
                          z.astype(bool), jnp.int32(0), k_run, stats)
 
+    codec = None if record is None else ObsCodec(record)
+
     def step(s: EvalState, params, frozen, key):
+        return acted_step(s, params, frozen, key)[0]
+
+    def acted_step(s: EvalState, params, frozen, key):
         (env_state, istate, carry), a = rollout.step(params, frozen, s.env, s.inputs, s.carry,
                                                      key, s.t)
         res = a.env
         live = ~s.done & (s.t < cap)
         ended = live & a.done
+        rec = None
+        if codec is not None:
+            rec = (record_step(codec, s.env.obs, a, s.length, s.achievements,
+                               inputs.record(s.inputs)), live)
         return s.replace(
             env=env_state, inputs=istate, carry=carry, done=s.done | ended,
             ret=s.ret + jnp.where(live, res.reward, 0.0),
@@ -92,16 +108,17 @@ def make_evaluate(env: Env, policy: Policy, inputs: PolicyInput, num_episodes: i
             achievements=jnp.where(live[:, None], res.achievements.astype(bool),
                                    s.achievements),
             terminated=s.terminated | (live & res.terminated), t=s.t + 1,
-            stats={k: v + jnp.where(live, a.policy_stats[k], 0) for k, v in s.stats.items()})
+            stats={k: v + jnp.where(live, a.policy_stats[k], 0) for k, v in s.stats.items()}
+        ), rec
 
     def block(s: EvalState, params, frozen):
         rng, k = jax.random.split(s.rng)
 
         def body(s, key):
-            return step(s, params, frozen, key), None
+            return acted_step(s, params, frozen, key)
 
-        s, _ = jax.lax.scan(body, s.replace(rng=rng), jax.random.split(k, block_steps))
-        return s
+        s, recs = jax.lax.scan(body, s.replace(rng=rng), jax.random.split(k, block_steps))
+        return s if codec is None else (s, recs)
 
     return Evaluator(init, block, step)
 

@@ -20,7 +20,7 @@ import optax
 
 from fused.rl.acting import Rollout, network_policy
 from fused.rl.config import EnvConfig, ExploreConfig, PPOConfig
-from fused.rl.env_api import Env
+from fused.rl.env_api import Env, strong_types
 from fused.rl.explore import make_explorer
 from fused.rl.networks import init_network
 from fused.rl.policy_input import PolicyInput
@@ -51,16 +51,6 @@ def make_optimizer(cfg: PPORun) -> optax.GradientTransformation:
     steps = cfg.num_updates * p.update_epochs * p.num_minibatches
     lr = optax.linear_schedule(p.lr, 0.0, steps) if p.anneal_lr else p.lr
     return optax.chain(optax.clip_by_global_norm(p.max_grad_norm), optax.adam(lr, eps=p.adam_eps))
-
-
-def strong_types(tree):
-    """The same arrays without weak types. Craftax puts Python scalars into its states (weak
-    types); a checkpoint restores them as ordinary arrays, and a jitted chunk whose input types
-    differ from the ones it was compiled for compiles again (70-100 s on Craftax-Symbolic) after
-    a resume. `init` returns strong types, and `chunk` returns the types it takes (its scan
-    carry), so live and restored states match."""
-    return jax.tree.map(lambda x: jax.lax.convert_element_type(x, x.dtype)
-                        if jax.typeof(x).weak_type else x, tree)
 
 
 def make_train(cfg: PPORun, env: Env, network: nn.Module, inputs: PolicyInput,

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from fused.rl.config import EnvSettings
-from fused.rl.env_api import Env
+from fused.rl.env_api import Env, strong_types
 
 
 @struct.dataclass
@@ -86,7 +86,8 @@ class VecEnv:
         if self.mode == "optimistic":
             pobs, pstate = jax.vmap(self.env.reset)(jax.random.split(pool_key, self.pool_size))
             pool = ResetPool(pobs, pstate, jnp.zeros(self.pool_size, bool), jnp.zeros(1, jnp.int32))
-        return VecEnvState(obs, state, jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.int32), pool)
+        return strong_types(VecEnvState(obs, state, jnp.zeros(n, jnp.float32),
+                                        jnp.zeros(n, jnp.int32), pool))
 
     def step(self, keys: jax.Array, pool_key: jax.Array, vstate: VecEnvState,
              action: jax.Array) -> tuple[VecEnvState, VecStep]:
