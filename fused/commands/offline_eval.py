@@ -78,7 +78,7 @@ def check_llm_matches_labels(run_dir: Path, pol: TrainedPolicy) -> None:
                           "--allow-mismatch to evaluate anyway") from None
     llm, m = pol.agent.inputs.llm, pol.cfg.llm
     now = {"weights_digest": folder_digest(m.weights, m.random_model, 0),
-           "prompt_digest": prompt_digest(llm), "layer": llm.layer, "pool": m.pool,
+           "prompt_digest": prompt_digest(llm), "layer": llm.layer, "pool": m.pooled,
            "post_norm": m.post_norm}
     for k, v in now.items():
         if entry.get(k) != v:

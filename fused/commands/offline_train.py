@@ -32,6 +32,7 @@ from fused.envspec import spec
 from fused.llm.norm import RunningNorm, normalize
 from fused.rl.awr import AWRSettings, OfflineTrainer, Sequences, make_offline_train
 from fused.rl.obs_codec import ObsCodec
+from fused.runs import config_io
 from fused.runs.run_dir import RunDir
 from fused.runs.settings import RESUME_FIXED as RUN_FIXED
 from fused.runs.settings import RunSettings, WandbConfig, validate_run_settings
@@ -143,8 +144,9 @@ def agent_config(c: OfflineConfig, card: dict) -> AgentConfig:
             raise ConfigError(f"label set {c.labels!r} has no LLM settings in {c.data}/card.json "
                               "(the `behaviour` set of an LLM run is not trainable here yet)")
         fields = {f.name for f in dataclasses.fields(LLMConfig)}
-        saved = {k: v for k, v in entry["llm"].items() if k in fields}
-        llm = dataclasses.replace(LLMConfig(**saved), backend="jax", hidden="real",
+        saved = config_io.from_dict(LLMConfig, {k: v for k, v in entry["llm"].items()
+                                                if k in fields}, f"{c.data}/card.json")
+        llm = dataclasses.replace(saved, backend="jax", hidden="real",
                                   normalize=True, projection=c.projection,
                                   post_norm=bool(entry["post_norm"]), layer=entry["layer"])
     # seed 0: a random-weight model is made from the seed; label.py labels with seed 0

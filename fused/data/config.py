@@ -6,8 +6,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+import tyro
+
 from fused.errors import ConfigError
-from fused.llm.config import LLMConfig, validate_llm
+from fused.llm.config import ImagineConfig, LLMConfig, validate_imagine, validate_llm
 from fused.rl.config import EnvSettings, validate_env
 from fused.envspec import EnvName
 
@@ -58,15 +60,34 @@ class GenerateConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class LabelLLMConfig(LLMConfig):
+    """train.py's --llm.* options; imagination is label.py's own --imagine.* here."""
+
+    imagine: tyro.conf.Suppress[ImagineConfig] = ImagineConfig()
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelImagine(ImagineConfig):
+    """Imagination labels (train.py's --llm.imagine.*), and whether to keep the text."""
+
+    keep_text: bool = False
+    """Also store each state's generated tokens and their text (columns `imagined`,
+    `imagined_len`, `imagined_text`: UTF-8 bytes) for inspection."""
+
+
+@dataclasses.dataclass(frozen=True)
 class LabelConfig:
     data: str
     """Dataset folder (written by `label.py generate`)."""
     name: str = "hidden"
     """Name of the label set (a folder under labels/): several can live side by side."""
-    llm: LLMConfig = LLMConfig(backend="jax")
+    llm: LabelLLMConfig = LabelLLMConfig(backend="jax")
     """The LLM, prompt and hidden state: the same options as train.py's --llm.*. --llm.skip-n K
     labels the rows online training at skip K would encode (stream step % K == 0, and every
     episode start) and carries each label forward to the rows after it."""
+    imagine: LabelImagine = LabelImagine()
+    """Imagination labels: --imagine.tokens N pools the states of N tokens the LLM generates
+    about each state (--imagine.pool mean|last|every:K at --llm.layer)."""
     env_name: EnvName | None = None
     """Env the prompt describes; default the dataset's (another is an error: a prompt
     describes one game's observations)."""
@@ -81,6 +102,13 @@ class LabelConfig:
     part: str | None = None
     """`I/N`: label only shards I, I + N, ... and stop (SLURM job arrays); then the same command
     without --part labels what is missing and writes the manifest."""
+
+    @property
+    def model(self) -> LLMConfig:
+        """The LLM settings as train.py's --llm.* would give them (imagination included)."""
+        fields = {f.name: getattr(self.llm, f.name) for f in dataclasses.fields(LLMConfig)}
+        im = {f.name: getattr(self.imagine, f.name) for f in dataclasses.fields(ImagineConfig)}
+        return LLMConfig(**dict(fields, imagine=ImagineConfig(**im)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +190,8 @@ def validate_label(c: LabelConfig, env_name: str, num_devices: int = 1) -> None:
                           "devices in use")
     if not c.name or "/" in c.name or c.name.startswith("."):
         raise ConfigError(f"name={c.name!r} must be a plain folder name")
-    validate_llm(c.llm, env_name, c.batch // num_devices, num_devices)
+    validate_imagine(c.imagine, "imagine")
+    validate_llm(c.model, env_name, c.batch // num_devices, num_devices)
 
 
 def validate_returns(c: ReturnsConfig) -> None:

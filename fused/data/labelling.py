@@ -31,7 +31,7 @@ from fused.data.store import Dataset, DatasetError, array_names, commit_group, c
 from fused.envspec import spec
 from fused.llm import batching
 from fused.llm.digests import folder_digest, prompt_digest
-from fused.llm.encoder import LLM, encode_observations, make_llm
+from fused.llm.encoder import LLM, encode_observations, imagine_observations, make_llm
 from fused.rl.obs_codec import ObsCodec
 from fused.runs.cluster import barrier
 from fused.runs.config_io import to_dict
@@ -101,12 +101,16 @@ def obs_columns(ds: Dataset, name: str) -> list[str]:
 
 def label_card(c: LabelConfig, llm: LLM, seed: int) -> dict:
     prompt = prompt_digest(llm)
-    return {"llm": to_dict(c.llm), "backend": llm.backend,
-            "weights_digest": folder_digest(c.llm.weights, c.llm.random_model, seed),
-            "model": dict(llm.qcfg.__dict__), "layer": llm.layer, "pool": c.llm.pool,
-            "post_norm": c.llm.post_norm or llm.backend == "vllm", "prompt_digest": prompt,
-            "prompt_tokens": int(len(llm.prefix_ids)), "skip_n": c.llm.skip_n,
-            "dtype": c.dtype, "hidden": c.llm.hidden}
+    m = c.model
+    entry = {"llm": to_dict(m), "backend": llm.backend,
+             "weights_digest": folder_digest(m.weights, m.random_model, seed),
+             "model": dict(llm.qcfg.__dict__), "layer": llm.layer, "pool": m.pooled,
+             "post_norm": m.post_norm or llm.backend == "vllm", "prompt_digest": prompt,
+             "prompt_tokens": int(len(llm.prefix_ids)), "skip_n": m.skip_n,
+             "dtype": c.dtype, "hidden": m.hidden}
+    if m.imagine.tokens:
+        entry["imagine"] = to_dict(c.imagine)
+    return entry
 
 
 def label(c: LabelConfig, console, num_devices: int = 1) -> Dataset:
@@ -124,7 +128,7 @@ def label(c: LabelConfig, console, num_devices: int = 1) -> Dataset:
         raise ConfigError(f"label set {c.name!r} is in {ds.root}/manifest.json but card.json "
                           "does not say how it was made; pass --overwrite to redo it or --name "
                           "for another")
-    llm = make_llm(c.llm, env, seed=0)
+    llm = make_llm(c.model, env, seed=0)
     entry = label_card(c, llm, 0)
     if old and not c.overwrite:
         if {k: v for k, v in old.items() if k in entry} != entry:
@@ -182,52 +186,89 @@ def label_shard(ds: Dataset, names: list[str], i: int, c: LabelConfig, codec: Ob
                 encoder: "BatchEncoder", target: Path) -> tuple[int, int]:
     ocols = obs_columns(ds, names[i])
     cols = ds.read(names[i], ["t", "step", "episode_id"] + ocols)
-    source, label_row, carried = label_sources(cols, c.llm.skip_n)
+    source, label_row, carried = label_sources(cols, c.model.skip_n)
     obs = codec.decode(np, {k: cols[k] for k in ocols})
     states = obs[np.maximum(source, 0)]
     earlier = source < 0
     if earlier.any():
         states[earlier] = codec.decode(np, find_rows(ds, names, i, carried[earlier], ocols))
-    hidden, tokens = encoder(states)
-    commit_group(target, {"hidden": hidden.astype(STORAGE[c.dtype]), "label_row": label_row})
+    # each state's own draws (sampled imagination): its shard and its index there
+    keys = np.asarray(jax.vmap(lambda k: jax.random.fold_in(
+        jax.random.fold_in(jax.random.PRNGKey(c.imagine.seed), i), k))(
+        jnp.arange(len(states))))
+    hidden, tokens, imagined = encoder(states, keys)
+    columns = {"hidden": hidden.astype(STORAGE[c.dtype]), "label_row": label_row}
+    if c.imagine.tokens and c.imagine.keep_text:
+        columns.update(text_columns(encoder.llm, *imagined))
+    commit_group(target, columns)
     return len(states), tokens
 
 
+def text_columns(llm: LLM, generated: np.ndarray, num: np.ndarray) -> dict:
+    """The imagined tokens and their text (UTF-8 bytes, zero-padded) as label columns."""
+    texts = [llm.tokenizer.decode(g[:n].tolist()).encode() for g, n in zip(generated, num)]
+    width = max([len(t) for t in texts] + [1])
+    raw = np.zeros((len(texts), width), np.uint8)
+    for j, t in enumerate(texts):
+        raw[j, :len(t)] = np.frombuffer(t, np.uint8)
+    return {"imagined": generated.astype(np.int32), "imagined_len": num.astype(np.int32),
+            "imagined_text": raw, "imagined_text_len": np.array([len(t) for t in texts],
+                                                                np.int32)}
+
+
+def imagined_texts(columns: dict) -> list[str]:
+    """The texts of a label shard read with `Dataset.read_labels` (kept with --imagine.keep-text)."""
+    return [bytes(r[:n]).decode() for r, n in zip(columns["imagined_text"],
+                                                  columns["imagined_text_len"])]
+
+
 class BatchEncoder:
-    """Observations [M, D] -> hidden [M, H] float32, in jitted batches of `batch` rows split over
-    this process's devices (the last batch padded with its first row)."""
+    """Observations [M, D] (and a key per observation) -> hidden [M, H] float32, in jitted
+    batches of `batch` rows split over this process's devices (the last batch padded with its
+    first row); with imagination also the generated tokens [M, N] and their counts [M]."""
 
     def __init__(self, llm: LLM, c: LabelConfig, num_devices: int):
         self.llm, self.batch = llm, c.batch
         local = c.batch // num_devices
         microbatch = batching.for_llm(llm, local).microbatch
 
-        def encode(obs, frozen):
-            return encode_observations(llm, frozen, obs, microbatch)
+        def encode(obs, keys, frozen):
+            if llm.imagines:
+                out = imagine_observations(llm, frozen, obs, microbatch, keys)
+                return out.hidden, out.tokens, out.generated, out.num_generated
+            return (*encode_observations(llm, frozen, obs, microbatch),
+                    jnp.zeros((obs.shape[0], 0), jnp.int32), jnp.zeros(obs.shape[0], jnp.int32))
 
         fn = encode
         if num_devices > 1:
             from jax.sharding import Mesh, PartitionSpec as P
 
             mesh = Mesh(np.array(jax.local_devices()[:num_devices]), ("rows",))
-            fn = jax.shard_map(lambda o, f: _summed(encode(o, f), "rows"), mesh=mesh,
-                               in_specs=(P("rows"), P()), out_specs=(P("rows"), P()),
+            fn = jax.shard_map(lambda o, k, f: _summed(encode(o, k, f), "rows"), mesh=mesh,
+                               in_specs=(P("rows"), P("rows"), P()),
+                               out_specs=(P("rows"), P(), P("rows"), P("rows")),
                                check_vma=False)
         self.fn = jax.jit(fn)
 
-    def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, int]:
-        out, tokens = [], 0
+    def __call__(self, obs: np.ndarray, keys: np.ndarray):
+        out, gen, num, tokens = [], [], [], 0
         for s in range(0, len(obs), self.batch):
-            chunk = obs[s:s + self.batch]
+            chunk, k = obs[s:s + self.batch], keys[s:s + self.batch]
             n = len(chunk)
             if n < self.batch:
                 chunk = np.concatenate([chunk, np.repeat(chunk[:1], self.batch - n, 0)])
-            h, tok = self.fn(jnp.asarray(chunk), self.llm.frozen)
+                k = np.concatenate([k, np.repeat(k[:1], self.batch - n, 0)])
+            h, tok, g, m = self.fn(jnp.asarray(chunk), jnp.asarray(k), self.llm.frozen)
             out.append(np.asarray(h)[:n])
+            gen.append(np.asarray(g)[:n])
+            num.append(np.asarray(m)[:n])
             tokens += int(tok)
-        return np.concatenate(out) if out else np.zeros((0, self.llm.hidden_size)), tokens
+        if not out:
+            return (np.zeros((0, self.llm.hidden_size)), 0,
+                    (np.zeros((0, 0), np.int32), np.zeros(0, np.int32)))
+        return np.concatenate(out), tokens, (np.concatenate(gen), np.concatenate(num))
 
 
 def _summed(out, axis):
-    h, tokens = out
-    return h, jax.lax.psum(tokens, axis)
+    h, tokens, gen, num = out
+    return h, jax.lax.psum(tokens, axis), gen, num

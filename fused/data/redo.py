@@ -46,7 +46,10 @@ def redo_command(root: Path, card: dict, kind: str, set_name: str | None = None)
         entry = card.get("labels", {}).get(set_name) or {}
         args = ["label", "--data", str(root), "--name", str(set_name)]
         if "llm" in entry:
-            args += flags(entry["llm"], to_dict(LabelConfig(data="").llm), "llm.")
+            llm = {k: v for k, v in entry["llm"].items() if k != "imagine"}  # label.py's own
+            args += flags(llm, to_dict(LabelConfig(data="").llm), "llm.")
+        if entry.get("imagine"):
+            args += flags(entry["imagine"], to_dict(LabelConfig(data="").imagine), "imagine.")
         if entry.get("dtype", "bfloat16") != "bfloat16":
             args += ["--dtype", entry["dtype"]]
     else:

@@ -36,6 +36,59 @@ class ModelConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ImagineConfig:
+    """Imagination: the hidden state is pooled over tokens the LLM generates about the state
+    (after the prompt), not read at the prompt's last token."""
+
+    tokens: int = 0
+    """Tokens generated per state (0: no imagination, the prompt's state as usual). A reply
+    may stop earlier, at the end-of-turn token."""
+    pool: str = "mean"
+    """Pooling over the generated tokens' states at --llm.layer: `mean`, `last`, or `every:K`
+    (the mean over generated tokens 0, K, 2K, ...)."""
+    prompt: str | None = None
+    """File whose text replaces the prompt's instruction (default: imagine the next steps)."""
+    temperature: float = 0.0
+    """Sampling temperature (0: greedy, no randomness)."""
+    top_k: int = 0
+    """Sample among the k most likely tokens (0: all)."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold (1: off)."""
+    seed: int = 0
+    """Seed of the sampling (each state's draws depend on it and the state's row or env)."""
+    thinking: bool = False
+    """Leave Qwen3's thinking on (the generation starts inside <think>)."""
+
+    @property
+    def every(self) -> int:
+        """K of `every:K` (1 for mean)."""
+        return int(self.pool.split(":", 1)[1]) if self.pool.startswith("every:") else 1
+
+
+def validate_imagine(im: ImagineConfig, field: str = "llm.imagine") -> None:
+    if im.tokens < 0:
+        raise ConfigError(f"{field}.tokens={im.tokens} must be >= 0 (0: no imagination)")
+    if not im.tokens:
+        return
+    ok = im.pool in ("mean", "last") or (
+        im.pool.startswith("every:") and im.pool[6:].isdigit() and int(im.pool[6:]) > 0)
+    if not ok:
+        raise ConfigError(f"{field}.pool={im.pool!r}: use mean, last or every:K (K >= 1)")
+    if im.prompt is not None:
+        from pathlib import Path
+
+        path = Path(im.prompt).expanduser()
+        if not path.is_file() or not path.read_text().strip():
+            raise ConfigError(f"{field}.prompt={im.prompt!r} is not a file with text in it")
+    from llm_jax.decode import GenerateError, check_sampling
+
+    try:
+        check_sampling(im.temperature, im.top_k, im.top_p)
+    except GenerateError as e:
+        raise ConfigError(f"{field}: {e}") from None
+
+
+@dataclasses.dataclass(frozen=True)
 class LLMConfig(ModelConfig):
     """The model (`ModelConfig`), then how its hidden state augments the policy."""
 
@@ -77,11 +130,19 @@ class LLMConfig(ModelConfig):
     """Normalise hidden states by running mean/std (saved in checkpoints) before the policy."""
     projection: Literal["dense", "layernorm"] = "dense"
     """Policy's hidden-state branch: Dense+tanh (prior), or LayerNorm then Dense+tanh."""
+    imagine: ImagineConfig = ImagineConfig()
+    """Imagination: pool the states of tokens the LLM generates (jax backend)."""
 
     @property
     def constant_hidden(self) -> bool:
         """The policy sees the same hidden state for every env: the LLM is never called."""
         return self.skip_n == 0 or self.hidden == "zero"
+
+    @property
+    def pooled(self) -> str:
+        """What the hidden state pools: `last` / `mean` over the prompt, `imagine:<pool>` over
+        generated tokens (label cards record it)."""
+        return f"imagine:{self.imagine.pool}" if self.imagine.tokens else self.pool
 
     @property
     def active_backend(self) -> str:
@@ -125,6 +186,10 @@ def validate_llm(m: LLMConfig, env_name: str, local_envs: int, num_devices: int 
         raise ConfigError(f"llm.layer={m.layer} but the model "
                           f"({m.weights or m.random_model}) has {q.num_layers} layers; pick "
                           f"0..{q.num_layers}")
+    validate_imagine(m.imagine)
+    if m.imagine.tokens and m.active_backend == "vllm":
+        raise ConfigError("llm.imagine needs the jax backend (the vLLM fallback serves prompt "
+                          "states only)")
     if m.active_backend == "jax":  # vLLM reads the weights, not us
         validate_model(m)
 

@@ -13,6 +13,7 @@ pre-compiled bucket sizes), so padding does not make every call cost the worst c
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -24,7 +25,7 @@ from fused.errors import ConfigError
 from fused.llm.config import LLMConfig, ModelConfig, model_config
 from fused.envspec import spec
 from fused.llm.vllm_host import HostEncoder
-from fused.text.prompt import garbage_prefix, prompt_parts
+from fused.text.prompt import IMAGINE_INSTRUCTION, garbage_prefix, prompt_parts
 from fused.text.render import Renderer, at_smallest_fit, make_renderer, render_tokens
 from llm_jax.config import Qwen3Config
 from llm_jax.loader import WeightsError, load_params
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 class FrozenLLM(NamedTuple):
     """Device arrays the chunk takes as an argument (never trained, never checkpointed)."""
 
-    params: Any  # Qwen3 params, first `layer` layers only
+    params: Any  # Qwen3 params, first `layer` layers only (all of them with imagination)
     prefix: PrefixCache
     tail: jax.Array  # [K] int32
 
@@ -57,6 +58,11 @@ class LLM(NamedTuple):
     prefix_ids: np.ndarray  # [P] the prompt prefix encoded (shuffled for garbage-prompt)
     attn: AttentionConfig
     seed: int = 0  # of the random model's weights (when --llm.weights is not given)
+    stop_ids: tuple[int, ...] = ()  # end-of-turn tokens (imagination stops there)
+
+    @property
+    def imagines(self) -> bool:
+        return self.cfg.imagine.tokens > 0
 
     @property
     def hidden_size(self) -> int:
@@ -72,10 +78,17 @@ def _buckets(length: int) -> tuple[int, ...]:
     return tuple(out) + (length,)
 
 
+def coarse_buckets(total: int) -> tuple[int, ...]:
+    """Padded prompt lengths for generation: a quarter, half and all of the bound (rounded up to
+    64): three decode programs compiled, while a typical prompt (observations near a quarter of
+    the renderer's worst case) pays for a quarter of the worst."""
+    return tuple(sorted({min(total, -(-total * k // 4 // 64) * 64) for k in (1, 2, 4)}))
+
+
 def same_weights(a: LLMConfig, b: LLMConfig) -> bool:
     """Two --llm.* settings that read the same (truncated) weights in the same dtype."""
-    return (a.weights, a.random_model, a.dtype, a.layer) == (b.weights, b.random_model, b.dtype,
-                                                            b.layer)
+    return ((a.weights, a.random_model, a.dtype, a.layer, a.imagine.tokens > 0)
+            == (b.weights, b.random_model, b.dtype, b.layer, b.imagine.tokens > 0))
 
 
 def load_llm_params(model: ModelConfig, qcfg: Qwen3Config, seed: int = 0) -> dict:
@@ -100,15 +113,23 @@ def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0, weights_of: LLM | Non
     backend = cfg.active_backend
     tok = load_tokenizer(cfg.weights)
     renderer = make_renderer(env_name, tok)
-    parts = prompt_parts(tok, env_name)
+    im = cfg.imagine
+    if im.tokens:
+        instruction = (Path(im.prompt).expanduser().read_text().strip() if im.prompt
+                       else IMAGINE_INSTRUCTION)
+        parts = prompt_parts(tok, env_name, instruction, im.thinking)
+    else:
+        parts = prompt_parts(tok, env_name)
     dtype = jnp.bfloat16 if cfg.dtype == "bfloat16" else jnp.float32
     qcfg = model_config(cfg)
     layer = qcfg.num_layers if cfg.layer is None else cfg.layer
     total = renderer.max_tokens + len(parts.tail)
-    if len(parts.prefix) + total > qcfg.max_position_embeddings:
+    if len(parts.prefix) + total + im.tokens > qcfg.max_position_embeddings:
         raise ConfigError(f"llm.weights: a prompt of up to {len(parts.prefix) + total} tokens "
-                          f"exceeds the model's max_position_embeddings="
-                          f"{qcfg.max_position_embeddings}; use a model with a longer context")
+                          + (f"and {im.tokens} imagined " if im.tokens else "")
+                          + f"exceeds the model's max_position_embeddings="
+                          f"{qcfg.max_position_embeddings}; use a model with a longer context"
+                          + (" or fewer --llm.imagine.tokens" if im.tokens else ""))
     if tok.vocab_size > qcfg.vocab_size:
         raise ConfigError(f"llm.weights: the tokenizer has {tok.vocab_size} tokens but the "
                           f"model's vocab_size is {qcfg.vocab_size}; tokenizer and weights do not "
@@ -127,10 +148,12 @@ def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0, weights_of: LLM | Non
                 cache = weights_of.frozen.prefix
         else:
             params = load_llm_params(cfg, qcfg, seed)
-        params = {"embed": params["embed"], "final_norm": params["final_norm"],
-                  "layers": jax.tree.map(lambda a: a[:layer], params["layers"])}
-        if cache is None and layer > 0:
-            cache = jax.jit(partial(prefill, cfg=qcfg, num_layers=layer, attn=attn))(
+        computed = qcfg.num_layers if im.tokens else layer  # generating needs every layer
+        if not im.tokens:  # layers past the hidden state's are never computed
+            params = {"embed": params["embed"], "final_norm": params["final_norm"],
+                      "layers": jax.tree.map(lambda a: a[:layer], params["layers"])}
+        if cache is None and computed > 0:
+            cache = jax.jit(partial(prefill, cfg=qcfg, num_layers=computed, attn=attn))(
                 params, prefix_tokens=jnp.asarray(prefix_ids))
         elif cache is None:  # embeddings only: no attention, an empty cache
             empty = jnp.zeros((0, len(prefix_ids), qcfg.num_kv_heads, qcfg.head_dim), dtype)
@@ -139,8 +162,16 @@ def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0, weights_of: LLM | Non
     else:
         host = HostEncoder(cfg, spec(env_name).layout, tok, prefix_ids, parts.tail,
                            qcfg.hidden_size)
-    return LLM(cfg, backend, qcfg, layer, renderer, frozen, host, _buckets(total), tok,
-               prefix_ids, attn, seed)
+    stop_ids = ()
+    if im.tokens:
+        from llm_jax.loader import resolve_folder
+        from llm_jax.tokenizer import eos_ids
+
+        stop_ids = eos_ids(resolve_folder(cfg.weights) if cfg.weights else None, tok,
+                           qcfg.vocab_size)
+    buckets = coarse_buckets(total) if im.tokens else _buckets(total)
+    return LLM(cfg, backend, qcfg, layer, renderer, frozen, host, buckets, tok, prefix_ids,
+               attn, seed, stop_ids)
 
 
 def append_tail(tokens, lengths, tail):
@@ -165,10 +196,16 @@ def _encode_tokens(llm: LLM, frozen: FrozenLLM, tokens, lengths):
     return at_smallest_fit(llm.buckets, lengths.max(), at, tokens, lengths)
 
 
-def encode_observations(llm: LLM, frozen: FrozenLLM | None, obs, microbatch: int | None = None):
-    """Hidden states of symbolic observations. obs: [B, D] -> ([B, H] float32, tokens [])."""
+def encode_observations(llm: LLM, frozen: FrozenLLM | None, obs, microbatch: int | None = None,
+                        keys=None):
+    """Hidden states of symbolic observations. obs: [B, D] -> ([B, H] float32, tokens []);
+    with imagination (`--llm.imagine.tokens`), of the tokens generated about each (`keys` [B]:
+    one per observation, for sampled imagination), and tokens counts prompts and generation."""
     if llm.backend == "vllm":
         return llm.host.callback(obs)
+    if llm.imagines:
+        out = imagine_observations(llm, frozen, obs, microbatch, keys)
+        return out.hidden, out.tokens
     tokens, lengths = render_tokens(llm.renderer, obs)
     tokens, lengths = append_tail(tokens, lengths, frozen.tail)
     b = obs.shape[0]
@@ -179,3 +216,66 @@ def encode_observations(llm: LLM, frozen: FrozenLLM | None, obs, microbatch: int
                     (tokens.reshape(b // mb, mb, -1), lengths_s.reshape(b // mb, mb)))
     hidden = jnp.zeros((b, llm.hidden_size), jnp.float32).at[order].set(h.reshape(b, -1))
     return hidden, lengths.sum()
+
+
+class Imagined(NamedTuple):
+    hidden: jax.Array  # [B, H] float32: the generated tokens' states at the layer, pooled
+    generated: jax.Array  # [B, N] int32: the tokens (0 past num_generated)
+    num_generated: jax.Array  # [B]
+    tokens: jax.Array  # [] prompt and generated tokens, all rows
+
+
+def pool_generated(hidden, num, pool: str):
+    """hidden [B, N, H] states of generated tokens (num [B] of them) -> [B, H] float32: their
+    mean, the last one's, or (`every:K`) the mean of tokens 0, K, 2K, ..."""
+    h = hidden.astype(jnp.float32)
+    n = h.shape[1]
+    if pool == "last":
+        return h[jnp.arange(h.shape[0]), num - 1]
+    k = int(pool.split(":", 1)[1]) if pool.startswith("every:") else 1
+    pos = jnp.arange(n)[None]
+    take = ((pos < num[:, None]) & (pos % k == 0)).astype(jnp.float32)
+    return jnp.einsum("bnh,bn->bh", h, take) / take.sum(1, keepdims=True)
+
+
+def imagine_observations(llm: LLM, frozen: FrozenLLM, obs, microbatch: int | None = None,
+                         keys=None) -> Imagined:
+    """The LLM generates up to `imagine.tokens` tokens after each observation's prompt; their
+    states at `llm.layer` (post-norm with --llm.post-norm) are pooled by `imagine.pool`.
+    Micro-batches of rows sorted by prompt length, each padded to its smallest bucket; a row's
+    draws use its own key (its tokens do not depend on the batch it lands in)."""
+    from llm_jax.decode import Sampling, generate
+
+    im, c = llm.cfg.imagine, llm.cfg
+    sampling = Sampling(im.temperature, im.top_k, im.top_p)
+    if keys is None:
+        if not sampling.greedy:
+            raise ValueError("sampled imagination needs a key per observation")
+        keys = jax.random.split(jax.random.PRNGKey(0), obs.shape[0])
+    tokens, lengths = render_tokens(llm.renderer, obs)
+    tokens, lengths = append_tail(tokens, lengths, frozen.tail)
+    b = obs.shape[0]
+    mb = microbatch or b
+    order = jnp.argsort(lengths)
+
+    def at(size):
+        def run(t, n, k):
+            out = generate(frozen.params, llm.qcfg, t[:, :size], n, None,
+                           max_new_tokens=im.tokens, sampling=sampling, stop_ids=llm.stop_ids,
+                           prefix=frozen.prefix, hidden_layer=llm.layer, post_norm=c.post_norm,
+                           attn=llm.attn, row_keys=k)
+            return (pool_generated(out.hidden, out.num_tokens, im.pool), out.tokens,
+                    out.num_tokens)
+        return run
+
+    def batch(x):
+        t, n, k = x
+        return at_smallest_fit(llm.buckets, n.max(), at, t, n, k)
+
+    h, gen, num = jax.lax.map(batch, (tokens[order].reshape(b // mb, mb, -1),
+                                      lengths[order].reshape(b // mb, mb),
+                                      keys[order].reshape(b // mb, mb, *keys.shape[1:])))
+    undo = jnp.zeros(b, jnp.int32).at[order].set(jnp.arange(b))
+    num = num.reshape(b)[undo]
+    return Imagined(h.reshape(b, -1)[undo], gen.reshape(b, -1)[undo], num,
+                    lengths.sum() + num.sum())

@@ -26,7 +26,7 @@ import numpy as np
 from fused.errors import ConfigError
 from fused.envspec import spec
 from fused.llm.config import ModelConfig, model_config
-from fused.llm.encoder import load_llm_params
+from fused.llm.encoder import coarse_buckets, load_llm_params
 from fused.rl.acting import Policy, chosen
 from fused.text.prompt import PlayParts, play_parts
 from fused.text.render import Renderer, at_smallest_fit, make_renderer, render_tokens
@@ -139,13 +139,6 @@ def prompt_budget(parts: PlayParts, max_obs: int, history: int, max_new: int) ->
     return history * (turn + max_new + len(parts.reply_close)) + turn + len(parts.think)
 
 
-def _buckets(total: int) -> tuple[int, ...]:
-    """Padded prompt lengths: a quarter, half and all of the bound (rounded up to 64): three
-    decode programs, while a typical prompt (observations near a quarter of the renderer's
-    worst case) pays for a quarter of the worst."""
-    return tuple(sorted({min(total, -(-total * k // 4 // 64) * 64) for k in (1, 2, 4)}))
-
-
 def make_player(model: ModelConfig, settings: PlayerSettings, env_name: str,
                 seed: int = 0) -> Player:
     """Host setup: weights (or the random model), tokenizer, renderer, the conversation's pieces
@@ -178,7 +171,7 @@ def make_player(model: ModelConfig, settings: PlayerSettings, env_name: str,
 
         folder = resolve_folder(model.weights)
     return Player(settings, qcfg, tok, renderer, parts, make_parser(tok, s.action_names),
-                  eos_ids(folder, tok, qcfg.vocab_size), attn, budget, _buckets(budget),
+                  eos_ids(folder, tok, qcfg.vocab_size), attn, budget, coarse_buckets(budget),
                   s.num_actions, PlayerParams(params, prefix))
 
 

@@ -66,9 +66,14 @@ def llm_step(llm: LLM, frozen: FrozenLLM | None, s: LLMState, obs, done, step, k
     if c.constant_hidden:
         return s.replace(age=jnp.zeros_like(age)), {k: zero for k in COUNTS}
     k_full, k_part = jax.random.split(key)
+    k_imagine_full = k_imagine_part = None
+    if llm.imagines:  # (keys of their own, so the rest of the stream is as without)
+        k_full, k_imagine_full = jax.random.split(k_full)
+        k_part, k_imagine_part = jax.random.split(k_part)
 
     def full(s):
-        h, tokens = encode_observations(llm, frozen, obs, microbatch)
+        keys = None if k_imagine_full is None else jax.random.split(k_imagine_full, n)
+        h, tokens = encode_observations(llm, frozen, obs, microbatch, keys)
         h = _ablate(llm, h, k_full)
         norm = update_norm(s.norm, h, jnp.ones(n), axis_name)
         return (LLMState(h, jnp.zeros_like(age), norm),
@@ -86,7 +91,9 @@ def llm_step(llm: LLM, frozen: FrozenLLM | None, s: LLMState, obs, done, step, k
             hidden, done_rows, tokens = carry
             idx = order[j]
             valid = stale[idx] & ~done_rows[idx]
-            h, t = encode_observations(llm, frozen, obs[idx], None)
+            keys = (None if k_imagine_part is None
+                    else jax.random.split(jax.random.fold_in(k_imagine_part, j), r))
+            h, t = encode_observations(llm, frozen, obs[idx], None, keys)
             h = _ablate(llm, h, jax.random.fold_in(k_part, j))
             hidden = hidden.at[idx].set(jnp.where(valid[:, None], h, hidden[idx]))
             return hidden, done_rows.at[idx].set(done_rows[idx] | valid), tokens + t
@@ -190,7 +197,8 @@ class LLMInput:
 
     def _time_one_call(self, obs) -> float:
         obs = jax.device_get(obs)
-        f = jax.jit(lambda o, fr: encode_observations(self.llm, fr, o, self.microbatch))
+        keys = jax.random.split(jax.random.PRNGKey(0), obs.shape[0])  # (imagination's draws)
+        f = jax.jit(lambda o, fr: encode_observations(self.llm, fr, o, self.microbatch, keys))
         jax.block_until_ready(f(obs, self.frozen))
         t = time.perf_counter()
         jax.block_until_ready(f(obs, self.frozen))

@@ -76,13 +76,18 @@ INSTRUCTION = ("Think about what matters most in this situation, then name the s
                "action.")
 
 
-def user_message(env_name: str, observation: str) -> str:
+IMAGINE_INSTRUCTION = ("Imagine how the next few steps could go from here: what you would do, "
+                       "what would happen, and why.")
+
+
+def user_message(env_name: str, observation: str, instruction: str = INSTRUCTION) -> str:
     examples = "\n\n".join(f"Example {i + 1}:\n{obs}\nAnswer: {answer}"
                            for i, (obs, answer) in enumerate(EXAMPLES[env_name]))
-    return f"{examples}\n\nCurrent observation:\n{observation}\n\n{INSTRUCTION}"
+    return f"{examples}\n\nCurrent observation:\n{observation}\n\n{instruction}"
 
 
-def prompt_messages(env_name: str, observation: str) -> list[dict]:
+def prompt_messages(env_name: str, observation: str,
+                    instruction: str = INSTRUCTION) -> list[dict]:
     s = spec(env_name)
     layout = s.layout
     system = SYSTEM.format(
@@ -90,14 +95,15 @@ def prompt_messages(env_name: str, observation: str) -> list[dict]:
         rmax=layout.rows // 2, cmax=layout.cols // 2, background=", ".join(layout.background),
         actions=", ".join(s.action_names))
     return [{"role": "system", "content": system},
-            {"role": "user", "content": user_message(env_name, observation)}]
+            {"role": "user", "content": user_message(env_name, observation, instruction)}]
 
 
-def full_prompt(tokenizer, env_name: str, observation: str) -> str:
+def full_prompt(tokenizer, env_name: str, observation: str, instruction: str = INSTRUCTION,
+                thinking: bool = False) -> str:
     """The whole prompt text for one observation (thinking off: the template closes an empty
     <think></think> block, so the last token ends the prompt the model would answer from)."""
-    return tokenizer.apply_chat_template(prompt_messages(env_name, observation),
-                                         add_generation_prompt=True, enable_thinking=False)
+    return tokenizer.apply_chat_template(prompt_messages(env_name, observation, instruction),
+                                         add_generation_prompt=True, enable_thinking=thinking)
 
 
 class PromptParts(NamedTuple):
@@ -107,8 +113,9 @@ class PromptParts(NamedTuple):
     tail_text: str
 
 
-def prompt_parts(tokenizer, env_name: str) -> PromptParts:
-    text = full_prompt(tokenizer, env_name, SLOT)
+def prompt_parts(tokenizer, env_name: str, instruction: str = INSTRUCTION,
+                 thinking: bool = False) -> PromptParts:
+    text = full_prompt(tokenizer, env_name, SLOT, instruction, thinking)
     prefix, tail = text.split(SLOT)
     return PromptParts(np.array(tokenizer.encode(prefix), np.int32),
                        np.array(tokenizer.encode(tail), np.int32), prefix, tail)
