@@ -44,7 +44,8 @@ def subprocess_env() -> dict:
     return env
 
 
-VLLM_VENV = ROOT / ".vllm-venv" / "bin" / "python"
+# $VLLM_VENV as scripts/vllm_server.sh reads it (a venv elsewhere), else the repository's own.
+VLLM_VENV = Path(os.environ.get("VLLM_VENV", ROOT / ".vllm-venv")) / "bin" / "python"
 
 
 @pytest.fixture(scope="session")
