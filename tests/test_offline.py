@@ -260,11 +260,11 @@ def test_bad_inputs_are_one_line_errors(probe_data, tmp_path):
 
 
 @pytest.mark.slow
-def test_llm_augmented_awr_on_a_label_set_and_its_evaluation(tmp_path, monkeypatch):
+def test_llm_augmented_awr_on_a_label_set_and_its_evaluation(tmp_path):
     """A Classic dataset labelled by the tiny random Qwen3 at skip 5: AWR trains the online
     augmented network on it, the normaliser in the checkpoint is the label rows' moments
     (numpy), and eval runs the fused LLM path; a label set made with another prompt is a
-    one-line error; probes under every variant."""
+    one-line error. (Video and probes of an LLM-augmented offline run: tests/test_readme.py.)"""
     from fused.commands import label
 
     data = tmp_path / "d"
@@ -287,38 +287,13 @@ def test_llm_augmented_awr_on_a_label_set_and_its_evaluation(tmp_path, monkeypat
     np.testing.assert_allclose(norm.var, h.var(0), rtol=1e-4, atol=1e-6)
     assert pol.cfg.llm.skip_n == 5
     out = offline_main("eval", "--run", str(run), "--episodes", "4", "--max-steps", "12",
-                       "--block-steps", "6", "--video", "1", "--video-max-steps", "3")
+                       "--block-steps", "6")
     assert out["llm"]["skip_n"] == 5 and out["episodes"] == 4
-    import imageio.v3 as iio
-
-    from fused.video import pixel_renderer
-
-    frames = iio.imread(out["videos"][0])
-    plain_width = pixel_renderer(ENV)(make_env(EnvConfig(name=ENV, num_envs=1)).reset(
-        jax.random.PRNGKey(0))[1]).shape[1]
-    assert frames.shape[0] == 3 and frames.shape[2] == plain_width + 420  # the text panel
-    good = (data / "card.json").read_text()
-    card = json.loads(good)
+    card = json.loads((data / "card.json").read_text())
     card["labels"]["h"]["prompt_digest"] = "0" * 64
     (data / "card.json").write_text(json.dumps(card))
     with pytest.raises(SystemExit, match="prompt_digest"):
         offline_main("eval", "--run", str(run), "--episodes", "4", "--max-steps", "6")
-    # probes under every hidden-state variant, and evaluations under each ablation (which run
-    # with the mismatch allowed: a garbage prompt differs from the label set's on purpose)
-    (data / "card.json").write_text(good)
-    import fused.llm.encoder
-
-    made = []  # the random Qwen3's weights are made once for the probe and its 4 evaluations
-    monkeypatch.setattr(fused.llm.encoder, "init_params",
-                        lambda *a, _f=fused.llm.encoder.init_params: made.append(1) or _f(*a))
-    res = offline_main("probe", "--run", str(run), "--states", "4", "--eval-episodes", "2",
-                       "--eval-max-steps", "6")
-    assert len(made) == 1, len(made)
-    variants = {"real", "zero", "shuffle", "garbage"}
-    assert all(set(v) == variants for v in res["edits"].values())
-    assert set(res["ablations"]["zombie_adjacent"]) == variants - {"real"} | {"counterfactual"}
-    assert "counterfactual" not in res["ablations"]["food_low"]
-    assert set(res["eval"]) == {"real", "zero", "shuffle", "garbage-prompt"}
 
 
 @pytest.mark.slow

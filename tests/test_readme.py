@@ -1,9 +1,10 @@
-"""The README's dataset and offline walkthrough, run as written (commands extracted from its code
+"""The README's dataset, offline and LLM-play walkthrough, run as written (commands extracted from its code
 blocks, so the README cannot drift from what works), at smoke scale: flags appended to shrink
 sizes (a later flag overrides an earlier one), and the two machine-specific values replaced: the
 weights folder (a tiny random Qwen3 built here) and its layer. `runs/RUN` is a `train.py smoke`
 run made first, as the quick start makes one."""
 
+import json
 import re
 import shlex
 import subprocess
@@ -13,7 +14,7 @@ import pytest
 
 from conftest import ROOT, subprocess_env
 
-SECTIONS = ("## Datasets and labels", "## Offline RL and evaluation")
+SECTIONS = ("## Datasets and labels", "## Offline RL and evaluation", "## An LLM that plays")
 
 # Appended to the README's command whose words start with the key (the most specific match).
 # Training and evaluation sizes match the smoke preset and one another, so the study's runs and
@@ -27,6 +28,7 @@ SMOKE = {
     ("label.py", "generate"): GENERATE,
     ("label.py", "generate", "--out", "data/ppo"): GENERATE + ["--min-return", "0"],  # weak policy
     ("label.py", "label"): ["--batch", "16"],
+    ("label.py", "label", "--imagine.tokens"): ["--batch", "16", "--imagine.tokens", "6"],
     ("offline.py", "awr"): TRAIN,
     ("offline.py", "awr", "--resume"): ["--num-updates", "150"],
     ("offline.py", "bc"): TRAIN,
@@ -37,6 +39,8 @@ SMOKE = {
                               "--eval-max-steps", "30"],
     ("offline.py", "study"): ["--preset", "smoke", "--num-updates", "100", "--seeds", "1",
                               "--episodes", "2", "--max-steps", "30"],
+    ("play.py", "llm"): ["--episodes", "2", "--max-steps", "4", "--block-steps", "2",
+                         "--max-new-tokens", "4", "--video-max-steps", "2"],
 }
 
 
@@ -63,7 +67,11 @@ def smoke_args(words: list[str]) -> list[str]:
 
 @pytest.mark.slow
 def test_readme_walkthrough_runs_as_written(tmp_path):
+    import jax
     from qwen_fixtures import build_tiny_qwen3
+
+    from fused.data.store import Dataset
+    from fused.rl.config import EnvConfig
 
     weights = tmp_path / "Qwen3-tiny"
     build_tiny_qwen3(weights, layers=3, vocab=151_680)
@@ -80,15 +88,34 @@ def test_readme_walkthrough_runs_as_written(tmp_path):
     tools = {tuple(w[:2]) for w in commands}
     assert {("label.py", "generate"), ("label.py", "label"), ("label.py", "returns"),
             ("offline.py", "awr"), ("offline.py", "eval"), ("offline.py", "probe"),
-            ("offline.py", "study")} <= tools, tools
+            ("offline.py", "study"), ("play.py", "llm")} <= tools, tools
     for words in commands:
         words = [str(weights) if w.endswith("/models/Qwen3-4B") else w for w in words]
         words = [("2" if prev == "--llm.layer" else w) for prev, w in zip([""] + words, words)]
         run([str(ROOT / words[0]), *words[1:], *smoke_args(words)])
-    assert (tmp_path / "runs/awr-l24/eval.json").is_file()
-    assert list((tmp_path / "runs/awr-l24/videos").glob("*.gif"))
-    assert (tmp_path / "runs/awr-l24/probe.json").is_file()
+    # what the commands wrote for an LLM-augmented offline run (awr-l24, labels l24)
+    assert json.loads((tmp_path / "runs/awr-l24/eval.json").read_text())["llm"]["layer"] == 2
+    import imageio.v3 as iio
+
+    from fused.rl.envs import make_env
+    from fused.video import pixel_renderer
+
+    frames = iio.imread(next((tmp_path / "runs/awr-l24/videos").glob("*.gif")))
+    env_cfg = EnvConfig(name="Craftax-Classic-Symbolic-v1", num_envs=1)
+    plain = pixel_renderer(env_cfg.name)(make_env(env_cfg).reset(jax.random.PRNGKey(0))[1])
+    assert frames.shape[2] == plain.shape[1] + 420  # the observation text beside each frame
+    probe = json.loads((tmp_path / "runs/awr-l24/probe.json").read_text())
+    variants = {"real", "zero", "shuffle", "garbage"}
+    assert all(set(v) == variants for v in probe["edits"].values())
+    assert set(probe["ablations"]["zombie_adjacent"]) == variants - {"real"} | {"counterfactual"}
+    assert "counterfactual" not in probe["ablations"]["food_low"]
+    assert set(probe["eval"]) == {"real", "zero", "shuffle", "garbage-prompt"}
     assert (tmp_path / "runs/study/study.json").is_file()
+    # imagination labels and the LLM's play
+    assert Dataset(tmp_path / "data/ppo").card()["labels"]["im24"]["pool"] == "imagine:every:8"
+    played = json.loads((tmp_path / "runs/qwen4b-play/eval.json").read_text())
+    assert played["episodes"] == 2 and "invalid_action_rate" in played
+    assert Dataset(tmp_path / "data/llm-play").manifest()["shards"]
 
 
 def help_text(*words) -> str:
@@ -104,6 +131,7 @@ def help_text(*words) -> str:
     (("offline.py", "awr"), ["--data STR", "(required)", "--labels", "--device-rows"],
      ["--algo"]),
     (("offline.py", "eval"), ["--run STR", "(required)", "--video INT"], []),
+    (("play.py", "llm"), ["--history INT", "--llm.weights", "--record", "--greedy"], []),
 ])
 def test_help_lists_every_flag_as_paragraphs(words, flags, absent):
     """Without a preset, --help names the presets and lists every flag with the default
@@ -115,7 +143,7 @@ def test_help_lists_every_flag_as_paragraphs(words, flags, absent):
         assert flag in text, flag
     for flag in absent:
         assert flag not in text, flag
-    if words[0] != "offline.py" or words[1] != "eval":
+    if words[:2] not in (("offline.py", "eval"), ("play.py", "llm")):  # (no presets)
         assert "presets (name one first; default cpu): cpu:" in text
     # a docstring's lines joined: no line break before a continuation line's first word
     raw = subprocess.run([sys.executable, str(ROOT / words[0]), *words[1:], "--help"],
