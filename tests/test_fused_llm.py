@@ -37,6 +37,7 @@ def llm():
     return make_llm(LLMConfig(backend="jax", skip_n=3, refresh_batch=2), ENV)
 
 
+@pytest.mark.slow
 def test_encoder_equals_full_prompt_from_scratch(llm, obs):
     """Device render + tail + prefix cache + length buckets + sorted microbatches must give the
     hidden state of the last token of tokenizer.encode(full prompt text), encoded without cache."""
@@ -186,6 +187,7 @@ def real_view(obs):
     return policy_view(LLMConfig(backend="jax"), obs)
 
 
+@pytest.mark.slow
 def test_policy_receives_the_normalised_real_state(real_view, obs):
     llm, got, _ = real_view
     _, want = by_hand(llm, obs, llm.prefix_ids)

@@ -242,6 +242,7 @@ def test_two_processes_equal_one(tmp_path):
     assert c["shards"] == a["shards"] and c["labels"]["h"] == a["labels"]["h"]
 
 
+@pytest.mark.slow
 def test_bad_inputs_are_one_line_errors(tmp_path):
     env = subprocess_env()
 

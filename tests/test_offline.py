@@ -122,6 +122,7 @@ def probe_data(tmp_path_factory):
                          action, reward).root
 
 
+@pytest.mark.slow
 def test_bc_recovers_the_behaviour_policy_and_awr_prefers_the_better_action(probe_data,
                                                                            tmp_path):
     common = ["smoke", "--data", str(probe_data), "--out-dir", str(tmp_path),
@@ -155,6 +156,7 @@ def test_bc_recovers_the_behaviour_policy_and_awr_prefers_the_better_action(prob
     np.testing.assert_array_equal(action_probs(old, SIGNS), p_awr)
 
 
+@pytest.mark.slow
 def test_resume_is_exact(probe_data, tmp_path):
     """300 updates then resumed to 600 == 600 straight: same checkpoint digest."""
     common = ["smoke", "--data", str(probe_data), "--out-dir", str(tmp_path)]
@@ -240,6 +242,7 @@ def test_eval_cli_writes_eval_json_for_offline_and_online_runs(probe_data, tmp_p
     assert (online / "eval_achievements.png").is_file()
 
 
+@pytest.mark.slow
 def test_bad_inputs_are_one_line_errors(probe_data, tmp_path):
     env = subprocess_env()
 

@@ -254,6 +254,7 @@ def test_e3b_bonus_is_the_elliptical_norm_by_hand():
         np.testing.assert_allclose(got[t][0], want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_explorer_rewards_enter_the_advantages_and_are_logged_apart():
     """probe-truncated pays 1 every step of 5-step episodes: the logged (extrinsic) reward
     stays exactly 1 while the intrinsic bonus is logged beside it."""
@@ -273,6 +274,7 @@ def test_explorer_rewards_enter_the_advantages_and_are_logged_apart():
     assert not np.array_equal(runs["none"]["loss/value"], m["ppo"]["loss/value"])
 
 
+@pytest.mark.slow
 def test_gru_with_e3b_on_two_devices_equals_one_device():
     """Envs, the GRU carry and E3B's per-env matrices split over 2 devices; parameters,
     optimisers and the explorer's networks replicated, gradients averaged: the same run as on
@@ -386,6 +388,7 @@ def test_offline_gru_learns_the_memory_probe_and_resumes_exactly(tmp_path):
 
 # --- offline.py probe of a GRU ------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_probe_reads_a_gru_with_the_carry_of_the_states_history():
     """The probe's GRU carry is the network's sequence form run over the observations of the
     history that led to the probed states (resets, then uniform-random steps, replayed here)."""

@@ -160,6 +160,7 @@ def assert_rollout_states_match(env, renderer, tok, n, seed):
     return texts
 
 
+@pytest.mark.slow
 def test_device_renderer_classic_rollouts(tok, renderers):
     texts = assert_rollout_states_match(CLASSIC, renderers[CLASSIC], tok, 3000, 0)
     assert any(" on grass" in t for t in texts)  # mobs were seen

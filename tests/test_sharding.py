@@ -44,6 +44,7 @@ def assert_same_run(cfg):
     return m1, m2
 
 
+@pytest.mark.slow
 def test_two_devices_equal_one_device_on_probe():
     cfg = TrainConfig(
         env=EnvConfig(name="probe-obs-action", num_envs=8, reset="auto"),
