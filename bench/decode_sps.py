@@ -11,7 +11,8 @@ is timed generating 1 token and `--new-tokens` tokens:
 - `decode_tokens_per_s`: rows x (new tokens - 1) / (seconds(N) - seconds(1)), the decode loop
   alone.
 Ours and HF are timed in alternating rounds (`llm_encode.interleaved`); `vs_hf` is the median
-over rounds of HF's seconds / ours. vLLM afterwards, alone (an idle server still takes cycles).
+over rounds of HF's seconds / ours. vLLM afterwards, once HF's rows are done (an idle server
+still takes cycles), in alternating rounds with ours again (`ours_vs_vllm`).
 
 `--shapes qwen3-4b` (GPU sessions): ours only, random bf16 weights of a released shape, batch 1,
 decode steps/s beside the memory-bandwidth bound: bytes a step must read (every weight once:
@@ -41,7 +42,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from fused.commands.process import setup_compilation_cache  # noqa: E402
 from fused.runs.files import atomic_write_json  # noqa: E402
-from llm_encode import MODELS, build, interleaved  # noqa: E402
+from llm_encode import MODELS, build  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +73,24 @@ class Args:
     """Shape whose bandwidth bound is written on every run."""
     out: str | None = None
     """JSON rows output."""
+
+
+def interleaved(fns, repeats, settle_s=0.05, long_s=1.0):
+    """Seconds of each of `fns` in `repeats` rounds calling every fn in turn (as
+    `llm_encode.interleaved`: untimed calls for `settle_s` first, so that no timing holds the
+    previous fn's spinning threads), except that calls which took over `long_s` last round go
+    untimed-call-free: a ~20 ms spin is noise beside them, and HF's calls at batch 64 take
+    minutes on 2 shared cores."""
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, ts in zip(fns, times):
+            t = time.perf_counter()
+            while (not ts or ts[-1] < long_s) and time.perf_counter() - t < settle_s:
+                fn()
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+    return times
 
 
 def bytes_per_step(cfg, batch: int, context: int, dtype_bytes: int = 2) -> dict:
@@ -166,10 +185,15 @@ def cpu_rows(args: Args, emit) -> None:
                 emit(dict(base, name="hf_torch", batch=b, seconds=hn, tokens_per_s=b * n / hn,
                           decode_tokens_per_s=b * (n - 1) / (hn - h1)))
         if args.vllm:
-            vllm_rows(args, emit, base, folder, cases, n)
+            ours = lambda k, prompts: jax.block_until_ready(  # noqa: E731
+                fns[k](params, cache, prompts, np.full(len(prompts), args.prompt_len, np.int32)))
+            vllm_rows(args, emit, base, folder, cases, n, ours)
 
 
-def vllm_rows(args: Args, emit, base, folder, cases, n) -> None:
+def vllm_rows(args: Args, emit, base, folder, cases, n, ours) -> None:
+    """vLLM's rows, ours timed again in the same rounds (alternating calls) with the server up:
+    `ours_vs_vllm` compares them on equal footing (the idle server's polling slows ours, if
+    anything)."""
     from llm_jax.vllm_client import VLLMError, launch_server
 
     try:
@@ -180,14 +204,21 @@ def vllm_rows(args: Args, emit, base, folder, cases, n) -> None:
         return
     try:
         client.timeout = 1800
-        for b, _, full in cases:
+        for b, prompts, full in cases:
             seqs = full.tolist()
-            calls = [lambda k=k: client.generate_tokens(seqs, k) for k in (1, n)]
-            for c in calls:
+            calls = [lambda k=k: ours(k, prompts) for k in (1, n)]
+            calls += [lambda k=k: client.generate_tokens(seqs, k) for k in (1, n)]
+            for c in calls[2:]:
                 c()  # warm: its compile/graph capture, and the prefix in its cache
-            v1, vn = (statistics.median(t) for t in interleaved(calls, args.repeats))
+            same = client.generate_tokens(seqs, n) == np.asarray(calls[1]()).tolist()
+            times = interleaved(calls, args.repeats)
+            o1, on, v1, vn = (statistics.median(t) for t in times)
             emit(dict(base, name="vllm", batch=b, seconds=vn, tokens_per_s=b * n / vn,
-                      decode_tokens_per_s=b * (n - 1) / (vn - v1)))
+                      decode_tokens_per_s=b * (n - 1) / (vn - v1), same_tokens_as_ours=same,
+                      ours_same_rounds_decode_tokens_per_s=b * (n - 1) / (on - o1),
+                      ours_vs_vllm=statistics.median(v / o for o, v in zip(times[1], times[3])),
+                      ours_vs_vllm_decode=statistics.median(
+                          (vn_ - v1_) / (on_ - o1_) for o1_, on_, v1_, vn_ in zip(*times))))
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
@@ -237,6 +268,8 @@ def main(args: Args):
 
     import jax
 
+    emit({"name": "machine", "cpus": os.cpu_count(), "load_average_at_start": os.getloadavg(),
+          "backend": jax.default_backend()})
     emit(dict(bound_row(args, args.bound_shape),
               measured=None if args.shapes else "not measured (no GPU in this run)"))
     if args.shapes:
@@ -245,6 +278,7 @@ def main(args: Args):
         shape_rows(args, emit)
     else:
         cpu_rows(args, emit)
+    emit({"name": "machine_after", "load_average_at_end": os.getloadavg()})
     if args.out:
         atomic_write_json(args.out, rows)
 
