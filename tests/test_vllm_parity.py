@@ -2,6 +2,7 @@
 scripts/vllm_server.sh) on the same tiny random Qwen3 (head_dim 64), and a short LLM-augmented
 training on the jax backend vs the vLLM fallback. Start-up takes ~1-2 min (fixture in conftest)."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -137,6 +138,8 @@ def test_label_sets_from_vllm_match_the_jax_path(vllm_server, tmp_path):
                                    rtol=2e-3, atol=2e-3 * np.abs(a["hidden"]).max())
     cols = ds.read(ds.shard_names()[0])
     obs = ObsCodec(spec(env)).decode(np, cols)[:8]
-    ours, _ = BatchEncoder(make_llm(cfgs["jax"], env), LabelConfig(data="", batch=8), 1)(obs)
-    theirs, _ = BatchEncoder(make_llm(cfgs["vllm"], env), LabelConfig(data="", batch=8), 1)(obs)
+    keys = np.asarray(jax.random.split(jax.random.PRNGKey(0), len(obs)))  # (no imagination)
+    ours = BatchEncoder(make_llm(cfgs["jax"], env), LabelConfig(data="", batch=8), 1)(obs, keys)[0]
+    theirs = BatchEncoder(make_llm(cfgs["vllm"], env), LabelConfig(data="", batch=8), 1)(obs,
+                                                                                         keys)[0]
     assert np.abs(ours - theirs).max() <= 1e-4 * np.abs(ours).max()
