@@ -20,7 +20,7 @@ import tyro
 @dataclasses.dataclass(frozen=True)
 class Encode:
     weights: str
-    """HuggingFace Qwen3 model folder."""
+    """HuggingFace Qwen3 model folder (dense or MoE)."""
     out: str
     """Output .npz with `hidden` ([T, H] for pool none, else [H]) and `token_ids` [T]."""
     text: str | None = None
@@ -49,7 +49,7 @@ class Encode:
 @dataclasses.dataclass(frozen=True)
 class Generate:
     weights: str
-    """HuggingFace Qwen3 model folder."""
+    """HuggingFace Qwen3 model folder (dense or MoE)."""
     out: str
     """Output .json: settings, prefix_ids, and per prompt {prompt, prompt_ids, tokens, text}
     (+ hidden [n, H] with --layer)."""
@@ -92,7 +92,7 @@ class Generate:
 @dataclasses.dataclass(frozen=True)
 class Truncate:
     weights: str
-    """HuggingFace Qwen3 model folder."""
+    """HuggingFace Qwen3 model folder (dense or MoE)."""
     layers: int
     """Keep the first L layers."""
     out: str
@@ -253,8 +253,7 @@ def run_generate(a: Generate) -> Path:
 def run_truncate(a: Truncate) -> Path:
     from safetensors.numpy import save_file
 
-    from llm_jax.loader import _tensor_files, load_params
-    from llm_jax.model import LAYER_WEIGHTS, present_weights
+    from llm_jax.loader import _tensor_files, expected_tensors, load_params
 
     src, out = Path(a.weights), Path(a.out)
     cfg, _ = load_params(src)  # full validation before writing anything
@@ -263,8 +262,7 @@ def run_truncate(a: Truncate) -> Path:
     from safetensors import safe_open
 
     files = _tensor_files(src)
-    keep = [n for s in present_weights(cfg).values() for n in s.hf_names] + [
-        n.format(i=i) for i in range(a.layers) for s in LAYER_WEIGHTS.values() for n in s.hf_names]
+    keep = list(expected_tensors(cfg, a.layers))
     if "lm_head.weight" in files and "lm_head.weight" not in keep:  # a tied model's copy
         keep.append("lm_head.weight")
     tensors = {}
@@ -279,6 +277,8 @@ def run_truncate(a: Truncate) -> Path:
     conf["num_hidden_layers"] = a.layers
     if isinstance(conf.get("layer_types"), list):
         conf["layer_types"] = conf["layer_types"][: a.layers]
+    if isinstance(conf.get("mlp_only_layers"), list):
+        conf["mlp_only_layers"] = [i for i in conf["mlp_only_layers"] if i < a.layers]
     if "max_window_layers" in conf:
         conf["max_window_layers"] = min(conf["max_window_layers"], a.layers)
     (tmp / "config.json").write_text(json.dumps(conf, indent=1))
