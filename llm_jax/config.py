@@ -151,7 +151,7 @@ class Qwen3Config:
     def is_moe(self) -> bool:
         return any(self.sparse_layers)
 
-    def _mlp_sizes(self, layers: int) -> tuple[int, int]:
+    def mlp_params(self, layers: int) -> tuple[int, int]:
         """(weights, weights a token uses) of the MLPs of the first `layers` layers."""
         h = self.hidden_size
         total = active = 0
@@ -171,7 +171,7 @@ class Qwen3Config:
         and its router, causal attention counted once)."""
         h, n, k, d = self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim
         attn = layers * (2 * h * d * (2 * n + 2 * k) + 4 * n * d * (context + (seq_len + 1) / 2))
-        return attn + 2 * self._mlp_sizes(layers)[1]
+        return attn + 2 * self.mlp_params(layers)[1]
 
     def num_params(self, layers: int | None = None) -> int:
         """Parameters of the embedding, final norm, lm_head (untied), and the first `layers`
@@ -180,14 +180,20 @@ class Qwen3Config:
         h, n, k, d = self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim
         attn = h * d * (2 * n + 2 * k) + 2 * h + 2 * d
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return embed + n_layers * attn + self._mlp_sizes(n_layers)[0] + h
+        return embed + n_layers * attn + self.mlp_params(n_layers)[0] + h
+
+    def block_params(self, layers: int, active: bool = False) -> int:
+        """Matmul weights of the first `layers` blocks (no norms, no embedding): every expert's,
+        or (`active`) only those one token uses (k experts and the router)."""
+        h, n, k, d = self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim
+        return layers * h * d * (2 * n + 2 * k) + self.mlp_params(layers)[int(active)]
 
     def active_params(self, layers: int | None = None) -> int:
         """As `num_params`, with only the experts one token uses (and the embedding once)."""
         n_layers = self.num_layers if layers is None else layers
         h, n, k, d = self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim
         attn = h * d * (2 * n + 2 * k) + 2 * h + 2 * d
-        return self.vocab_size * h + n_layers * attn + self._mlp_sizes(n_layers)[1] + h
+        return self.vocab_size * h + n_layers * attn + self.mlp_params(n_layers)[1] + h
 
 
 def _moe_fields(d: dict) -> dict:

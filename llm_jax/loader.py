@@ -96,7 +96,11 @@ def expected_tensors(cfg: Qwen3Config, layers: int | None = None) -> dict[str, t
 STACKED_EXPERTS = re.compile(r"model\.layers\.\d+\.mlp\.experts\.(gate_up_proj|down_proj)")
 
 
-def load_params(folder: str | Path, dtype=jnp.float32) -> tuple[Qwen3Config, dict]:
+def load_params(folder: str | Path, dtype=jnp.float32,
+                layers: int | None = None) -> tuple[Qwen3Config, dict]:
+    """(config, params) of a model folder; with `layers`, only the first `layers` layers'
+    tensors are read (`first_layers` of the whole; every tensor's name and shape is checked
+    all the same)."""
     folder = resolve_folder(folder)
     if not folder.is_dir():
         raise WeightsError(f"{folder} is not a folder; pass a HuggingFace Qwen3 model folder or "
@@ -140,7 +144,7 @@ def load_params(folder: str | Path, dtype=jnp.float32) -> tuple[Qwen3Config, dic
 
     params = {k: jnp.asarray(s.convert(read, cfg).astype(dtype))
               for k, s in present_weights(cfg).items()}
-    for group, (specs, idx) in layer_groups(cfg).items():
+    for group, (specs, idx) in layer_groups(cfg, layers).items():
         stacks = {}
         for k, s in specs.items():
             # Filled layer by layer: the host holds one copy of the stack, not a list and a copy.

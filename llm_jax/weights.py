@@ -135,8 +135,11 @@ def layer_groups(cfg: Qwen3Config, layers: int | None = None
     return out
 
 
-def init_params(cfg: Qwen3Config, key: jax.Array, dtype=jnp.float32) -> dict:
-    """Random weights (normal, std 0.02; norms near 1) for benchmarks and shape tests."""
+def init_params(cfg: Qwen3Config, key: jax.Array, dtype=jnp.float32,
+                layers: int | None = None) -> dict:
+    """Random weights (normal, std 0.02; norms near 1) for benchmarks and shape tests; with
+    `layers`, only the first `layers` layers are made, equal to `first_layers` of the whole
+    model's (random bits depend on each element's index, `jax_threefry_partitionable`)."""
     def one(spec, k, lead=()):
         shape = spec.shape(cfg)
         if len(shape) == 1:
@@ -144,13 +147,17 @@ def init_params(cfg: Qwen3Config, key: jax.Array, dtype=jnp.float32) -> dict:
         return (0.02 * jax.random.normal(k, lead + shape)).astype(dtype)
 
     top = present_weights(cfg)
-    groups = layer_groups(cfg)
+    groups = layer_groups(cfg)  # keys are drawn for every group, kept or not
+    kept = layer_groups(cfg, layers)
     n_keys = len(top) + sum(len(specs) for specs, _ in groups.values())
     keys = iter(jax.random.split(key, n_keys))
     # lm_head's key comes last, so a tied model gets the same weights as before it existed.
     params = {name: one(s, next(keys)) for name, s in top.items() if name != "lm_head"}
-    for group, (specs, idx) in groups.items():
-        params[group] = {name: one(s, next(keys), (len(idx),)) for name, s in specs.items()}
+    for group, (specs, _) in groups.items():
+        group_keys = {name: next(keys) for name in specs}
+        if group in kept:
+            lead = (len(kept[group][1]),)
+            params[group] = {name: one(s, group_keys[name], lead) for name, s in specs.items()}
     if "lm_head" in top:
         params["lm_head"] = one(top["lm_head"], next(keys))
     return params

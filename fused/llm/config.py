@@ -16,6 +16,11 @@ from llm_jax.model import AttentionForm
 TINY = Qwen3Config(vocab_size=151_936, hidden_size=128, intermediate_size=384, num_layers=2,
                    num_heads=2, num_kv_heads=1, head_dim=64, rope_theta=1_000_000.0,
                    rms_norm_eps=1e-6, tie_word_embeddings=True)
+# Its mixture-of-experts sibling: layer 0 dense (mlp_only_layers), layer 1 8 experts, top 2.
+TINY_MOE = dataclasses.replace(TINY, tie_word_embeddings=False, num_experts=8,
+                               num_experts_per_tok=2, moe_intermediate_size=96,
+                               norm_topk_prob=True, mlp_only_layers=(0,))
+RANDOM_MODELS = {"tiny": TINY, "tiny-moe": TINY_MOE}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,11 +28,15 @@ class ModelConfig:
     """Which Qwen3 (weights or a random one) and how it computes."""
 
     weights: str | None = None
-    """HuggingFace Qwen3 folder or hub id; None uses a built-in RANDOM Qwen3 (see
-    --llm.random-model) whose outputs carry no meaning (for tests and speed measurements)."""
-    random_model: Literal["tiny", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"] = "tiny"
-    """Shape of the random Qwen3 used when --llm.weights is not given: the built-in tiny one, or
-    a released size's architecture with random weights (speed and memory measurements)."""
+    """HuggingFace Qwen3 folder or hub id, dense or mixture-of-experts (`qwen3_moe`); None uses
+    a built-in RANDOM Qwen3 (see --llm.random-model) whose outputs carry no meaning (for tests
+    and speed measurements)."""
+    random_model: Literal["tiny", "tiny-moe", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b",
+                          "qwen3-8b", "qwen3-30b-a3b"] = "tiny"
+    """Shape of the random Qwen3 used when --llm.weights is not given: the built-in tiny one
+    (tiny-moe: one dense layer, one of 8 experts), or a released size's architecture with
+    random weights (speed and memory measurements; qwen3-30b-a3b: 48 layers of 128 experts,
+    top 8, ~61 GB in bfloat16)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """LLM compute dtype (jax backend)."""
     attention: AttentionForm = "auto"
@@ -209,7 +218,7 @@ def model_config(m: ModelConfig) -> Qwen3Config:
     """The Qwen3 architecture --llm.* names: the weights folder's config.json, or the random
     model's shape. A folder that is not a Qwen3 checkpoint is a ConfigError on llm.weights."""
     if m.weights is None:
-        return TINY if m.random_model == "tiny" else Qwen3Config.shape(m.random_model)
+        return RANDOM_MODELS.get(m.random_model) or Qwen3Config.shape(m.random_model)
     from llm_jax.loader import WeightsError, resolve_folder
 
     try:
