@@ -106,11 +106,13 @@ def run_encode(a: Encode) -> Path:
     import jax
     import jax.numpy as jnp
 
-    from llm_jax.loader import load_params
+    from llm_jax.config import Qwen3Config
+    from llm_jax.loader import load_params, resolve_folder
     from llm_jax.model import AttentionConfig, encode, prefill
     from llm_jax.tokenizer import load_tokenizer
 
-    cfg, params = load_params(a.weights, jnp.float32 if a.dtype == "float32" else jnp.bfloat16)
+    folder = resolve_folder(a.weights)
+    cfg = Qwen3Config.from_folder(folder)
     layer = cfg.num_layers if a.layer is None else a.layer
     if not 0 <= layer <= cfg.num_layers:
         raise SystemExit(f"error: --layer {layer} must lie in 0..{cfg.num_layers}")
@@ -127,10 +129,16 @@ def run_encode(a: Encode) -> Path:
     attn = AttentionConfig(form=a.attention)
     extra = {}
     cache = None
+    prefix_ids = np.zeros(0, np.int32)
     if a.prefix_text_file is not None:
         prefix_ids = np.asarray(tok.encode(Path(a.prefix_text_file).read_text()), np.int32)
         if prefix_ids.size == 0:
             raise SystemExit("error: --prefix-text-file encodes to no tokens")
+    computed = max(layer, 1) if prefix_ids.size else layer  # only these layers are read
+    check_memory(cfg, a.dtype, computed, 1, ids.size, prefix_ids.size)
+    _, params = load_params(folder, jnp.float32 if a.dtype == "float32" else jnp.bfloat16,
+                            computed)
+    if prefix_ids.size:
         cache = jax.jit(lambda p, t: prefill(p, cfg, t, max(layer, 1), attn))(
             params, jnp.asarray(prefix_ids))
         extra["prefix_ids"] = prefix_ids
@@ -142,6 +150,23 @@ def run_encode(a: Encode) -> Path:
     os.replace(tmp, out)
     print(f"{ids.size} tokens, layer {layer}, pool {a.pool}, hidden {tuple(hidden.shape)} -> {out}")
     return out
+
+
+def check_memory(cfg, dtype: str, layers: int, rows: int, tokens: int, prefix: int,
+                 new_tokens: int = 0) -> None:
+    """SystemExit (one line: the figures and the fix) unless the weights of `layers` layers,
+    the prefix and KV caches and one pass's activations fit the device; prints the estimate."""
+    from llm_jax.memory import (MemoryFitError, activation_bytes, check_fits, fixes, kv_bytes,
+                                weight_bytes)
+
+    need = {"weights": weight_bytes(cfg, dtype, layers),
+            "caches": kv_bytes(cfg, layers, prefix + rows * (tokens + new_tokens), dtype),
+            "activations": activation_bytes(cfg, rows, tokens, prefix, dtype)}
+    try:
+        _, line = check_fits(need, fixes(dtype, "--dtype", "--layer", "fewer or shorter prompts"))
+    except MemoryFitError as e:
+        raise SystemExit(f"error: {e}") from None
+    print(line, flush=True)
 
 
 def _as_flags(e: Exception) -> str:
@@ -220,6 +245,8 @@ def run_generate(a: Generate) -> Path:
     from llm_jax.loader import load_params
     from llm_jax.model import AttentionConfig, prefill
 
+    check_memory(cfg, a.dtype, cfg.num_layers, len(rows), max(map(len, rows)), len(prefix),
+                 a.max_new_tokens)
     _, params = load_params(folder, jnp.float32 if a.dtype == "float32" else jnp.bfloat16)
     attn = AttentionConfig(form=a.attention)
     cache = (jax.jit(lambda p, t: prefill(p, cfg, t, attn=attn))(params, jnp.asarray(prefix))

@@ -74,12 +74,18 @@ def check_fits(need: dict[str, int], fixes: str, device=None) -> tuple[int, str]
     have, what = available_bytes(device)
     total = sum(need.values())
     parts = " + ".join(f"{k} {v / GB:.2f} GB" for k, v in need.items())
+    if len(need) > 1:
+        parts += f" = {total / GB:.2f} GB"
     if total > have:
-        raise MemoryFitError(f"the model needs {parts} = {total / GB:.2f} GB but the device has "
+        raise MemoryFitError(f"the model needs {parts} but the device has "
                              f"{have / GB:.2f} GB ({what}); {fixes}")
-    return have - total, f"memory: {parts} = {total / GB:.2f} GB of {have / GB:.2f} GB ({what})"
+    return have - total, f"memory: {parts} of {have / GB:.2f} GB ({what})"
 
 
-FIXES = ("use bfloat16 weights (half of float32), fewer layers (the hidden state of an earlier "
-         "layer), smaller batches, or a device with more memory; on a GPU JAX takes 75% of it "
-         "unless XLA_PYTHON_CLIENT_MEM_FRACTION says more (e.g. 0.95)")
+def fixes(dtype, dtype_flag: str, layer_flag: str, batch_flag: str) -> str:
+    """What to change when the model does not fit, in the words of a command's flags."""
+    out = [f"{dtype_flag} bfloat16 (half the float32 bytes)"] if itemsize(dtype) > 2 else []
+    out += [f"an earlier layer's state ({layer_flag}: later layers are not loaded)",
+            f"smaller calls ({batch_flag})", "a device with more memory",
+            "on a GPU a larger XLA_PYTHON_CLIENT_MEM_FRACTION (JAX takes 75% by default)"]
+    return "use " + ", ".join(out)

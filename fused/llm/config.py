@@ -5,12 +5,16 @@ random model."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Literal
 
 from fused.envspec import TEXT_ENVS, spec
 from fused.errors import ConfigError
 from llm_jax.config import Qwen3Config, Qwen3ConfigError
+from llm_jax.memory import MemoryFitError, check_fits, fixes, weight_bytes
 from llm_jax.model import AttentionForm
+
+log = logging.getLogger(__name__)
 
 # The built-in tiny random Qwen3 (real vocabulary so real prompt tokens embed): no meaning.
 TINY = Qwen3Config(vocab_size=151_936, hidden_size=128, intermediate_size=384, num_layers=2,
@@ -201,6 +205,9 @@ def validate_llm(m: LLMConfig, env_name: str, local_envs: int, num_devices: int 
                           "states only)")
     if m.active_backend == "jax":  # vLLM reads the weights, not us
         validate_model(m)
+        # the weights alone, before anything is built (make_llm adds caches and activations)
+        check_llm_memory(m, q, q.num_layers if m.imagine.tokens else
+                         (q.num_layers if m.layer is None else m.layer), {})
 
 
 def validate_model(m: ModelConfig) -> None:
@@ -212,6 +219,21 @@ def validate_model(m: ModelConfig) -> None:
             check_weights(resolve_folder(m.weights))
         except WeightsError as e:
             raise ConfigError(f"llm.weights={m.weights!r}: {e}") from None
+
+
+def check_llm_memory(model: ModelConfig, qcfg: Qwen3Config, layers: int | None,
+                     need: dict[str, int]) -> float:
+    """ConfigError (one line) unless the weights of the first `layers` layers and `need` fit
+    this process's first device; logs the estimate; returns the bytes left over."""
+    name = model.weights or f"random {model.random_model}"
+    try:
+        left, line = check_fits({"weights": weight_bytes(qcfg, model.dtype, layers), **need},
+                                fixes(model.dtype, "--llm.dtype", "--llm.layer",
+                                      "--llm.microbatch"))
+    except MemoryFitError as e:
+        raise ConfigError(f"llm.weights={name!r} ({model.dtype}): {e}") from None
+    log.info(f"{name} ({model.dtype}) {line}")
+    return left
 
 
 def model_config(m: ModelConfig) -> Qwen3Config:

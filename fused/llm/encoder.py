@@ -22,15 +22,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from fused.errors import ConfigError
-from fused.llm.config import LLMConfig, ModelConfig, model_config
+from fused.llm.config import LLMConfig, ModelConfig, check_llm_memory, model_config
 from fused.envspec import spec
 from fused.llm.vllm_host import HostEncoder
 from fused.text.prompt import IMAGINE_INSTRUCTION, garbage_prefix, prompt_parts
 from fused.text.render import Renderer, at_smallest_fit, make_renderer, render_tokens
 from llm_jax.config import Qwen3Config
 from llm_jax.loader import WeightsError, load_params
-from llm_jax.memory import FIXES, MemoryFitError, activation_bytes, check_fits, kv_bytes, \
-    weight_bytes
+from llm_jax.memory import activation_bytes, kv_bytes
 from llm_jax.model import (AttentionConfig, PrefixCache, encode, first_layers, init_params,
                            prefill)
 from llm_jax.tokenizer import load_tokenizer
@@ -128,22 +127,6 @@ def _make_or_read(model: ModelConfig, qcfg: Qwen3Config, seed: int, layers: int 
         return load_params(model.weights, dtype, layers)[1]
     except WeightsError as e:
         raise ConfigError(f"llm.weights={model.weights!r}: {e}") from None
-
-
-def check_llm_memory(model: ModelConfig, qcfg: Qwen3Config, layers: int | None,
-                     need: dict[str, int]) -> float:
-    """ConfigError (one line) unless the weights of the first `layers` layers and `need` fit
-    this process's first device; logs the estimate; returns the bytes left over."""
-    name = model.weights or f"random {model.random_model}"
-    try:
-        left, line = check_fits({"weights": weight_bytes(qcfg, model.dtype, layers), **need},
-                                FIXES.replace("use bfloat16", "use --llm.dtype bfloat16")
-                                .replace("fewer layers", "fewer layers (--llm.layer)")
-                                .replace("smaller batches", "smaller batches (--llm.microbatch)"))
-    except MemoryFitError as e:
-        raise ConfigError(f"llm.weights={name!r} ({model.dtype}): {e}") from None
-    log.info(f"{name} ({model.dtype}) {line}")
-    return left
 
 
 def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0, weights_of: LLM | None = None) -> LLM:
