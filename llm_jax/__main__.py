@@ -20,7 +20,7 @@ import tyro
 @dataclasses.dataclass(frozen=True)
 class Encode:
     weights: str
-    """HuggingFace Qwen3 model folder."""
+    """HuggingFace Qwen3 model folder (dense or MoE)."""
     out: str
     """Output .npz with `hidden` ([T, H] for pool none, else [H]) and `token_ids` [T]."""
     text: str | None = None
@@ -49,7 +49,7 @@ class Encode:
 @dataclasses.dataclass(frozen=True)
 class Generate:
     weights: str
-    """HuggingFace Qwen3 model folder."""
+    """HuggingFace Qwen3 model folder (dense or MoE)."""
     out: str
     """Output .json: settings, prefix_ids, and per prompt {prompt, prompt_ids, tokens, text}
     (+ hidden [n, H] with --layer)."""
@@ -92,7 +92,7 @@ class Generate:
 @dataclasses.dataclass(frozen=True)
 class Truncate:
     weights: str
-    """HuggingFace Qwen3 model folder."""
+    """HuggingFace Qwen3 model folder (dense or MoE)."""
     layers: int
     """Keep the first L layers."""
     out: str
@@ -106,11 +106,13 @@ def run_encode(a: Encode) -> Path:
     import jax
     import jax.numpy as jnp
 
-    from llm_jax.loader import load_params
+    from llm_jax.config import Qwen3Config
+    from llm_jax.loader import load_params, resolve_folder
     from llm_jax.model import AttentionConfig, encode, prefill
     from llm_jax.tokenizer import load_tokenizer
 
-    cfg, params = load_params(a.weights, jnp.float32 if a.dtype == "float32" else jnp.bfloat16)
+    folder = resolve_folder(a.weights)
+    cfg = Qwen3Config.from_folder(folder)
     layer = cfg.num_layers if a.layer is None else a.layer
     if not 0 <= layer <= cfg.num_layers:
         raise SystemExit(f"error: --layer {layer} must lie in 0..{cfg.num_layers}")
@@ -127,10 +129,16 @@ def run_encode(a: Encode) -> Path:
     attn = AttentionConfig(form=a.attention)
     extra = {}
     cache = None
+    prefix_ids = np.zeros(0, np.int32)
     if a.prefix_text_file is not None:
         prefix_ids = np.asarray(tok.encode(Path(a.prefix_text_file).read_text()), np.int32)
         if prefix_ids.size == 0:
             raise SystemExit("error: --prefix-text-file encodes to no tokens")
+    computed = max(layer, 1) if prefix_ids.size else layer  # only these layers are read
+    check_memory(cfg, a.dtype, computed, 1, ids.size, prefix_ids.size)
+    _, params = load_params(folder, jnp.float32 if a.dtype == "float32" else jnp.bfloat16,
+                            computed)
+    if prefix_ids.size:
         cache = jax.jit(lambda p, t: prefill(p, cfg, t, max(layer, 1), attn))(
             params, jnp.asarray(prefix_ids))
         extra["prefix_ids"] = prefix_ids
@@ -142,6 +150,23 @@ def run_encode(a: Encode) -> Path:
     os.replace(tmp, out)
     print(f"{ids.size} tokens, layer {layer}, pool {a.pool}, hidden {tuple(hidden.shape)} -> {out}")
     return out
+
+
+def check_memory(cfg, dtype: str, layers: int, rows: int, tokens: int, prefix: int,
+                 new_tokens: int = 0) -> None:
+    """SystemExit (one line: the figures and the fix) unless the weights of `layers` layers,
+    the prefix and KV caches and one pass's activations fit the device; prints the estimate."""
+    from llm_jax.memory import (MemoryFitError, activation_bytes, check_fits, fixes, kv_bytes,
+                                weight_bytes)
+
+    need = {"weights": weight_bytes(cfg, dtype, layers),
+            "caches": kv_bytes(cfg, layers, prefix + rows * (tokens + new_tokens), dtype),
+            "activations": activation_bytes(cfg, rows, tokens, prefix, dtype)}
+    try:
+        _, line = check_fits(need, fixes(dtype, "--dtype", "--layer", "fewer or shorter prompts"))
+    except MemoryFitError as e:
+        raise SystemExit(f"error: {e}") from None
+    print(line, flush=True)
 
 
 def _as_flags(e: Exception) -> str:
@@ -220,6 +245,8 @@ def run_generate(a: Generate) -> Path:
     from llm_jax.loader import load_params
     from llm_jax.model import AttentionConfig, prefill
 
+    check_memory(cfg, a.dtype, cfg.num_layers, len(rows), max(map(len, rows)), len(prefix),
+                 a.max_new_tokens)
     _, params = load_params(folder, jnp.float32 if a.dtype == "float32" else jnp.bfloat16)
     attn = AttentionConfig(form=a.attention)
     cache = (jax.jit(lambda p, t: prefill(p, cfg, t, attn=attn))(params, jnp.asarray(prefix))
@@ -253,8 +280,7 @@ def run_generate(a: Generate) -> Path:
 def run_truncate(a: Truncate) -> Path:
     from safetensors.numpy import save_file
 
-    from llm_jax.loader import _tensor_files, load_params
-    from llm_jax.model import LAYER_WEIGHTS, present_weights
+    from llm_jax.loader import _tensor_files, expected_tensors, load_params
 
     src, out = Path(a.weights), Path(a.out)
     cfg, _ = load_params(src)  # full validation before writing anything
@@ -263,8 +289,7 @@ def run_truncate(a: Truncate) -> Path:
     from safetensors import safe_open
 
     files = _tensor_files(src)
-    keep = [n for s in present_weights(cfg).values() for n in s.hf_names] + [
-        n.format(i=i) for i in range(a.layers) for s in LAYER_WEIGHTS.values() for n in s.hf_names]
+    keep = list(expected_tensors(cfg, a.layers))
     if "lm_head.weight" in files and "lm_head.weight" not in keep:  # a tied model's copy
         keep.append("lm_head.weight")
     tensors = {}
@@ -279,6 +304,8 @@ def run_truncate(a: Truncate) -> Path:
     conf["num_hidden_layers"] = a.layers
     if isinstance(conf.get("layer_types"), list):
         conf["layer_types"] = conf["layer_types"][: a.layers]
+    if isinstance(conf.get("mlp_only_layers"), list):
+        conf["mlp_only_layers"] = [i for i in conf["mlp_only_layers"] if i < a.layers]
     if "max_window_layers" in conf:
         conf["max_window_layers"] = min(conf["max_window_layers"], a.layers)
     (tmp / "config.json").write_text(json.dumps(conf, indent=1))

@@ -42,7 +42,7 @@ from einops import rearrange
 
 from llm_jax.config import Qwen3Config
 from llm_jax.model import (AttentionConfig, PrefixCache, hidden_states, lm_logits, mlp_block,
-                           project_qkv, rms_norm, rope_tables)
+                           project_qkv, rms_norm, rope_tables, scan_layers)
 
 
 class GenerateError(ValueError):
@@ -179,17 +179,19 @@ def decode_attention(q, k, v, cache_k, cache_v, visible, prefix_k=None, prefix_v
     return rearrange(out / total, "b k g d -> b (k g) d").astype(q.dtype)
 
 
-def _layer_step(cfg: Qwen3Config, rot, visible, x, xs):
-    """One block for one token per row (the `lax.scan` body over layers). x: [B, 1, H]."""
-    lp, ck, cv, pk, pv = xs
+def _layer_step(cfg: Qwen3Config, rot, visible, moe_form, x, lp, xs):
+    """One block for one token per row (the `scan_layers` step). x: [B, 1, H]; lp: the
+    block's weights, its MLP (dense or experts) among them, for `mlp_block`."""
+    ck, cv, pk, pv = xs
     q, k, v = project_qkv(cfg, lp, x, rot)  # [B, 1, N, D], [B, 1, K, D]
     a = decode_attention(q[:, 0], k[:, 0], v[:, 0], ck, cv, visible, pk, pv)  # [B, N, D]
     x = x + jnp.einsum("bnd,ndh->bh", a, lp["o"])[:, None]
-    x = mlp_block(cfg, lp, x)
+    x, _ = mlp_block(cfg, lp, x, form=moe_form)
     return x, (x[:, 0], k[:, 0], v[:, 0])
 
 
-def forward_one(params, cfg: Qwen3Config, tokens, cache: KVCache, prefix: PrefixCache | None):
+def forward_one(params, cfg: Qwen3Config, tokens, cache: KVCache, prefix: PrefixCache | None,
+                attn: AttentionConfig = AttentionConfig()):
     """Feed one token per row, at each row's slot `cache.lengths` (position P + lengths).
     tokens: [B]. Returns (states [L + 1, B, H]: embeddings, then the residual after each block,
     pre-norm; new keys, values [L, B, K, D]). The cache is read, not written."""
@@ -198,8 +200,8 @@ def forward_one(params, cfg: Qwen3Config, tokens, cache: KVCache, prefix: Prefix
     rot = rope_tables((p + cache.lengths)[:, None], cfg.head_dim, cfg.rope_theta, x.dtype)
     visible = jnp.arange(cache.k.shape[2])[None] < cache.lengths[:, None]  # [B, S]
     pk, pv = (None, None) if prefix is None else (prefix.k, prefix.v)
-    _, (xs, k, v) = jax.lax.scan(functools.partial(_layer_step, cfg, rot, visible), x,
-                                 (params["layers"], cache.k, cache.v, pk, pv))
+    step = functools.partial(_layer_step, cfg, rot, visible, attn.moe_form)
+    _, (xs, k, v) = scan_layers(cfg, params, cfg.num_layers, step, x, (cache.k, cache.v, pk, pv))
     return jnp.concatenate([x[None, :, 0], xs]), k, v
 
 
@@ -222,12 +224,12 @@ def _decode_step(params, cfg: Qwen3Config, prefix, row_keys, static, state: Deco
     """Feed each active row's next unfed token, record its state, and (rows not stopped) sample
     the following token. Rows with nothing to feed compute too (batched) but change nothing:
     their writes go to an out-of-range index and are dropped."""
-    sampling, stop_ids, n_new, hidden_layer, post_norm = static
+    sampling, stop_ids, n_new, hidden_layer, post_norm, attn = static
     b = state.tokens.shape[0]
     rows = jnp.arange(b)
     active = state.fed < state.num if hidden_layer is not None else ~state.stopped
     last = state.tokens[rows, jnp.minimum(state.fed, n_new - 1)]
-    states, k, v = forward_one(params, cfg, last, state.cache, prefix)
+    states, k, v = forward_one(params, cfg, last, state.cache, prefix, attn)
     slot = jnp.where(active, state.cache.lengths, state.cache.k.shape[2])
     cache = KVCache(state.cache.k.at[:, rows, slot].set(k, mode="drop"),
                     state.cache.v.at[:, rows, slot].set(v, mode="drop"),
@@ -275,7 +277,7 @@ def generate(params, cfg: Qwen3Config, tokens, lengths, key, *, max_new_tokens: 
         raise GenerateError(f"the prefix cache holds {prefix.k.shape[0]} layers; decoding needs "
                             f"all {cfg.num_layers} (prefill with num_layers=None)")
     lengths = lengths.astype(jnp.int32)
-    x, (k, v) = hidden_states(params, cfg, tokens, lengths, cfg.num_layers, prefix, attn)
+    x, (k, v), _ = hidden_states(params, cfg, tokens, lengths, cfg.num_layers, prefix, attn)
     pad = jnp.zeros((*k.shape[:2], max_new_tokens, *k.shape[3:]), k.dtype)
     cache = KVCache(jnp.concatenate([k, pad], 2), jnp.concatenate([v, pad], 2), lengths)
     last = rms_norm(x[jnp.arange(b), lengths - 1], params["final_norm"], cfg.rms_norm_eps)
@@ -289,7 +291,7 @@ def generate(params, cfg: Qwen3Config, tokens, lengths, key, *, max_new_tokens: 
     num = zero + 1
     state = DecodeState(cache, out, num, zero, _stops(first, num, stop_ids, max_new_tokens),
                         hidden)
-    static = (sampling, tuple(stop_ids), max_new_tokens, hidden_layer, post_norm)
+    static = (sampling, tuple(stop_ids), max_new_tokens, hidden_layer, post_norm, attn)
 
     def more(s: DecodeState):
         return jnp.any(s.fed < s.num) if hidden_layer is not None else jnp.any(~s.stopped)

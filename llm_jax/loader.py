@@ -1,8 +1,10 @@
 """HF model folder (config.json + safetensors, single or sharded) -> (config, params).
 
-Host-only: reads with safetensors' numpy backend (memory-mapped), converts each tensor as
-`model.WEIGHTS` says (lm_head for untied models only), stacks layers, casts, and only then puts arrays on the device. No random
-init, no pickle, no network. Every missing, unexpected or mis-shaped tensor is reported at once.
+Host-only: reads with safetensors' numpy backend (memory-mapped), converts each tensor as the
+tables of `llm_jax.weights` say (lm_head for untied models only; a MoE layer's experts one
+tensor per expert and projection, as HF writes them), stacks each layer group, casts, and only
+then puts arrays on the device. No random init, no pickle, no network. Every missing,
+unexpected or mis-shaped tensor is reported at once.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy as np
 from safetensors import safe_open
 
 from llm_jax.config import Qwen3Config
-from llm_jax.model import IGNORED, LAYER_WEIGHTS, present_weights
+from llm_jax.weights import IGNORED, layer_groups, present_weights
 
 
 class WeightsError(ValueError):
@@ -79,16 +81,26 @@ def check_weights(folder: Path) -> None:
                            "missing: download them again")
 
 
-def expected_tensors(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
-    out = {n: shape for s in present_weights(cfg).values()
-           for n, shape in zip(s.hf_names, s.hf_shapes(cfg))}
-    for i in range(cfg.num_layers):
-        out.update({n.format(i=i): shape for s in LAYER_WEIGHTS.values()
-                    for n, shape in zip(s.hf_names, s.hf_shapes(cfg))})
+def expected_tensors(cfg: Qwen3Config, layers: int | None = None) -> dict[str, tuple[int, ...]]:
+    """HF name -> shape of every tensor of a model of `cfg` cut after `layers` layers (default
+    all): the top-level weights, then each layer's in its group (experts one per tensor)."""
+    out = {n: shape for s in present_weights(cfg).values() for n, shape in s.names(cfg)}
+    for specs, idx in layer_groups(cfg, layers).values():
+        for i in idx:
+            out.update({n: shape for s in specs.values() for n, shape in s.names(cfg, i)})
     return out
 
 
-def load_params(folder: str | Path, dtype=jnp.float32) -> tuple[Qwen3Config, dict]:
+# Stacked expert tensors (one [E, ...] per layer), written by some tools instead of HF's
+# per-expert tensors: named in the error so the fix is plain.
+STACKED_EXPERTS = re.compile(r"model\.layers\.\d+\.mlp\.experts\.(gate_up_proj|down_proj)")
+
+
+def load_params(folder: str | Path, dtype=jnp.float32,
+                layers: int | None = None) -> tuple[Qwen3Config, dict]:
+    """(config, params) of a model folder; with `layers`, only the first `layers` layers'
+    tensors are read (`first_layers` of the whole; every tensor's name and shape is checked
+    all the same)."""
     folder = resolve_folder(folder)
     if not folder.is_dir():
         raise WeightsError(f"{folder} is not a folder; pass a HuggingFace Qwen3 model folder or "
@@ -113,20 +125,32 @@ def load_params(folder: str | Path, dtype=jnp.float32) -> tuple[Qwen3Config, dic
     wrong = [f"{n}: {shape_of(n)} != {s}" for n, s in expected.items()
              if n in files and shape_of(n) != s]
     if missing or unexpected or wrong:
-        if any(re.match(r"model\.layers\.\d+\.mlp\.experts", n) for n in unexpected):
-            raise WeightsError(f"{folder} holds a mixture-of-experts model, not Qwen3 dense")
+        kind = (f"a MoE model ({cfg.num_experts} experts, sparse layers "
+                f"{[i for i, s in enumerate(cfg.sparse_layers) if s]})" if cfg.is_moe
+                else "a dense model")
         parts = [f"{len(missing)} missing: {missing[:8]}" if missing else "",
                  f"{len(unexpected)} unexpected: {unexpected[:8]}" if unexpected else "",
                  f"{len(wrong)} mis-shaped: {wrong[:8]}" if wrong else ""]
-        raise WeightsError(f"{folder} does not match its config.json ("
-                           + "; ".join(p for p in parts if p) + "); is it a Qwen3 checkpoint?")
+        hint = ""
+        if any(STACKED_EXPERTS.match(n) for n in unexpected):
+            hint = ("; its experts are stacked tensors (mlp.experts.gate_up_proj / down_proj): "
+                    "re-save it with transformers' save_pretrained, which writes HF's "
+                    "per-expert tensors (mlp.experts.{j}.gate_proj.weight ...)")
+        raise WeightsError(f"{folder} does not match its config.json, which describes {kind} ("
+                           + "; ".join(p for p in parts if p) + ")" + hint)
 
-    def convert(spec, i=None):
-        names = [n.format(i=i) for n in spec.hf_names]
-        return spec.convert([handle(n).get_tensor(n) for n in names], cfg).astype(dtype)
+    def read(name):
+        return handle(name).get_tensor(name)
 
-    params = {k: jnp.asarray(convert(s)) for k, s in present_weights(cfg).items()}
-    params["layers"] = {
-        k: jnp.asarray(np.stack([convert(s, i) for i in range(cfg.num_layers)]))
-        for k, s in LAYER_WEIGHTS.items()}
+    params = {k: jnp.asarray(s.convert(read, cfg).astype(dtype))
+              for k, s in present_weights(cfg).items()}
+    for group, (specs, idx) in layer_groups(cfg, layers).items():
+        stacks = {}
+        for k, s in specs.items():
+            # Filled layer by layer: the host holds one copy of the stack, not a list and a copy.
+            stack = np.empty((len(idx), *s.shape(cfg)), jnp.dtype(dtype))
+            for n, i in enumerate(idx):
+                stack[n] = s.convert(read, cfg, i)
+            stacks[k] = jnp.asarray(stack)
+        params[group] = stacks
     return cfg, params

@@ -1,9 +1,20 @@
-"""Qwen3 dense as pure functions over a params pytree, with a hidden-state API and prefix cache.
+"""Qwen3 (dense and mixture-of-experts) as pure functions over a params pytree, with a
+hidden-state API and prefix cache.
 
-Each weight is described once in `WEIGHTS` (HF names and shapes, conversion); the loader, random
-init and shape checks derive from it. The q, k, v projections are stored as one matrix, and gate
-and up as another, so each is one GEMM. Per-layer weights are stacked `[L, ...]` and the
-layers run under `lax.scan`, so asking for layer L computes only the first L layers.
+Each weight is described once in `llm_jax.weights` (HF names and shapes, conversion); the
+loader, random init, shape checks and `first_layers` derive from those tables. The q, k, v
+projections are stored as one matrix, and gate and up as another, so each is one GEMM.
+
+Layers. Per-layer weights are stacked by group (`LAYER_GROUPS`): `params["layers"]` holds every
+block's attention and norms `[L, ...]`, `params["mlp"]` the dense MLPs `[L_dense, ...]` and
+`params["moe"]` the sparse ones `[L_sparse, ...]` (router and experts), each group in layer
+order and present only when some layer has it. The blocks run under one `lax.scan`
+(`scan_layers`), so compile time does not grow with depth and asking for layer L computes only
+the first L blocks. When the first L layers mix dense and sparse MLPs (`mlp_only_layers`,
+`decoder_sparse_step` > 1), the scan carries each layer's kind and its index in its group, and
+`mlp_block` picks the MLP with `lax.cond` (both compiled once, one run per layer): one scan and
+one compiled block whatever the pattern, where runs of same-kind layers as separate scans would
+compile a block per run (48 for an alternating 48-layer model).
 
 Letters in einsums: b batch, t query positions, s key positions, p prefix positions, h hidden,
 n query heads, k kv heads, g query heads per kv head, d head dim, f MLP width, v vocab,
@@ -23,83 +34,10 @@ import numpy as np
 from einops import rearrange
 
 from llm_jax.config import Qwen3Config
-
-
-class WeightSpec(NamedTuple):
-    """One of our arrays, made from one or more HF tensors: each converted by `to_ours`, then
-    concatenated along the last axis (q, k, v projections become one GEMM, gate and up another)."""
-
-    hf_names: tuple[str, ...]  # "{i}" is the layer index for per-layer weights
-    hf_shapes: Callable[[Qwen3Config], tuple[tuple[int, ...], ...]]
-    to_ours: Callable[[np.ndarray, Qwen3Config], np.ndarray]
-    # Whether a model of this config has the weight (lm_head: untied models only).
-    present: Callable[[Qwen3Config], bool] = lambda c: True
-
-    def convert(self, tensors: list[np.ndarray], cfg: Qwen3Config) -> np.ndarray:
-        parts = [self.to_ours(w, cfg) for w in tensors]
-        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
-
-
-def _one(name, shape, to_ours, present=lambda c: True):
-    return WeightSpec((name,), lambda c: (shape(c),), to_ours, present)
-
-
-_same = lambda w, c: w  # noqa: E731
-_t = lambda w, c: w.T  # noqa: E731
-LAYER = "model.layers.{i}."
-WEIGHTS: dict[str, WeightSpec] = {
-    "embed": _one("model.embed_tokens.weight", lambda c: (c.vocab_size, c.hidden_size), _same),
-    "final_norm": _one("model.norm.weight", lambda c: (c.hidden_size,), _same),
-    # [V, H] as HF stores it (the embedding's layout), untied models only (Qwen3-8B): tied ones
-    # (0.6B-4B) take their logits from `embed`. Only decoding reads it (`lm_logits`).
-    "lm_head": _one("lm_head.weight", lambda c: (c.vocab_size, c.hidden_size), _same,
-                    lambda c: not c.tie_word_embeddings),
-}
-LAYER_WEIGHTS: dict[str, WeightSpec] = {
-    "attn_norm": _one(LAYER + "input_layernorm.weight", lambda c: (c.hidden_size,), _same),
-    # [H, (N + 2K) * D]: q heads, then k heads, then v heads.
-    "qkv": WeightSpec(tuple(LAYER + f"self_attn.{x}_proj.weight" for x in "qkv"),
-                      lambda c: ((c.num_heads * c.head_dim, c.hidden_size),
-                                 (c.num_kv_heads * c.head_dim, c.hidden_size),
-                                 (c.num_kv_heads * c.head_dim, c.hidden_size)), _t),
-    "o": _one(LAYER + "self_attn.o_proj.weight",
-              lambda c: (c.hidden_size, c.num_heads * c.head_dim),
-              lambda w, c: w.T.reshape(c.num_heads, c.head_dim, c.hidden_size)),
-    "q_norm": _one(LAYER + "self_attn.q_norm.weight", lambda c: (c.head_dim,), _same),
-    "k_norm": _one(LAYER + "self_attn.k_norm.weight", lambda c: (c.head_dim,), _same),
-    "mlp_norm": _one(LAYER + "post_attention_layernorm.weight", lambda c: (c.hidden_size,), _same),
-    # [H, 2F]: gate, then up.
-    "gate_up": WeightSpec((LAYER + "mlp.gate_proj.weight", LAYER + "mlp.up_proj.weight"),
-                          lambda c: ((c.intermediate_size, c.hidden_size),) * 2, _t),
-    "down": _one(LAYER + "mlp.down_proj.weight", lambda c: (c.hidden_size, c.intermediate_size),
-                 _t),
-}
-# Accepted in a checkpoint but not read: a tied model's copy of the embedding saved as lm_head.
-IGNORED = ("lm_head.weight",)
-
-
-def present_weights(cfg: Qwen3Config) -> dict[str, WeightSpec]:
-    """The top-level weights a model of `cfg` has (`WEIGHTS` less lm_head when tied)."""
-    return {name: s for name, s in WEIGHTS.items() if s.present(cfg)}
-
-
-def init_params(cfg: Qwen3Config, key: jax.Array, dtype=jnp.float32) -> dict:
-    """Random weights (normal, std 0.02; norms near 1) for benchmarks and shape tests."""
-    def one(spec, k, lead=()):
-        shape = spec.convert([np.empty(x, np.bool_) for x in spec.hf_shapes(cfg)], cfg).shape
-        if len(shape) == 1:
-            return (1.0 + 0.1 * jax.random.normal(k, lead + shape)).astype(dtype)
-        return (0.02 * jax.random.normal(k, lead + shape)).astype(dtype)
-
-    top = present_weights(cfg)
-    keys = iter(jax.random.split(key, len(top) + len(LAYER_WEIGHTS)))
-    # lm_head's key comes last, so a tied model gets the same weights as before it existed.
-    params = {name: one(s, next(keys)) for name, s in top.items() if name != "lm_head"}
-    params["layers"] = {name: one(s, next(keys), (cfg.num_layers,))
-                        for name, s in LAYER_WEIGHTS.items()}
-    if "lm_head" in top:
-        params["lm_head"] = one(top["lm_head"], next(keys))
-    return params
+from llm_jax.moe import MoEForm, moe_mlp
+from llm_jax.weights import (IGNORED, LAYER_GROUPS, LAYER_WEIGHTS, MLP_WEIGHTS,  # noqa: F401
+                             MOE_WEIGHTS, WEIGHTS, WeightSpec, first_layers, init_params,
+                             layer_groups, present_weights)
 
 
 def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
@@ -131,13 +69,17 @@ FORMS: tuple[str, ...] = ("cudnn", "blocked", "row", "pallas")  # the concrete f
 
 @dataclasses.dataclass(frozen=True)
 class AttentionConfig:
-    """How `attention` is computed: static (part of the traced program, never a global).
+    """How `attention` (and a MoE model's experts, `moe_form`) is computed: static (part of the traced program, never a global).
     `form` "auto" picks row by row on CPU, cuDNN on a GPU in bf16/fp16 where it compiles, and
     blocked otherwise (`resolve_form`); the block sizes matter only to the forms that use them."""
 
     form: AttentionForm = "auto"
     query_block: int = 64  # causal block of the blocked form
     row_query_block: int = 128  # causal block of the row form (measured best at 512 tokens)
+    moe_form: MoEForm = "auto"
+    """How a mixture-of-experts MLP runs its experts (`llm_jax.moe`): auto (tiled on CPU,
+    `ragged_dot` elsewhere), ragged, tiled, or dense (the test oracle). Carried here with the
+    attention form: both are the static "how" of a forward pass, passed everywhere it goes."""
 
 
 class PrefixCache(NamedTuple):
@@ -334,24 +276,86 @@ def project_qkv(cfg: Qwen3Config, lp: dict, x, rot):
     return rope(q, *rot), rope(k, *rot), v
 
 
-def mlp_block(cfg: Qwen3Config, lp: dict, x):
-    """x + MLP(RMSNorm(x)) for x: [B, T, H]: the one place a mixture-of-experts MLP would replace
-    the dense SwiGLU, for encoding and decoding alike."""
+class MixedMLP(NamedTuple):
+    """A block's MLP where the scanned layers mix dense and sparse ones: both groups' stacks,
+    whether this block is sparse, and its index in its own group (`scan_layers`)."""
+
+    dense: dict  # params["mlp"], [L_dense, ...]
+    moe: dict  # params["moe"], [L_sparse, ...]
+    sparse: jax.Array  # [] bool
+    index: jax.Array  # [] int32
+
+
+def _at(stack: dict, i) -> dict:
+    return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), stack)
+
+
+def dense_mlp(mp: dict, h):
+    """SwiGLU of h: [B, T, H] with mp {"gate_up": [H, 2F], "down": [F, H]}."""
+    gate, up = jnp.split(jnp.einsum("bth,hf->btf", h, mp["gate_up"]), 2, axis=-1)
+    return jnp.einsum("btf,fh->bth", jax.nn.silu(gate) * up, mp["down"])
+
+
+def mlp_block(cfg: Qwen3Config, lp: dict, x, valid=None, form: MoEForm = "auto"):
+    """x + MLP(RMSNorm(x)) for x: [B, T, H]: the one place the MLP is computed, for encoding
+    and decoding alike. lp["mlp"] is the block's MLP as `scan_layers` gives it: a dense one
+    ({"gate_up", "down"}), a sparse one ({"router", "gate_up", "down"}, `llm_jax.moe`), or a
+    `MixedMLP` (chosen by `lax.cond`). valid: [B, T] bool, the positions counted in the load
+    (default all). Returns (x, load): load [E] int32, the assignments to each expert
+    (`moe.expert_load`) for a sparse block, zeros for a dense one among mixed blocks, None in a
+    model without experts."""
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
-    gate, up = jnp.split(jnp.einsum("bth,hf->btf", h, lp["gate_up"]), 2, axis=-1)
-    ff = jax.nn.silu(gate) * up
-    return x + jnp.einsum("btf,fh->bth", ff, lp["down"])
+    mp = lp["mlp"]
+    if isinstance(mp, MixedMLP):
+        zero = jnp.zeros(cfg.num_experts, jnp.int32)
+        y, load = jax.lax.cond(mp.sparse,
+                               lambda: moe_mlp(cfg, _at(mp.moe, mp.index), h, valid, form),
+                               lambda: (dense_mlp(_at(mp.dense, mp.index), h), zero))
+    elif "router" in mp:
+        y, load = moe_mlp(cfg, mp, h, valid, form)
+    else:
+        y, load = dense_mlp(mp, h), None
+    return x + y, load
 
 
 def decoder_layer(cfg: Qwen3Config, lp: dict, x, rot, mask, lengths, prefix_kv=None,
                   attn: AttentionConfig = AttentionConfig()):
     """One Qwen3 block. x: [B, T, H]; rot: (cos, sin) of `rope_tables`; mask, lengths, attn: as
     `attention` takes them.
-    Returns (x, (k, v) of this block's own positions)."""
+    Returns (x, (k, v) of this block's own positions, expert load of `mlp_block`)."""
     q, k, v = project_qkv(cfg, lp, x, rot)
     a = attention(q, k, v, mask, lengths, *(prefix_kv or (None, None)), cfg=attn)
     x = x + jnp.einsum("btnd,ndh->bth", a, lp["o"])
-    return mlp_block(cfg, lp, x), (k, v)
+    valid = jnp.arange(x.shape[1])[None] < lengths[:, None]  # [B, T]
+    x, load = mlp_block(cfg, lp, x, valid, attn.moe_form)
+    return x, (k, v), load
+
+
+def scan_layers(cfg: Qwen3Config, params: dict, n: int, step: Callable, carry, xs=None):
+    """The one loop over blocks: `lax.scan` of step(carry, lp, x) -> (carry, y) over the first
+    n blocks, lp a block's weights (its `params["layers"]` entries, and under "mlp" its MLP for
+    `mlp_block`), x the block's slice of xs (leading axis n, or None).
+    Same-kind blocks scan their group's stack alongside; mixed ones carry (sparse?, index in its
+    group) and close over both stacks (`MixedMLP`)."""
+    sparse = cfg.sparse_layers[:n]
+    layers = jax.tree.map(lambda a: a[:n], params["layers"])
+    if all(sparse) or not any(sparse):
+        mlp = jax.tree.map(lambda a: a[:n], params["moe" if all(sparse) else "mlp"])
+
+        def same(c, a):
+            (lp, mp), x = a
+            return step(c, dict(lp, mlp=mp), x)
+
+        return jax.lax.scan(same, carry, ((layers, mlp), xs))
+    index = np.cumsum(sparse) - 1
+    index = np.where(sparse, index, np.cumsum(np.logical_not(sparse)) - 1)
+
+    def mixed(c, a):
+        (lp, s, i), x = a
+        return step(c, dict(lp, mlp=MixedMLP(params["mlp"], params["moe"], s, i)), x)
+
+    return jax.lax.scan(mixed, carry, ((layers, jnp.asarray(sparse), jnp.asarray(index, jnp.int32)),
+                                       xs))
 
 
 def lm_logits(params: dict, cfg: Qwen3Config, x) -> jax.Array:
@@ -362,14 +366,21 @@ def lm_logits(params: dict, cfg: Qwen3Config, x) -> jax.Array:
     return jnp.einsum("...h,vh->...v", x.astype(w.dtype), w, preferred_element_type=jnp.float32)
 
 
-def _first_layers(params: dict, n: int) -> dict:
-    return jax.tree.map(lambda a: a[:n], params["layers"])
+class HiddenStates(NamedTuple):
+    """What `hidden_states` returns."""
+
+    x: jax.Array  # [B, T, H] the residual stream after the asked layer
+    kv: tuple[jax.Array, jax.Array] | None  # per-layer (k, v) [L, B, T, K, D] of own positions
+    # [L_sparse, E] int32 among the computed layers: assignments of valid (non-padding) tokens
+    # to each expert (k per token); None for a model without experts or layer 0.
+    expert_load: jax.Array | None
 
 
 def hidden_states(params, cfg: Qwen3Config, tokens, lengths, layer: int,
-                  prefix: PrefixCache | None = None, attn: AttentionConfig = AttentionConfig()):
+                  prefix: PrefixCache | None = None,
+                  attn: AttentionConfig = AttentionConfig()) -> HiddenStates:
     """Residual stream after `layer` blocks (0 = embeddings). tokens: [B, T] right-padded,
-    lengths: [B]. Returns ([B, T, H], per-layer (k, v) of the own positions)."""
+    lengths: [B]. Only the first `layer` blocks are computed."""
     if not 0 <= layer <= cfg.num_layers:
         raise ValueError(f"layer={layer} must lie in 0..{cfg.num_layers}")
     t = tokens.shape[1]
@@ -380,31 +391,39 @@ def hidden_states(params, cfg: Qwen3Config, tokens, lengths, layer: int,
     # Causal; keys past a row's length are masked too (queries there are padding anyway).
     mask = (own[None, :, None] >= own[None, None, :]) & (own[None, None, :] < lengths[:, None, None])
     if layer == 0:
-        return x, None
+        return HiddenStates(x, None, None)
     if prefix is not None and prefix.k.shape[0] < layer:
         raise ValueError(f"prefix cache holds {prefix.k.shape[0]} layers, layer={layer} asked")
 
     rot = rope_tables(pos, cfg.head_dim, cfg.rope_theta, x.dtype)
 
-    def block(x, xs):
-        lp, pkv = xs
-        x, kv = decoder_layer(cfg, lp, x, rot, mask, lengths, pkv, attn)
-        return x, kv
+    def block(x, lp, pkv):
+        x, kv, load = decoder_layer(cfg, lp, x, rot, mask, lengths, pkv, attn)
+        return x, (kv, load)
 
     pkv = None if prefix is None else (prefix.k[:layer], prefix.v[:layer])
-    return jax.lax.scan(block, x, (_first_layers(params, layer), pkv))
+    x, (kv, load) = scan_layers(cfg, params, layer, block, x, pkv)
+    sparse = np.flatnonzero(cfg.sparse_layers[:layer])
+    if load is not None and len(sparse) < layer:  # mixed: keep the sparse layers' rows
+        load = load[sparse]
+    return HiddenStates(x, kv, load)
 
 
 def encode(params, cfg: Qwen3Config, tokens, lengths, layer: int,
            pool: Literal["last", "mean", "none"] = "last", post_norm: bool = False,
            prefix: PrefixCache | None = None,
-           attn: AttentionConfig = AttentionConfig()) -> jax.Array:
+           attn: AttentionConfig = AttentionConfig(), expert_load: bool = False):
     """Hidden state at `layer` (HF convention: 0 = embeddings, i = after block i, pre-norm;
     `post_norm` applies the final RMSNorm, equal to HF's hidden_states[num_layers] at the last
     layer). tokens: [B, T] right-padded; lengths: [B] (>= 1). With `prefix`, tokens continue the
     cached prompt; `attn` chooses the attention form. Returns [B, H] for pool last/mean,
-    [B, T, H] for none."""
-    x, _ = hidden_states(params, cfg, tokens, lengths, layer, prefix, attn)
+    [B, T, H] for none; with `expert_load`, (that, the router load of `HiddenStates`)."""
+    x, _, load = hidden_states(params, cfg, tokens, lengths, layer, prefix, attn)
+    pooled = _pool(params, cfg, x, lengths, pool, post_norm)
+    return (pooled, load) if expert_load else pooled
+
+
+def _pool(params, cfg: Qwen3Config, x, lengths, pool: str, post_norm: bool):
     if post_norm:
         x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
     if pool == "none":
@@ -424,5 +443,6 @@ def prefill(params, cfg: Qwen3Config, prefix_tokens, num_layers: int | None = No
     prefix_tokens: [P]."""
     n = cfg.num_layers if num_layers is None else num_layers
     tokens = prefix_tokens[None]
-    _, (k, v) = hidden_states(params, cfg, tokens, jnp.array([tokens.shape[1]]), n, attn=attn)
+    _, (k, v), _ = hidden_states(params, cfg, tokens, jnp.array([tokens.shape[1]]), n,
+                                 attn=attn)
     return PrefixCache(k[:, 0], v[:, 0])

@@ -38,3 +38,48 @@ def build_tiny_qwen3(folder: Path, *, tied: bool = True, head_dim: int = 16, hid
         conf["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
     (folder / "config.json").write_text(json.dumps(conf, indent=1))
     return model
+
+
+def build_tiny_qwen3_moe(folder: Path, *, experts: int = 8, top_k: int = 2, norm_topk: bool = True,
+                         sparse_step: int = 1, mlp_only: tuple[int, ...] = (), layers: int = 3,
+                         hidden: int = 48, head_dim: int = 16, heads: int = 4, kv_heads: int = 2,
+                         expert_width: int = 24, intermediate: int = 40, vocab: int = 320,
+                         tied: bool = False, seed: int = 0, shard: bool = False,
+                         rope_layout: str = "top", router_scale: float = 1.0):
+    """A random Qwen3 MoE saved by transformers' own save_pretrained (per-expert tensors,
+    `num_local_experts` in config.json), random norm weights. `router_scale` multiplies the
+    router's weights (larger: peakier routing, so top-k choices are far from ties)."""
+    import json
+
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3MoeConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
+                         moe_intermediate_size=expert_width, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads,
+                         head_dim=head_dim, num_experts=experts, num_experts_per_tok=top_k,
+                         norm_topk_prob=norm_topk, decoder_sparse_step=sparse_step,
+                         mlp_only_layers=list(mlp_only), tie_word_embeddings=tied,
+                         max_position_embeddings=4096, rms_norm_eps=1e-6,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10_000.0 + seed})
+    model = Qwen3MoeForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.5 * torch.randn_like(p))
+            elif name.endswith("mlp.gate.weight"):
+                p.copy_(0.08 * router_scale * torch.randn_like(p))
+            else:
+                p.copy_(0.08 * torch.randn_like(p))
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, max_shard_size="200KB" if shard else "5GB")
+    conf = json.loads((folder / "config.json").read_text())
+    theta = conf.pop("rope_theta", None) or (conf.get("rope_parameters") or {}).get("rope_theta")
+    conf.pop("rope_parameters", None)
+    if rope_layout == "top":
+        conf["rope_theta"] = theta
+    else:
+        conf["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
+    (folder / "config.json").write_text(json.dumps(conf, indent=1))
+    return model

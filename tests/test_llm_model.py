@@ -131,8 +131,9 @@ def test_prefix_cache_equals_full_encoding(tiny, attn):
 def test_early_exit_never_touches_later_layers(tiny):
     folder, tokens, ref = tiny
     cfg, params = load_params(folder)
-    poisoned = dict(params, layers=jax.tree.map(lambda a: a.at[1:].set(jnp.nan), params["layers"]),
-                    final_norm=params["final_norm"])
+    # every per-layer group (attention and norms, MLPs) poisoned past the first layer
+    poisoned = dict(params, **{g: jax.tree.map(lambda a: a.at[1:].set(jnp.nan), params[g])
+                               for g in ("layers", "mlp")})
     out = np.asarray(encode(poisoned, cfg, jnp.asarray(tokens), jnp.asarray(LENGTHS), 1, pool="none"))
     assert np.isfinite(out).all()
     np.testing.assert_allclose(out[0], ref[1][0], atol=1e-5)

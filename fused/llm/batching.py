@@ -27,6 +27,7 @@ from typing import NamedTuple
 import jax
 
 from llm_jax.config import Qwen3Config
+from llm_jax.memory import activation_bytes
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,7 @@ class Batching(NamedTuple):
 
 
 def layer_params(q: Qwen3Config) -> int:
+    """Matmul weights of one dense block (`Qwen3Config.block_params` for any model)."""
     attn = q.hidden_size * (q.num_heads + 2 * q.num_kv_heads) * q.head_dim \
         + q.num_heads * q.head_dim * q.hidden_size
     return attn + 3 * q.hidden_size * q.intermediate_size
@@ -101,19 +103,21 @@ def layer_params(q: Qwen3Config) -> int:
 
 def call_cost(q: Qwen3Config, layers: int, tokens: int, dtype: str,
               dev: DeviceCost) -> tuple[float, float]:
-    """(fixed, per_row) seconds of one call whose rows have `tokens` tokens each."""
-    params = layers * layer_params(q)
+    """(fixed, per_row) seconds of one call whose rows have `tokens` tokens each: every weight
+    read once (a MoE's every expert: a call over many rows touches them all), the FLOPs of the
+    weights a token uses (its k experts)."""
     bytes_per = 2 if dtype == "bfloat16" else 4
     flops = dev.matmul_flops * (1.0 if dtype == "bfloat16" else dev.f32_factor)
-    fixed = params * bytes_per / dev.bandwidth + layers * KERNELS_PER_LAYER * dev.kernel_s
-    return fixed, 2.0 * params * tokens / flops
+    fixed = (q.block_params(layers) * bytes_per / dev.bandwidth
+             + layers * KERNELS_PER_LAYER * dev.kernel_s)
+    return fixed, 2.0 * q.block_params(layers, active=True) * tokens / flops
 
 
 def row_activation_bytes(q: Qwen3Config, tokens: int, prefix: int, dtype: str) -> int:
-    """Live activations of one row in one layer: residual stream and projections, the MLP's
-    intermediate, and attention scores against prefix + own keys (the unfused forms hold them)."""
-    width = 6 * q.hidden_size + 3 * q.intermediate_size + q.num_heads * (prefix + tokens)
-    return (2 if dtype == "bfloat16" else 4) * tokens * width
+    """Live activations of one row in one layer (`llm_jax.memory.activation_bytes`): residual
+    stream and projections, the MLP's intermediate (a MoE's routed copies), and attention
+    scores against prefix + own keys (the unfused forms hold them)."""
+    return activation_bytes(q, 1, tokens, prefix, dtype)
 
 
 def divisors(n: int) -> list[int]:
@@ -144,9 +148,12 @@ def for_llm(llm, local_envs: int, platform: str | None = None) -> Batching:
     max_tokens = llm.buckets[-1]
     tail = max_tokens - llm.renderer.max_tokens
     # Rows are typically a quarter of the renderer's worst case (Craftax-Classic: 209 of 1013).
+    dev = platform or device_cost()
+    if platform is None and llm.activation_room is not None:  # what the weights leave
+        dev = dev._replace(activation_bytes=min(dev.activation_bytes, llm.activation_room))
     auto = plan(llm.qcfg, llm.layer, local_envs, c.refresh_wait,
                 llm.renderer.max_tokens // 4 + tail, max_tokens, len(llm.prefix_ids), c.dtype,
-                platform or device_cost())
+                dev)
     microbatch = c.microbatch or auto.microbatch
     refresh = min(c.refresh_batch or auto.refresh, local_envs)
     return auto._replace(microbatch=microbatch, refresh=refresh)

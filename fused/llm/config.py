@@ -5,17 +5,26 @@ random model."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Literal
 
 from fused.envspec import TEXT_ENVS, spec
 from fused.errors import ConfigError
 from llm_jax.config import Qwen3Config, Qwen3ConfigError
+from llm_jax.memory import MemoryFitError, check_fits, fixes, weight_bytes
 from llm_jax.model import AttentionForm
+
+log = logging.getLogger(__name__)
 
 # The built-in tiny random Qwen3 (real vocabulary so real prompt tokens embed): no meaning.
 TINY = Qwen3Config(vocab_size=151_936, hidden_size=128, intermediate_size=384, num_layers=2,
                    num_heads=2, num_kv_heads=1, head_dim=64, rope_theta=1_000_000.0,
                    rms_norm_eps=1e-6, tie_word_embeddings=True)
+# Its mixture-of-experts sibling: layer 0 dense (mlp_only_layers), layer 1 8 experts, top 2.
+TINY_MOE = dataclasses.replace(TINY, tie_word_embeddings=False, num_experts=8,
+                               num_experts_per_tok=2, moe_intermediate_size=96,
+                               norm_topk_prob=True, mlp_only_layers=(0,))
+RANDOM_MODELS = {"tiny": TINY, "tiny-moe": TINY_MOE}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,11 +32,15 @@ class ModelConfig:
     """Which Qwen3 (weights or a random one) and how it computes."""
 
     weights: str | None = None
-    """HuggingFace Qwen3 folder or hub id; None uses a built-in RANDOM Qwen3 (see
-    --llm.random-model) whose outputs carry no meaning (for tests and speed measurements)."""
-    random_model: Literal["tiny", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"] = "tiny"
-    """Shape of the random Qwen3 used when --llm.weights is not given: the built-in tiny one, or
-    a released size's architecture with random weights (speed and memory measurements)."""
+    """HuggingFace Qwen3 folder or hub id, dense or mixture-of-experts (`qwen3_moe`); None uses
+    a built-in RANDOM Qwen3 (see --llm.random-model) whose outputs carry no meaning (for tests
+    and speed measurements)."""
+    random_model: Literal["tiny", "tiny-moe", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b",
+                          "qwen3-8b", "qwen3-30b-a3b"] = "tiny"
+    """Shape of the random Qwen3 used when --llm.weights is not given: the built-in tiny one
+    (tiny-moe: one dense layer, one of 8 experts), or a released size's architecture with
+    random weights (speed and memory measurements; qwen3-30b-a3b: 48 layers of 128 experts,
+    top 8, ~61 GB in bfloat16)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """LLM compute dtype (jax backend)."""
     attention: AttentionForm = "auto"
@@ -192,6 +205,9 @@ def validate_llm(m: LLMConfig, env_name: str, local_envs: int, num_devices: int 
                           "states only)")
     if m.active_backend == "jax":  # vLLM reads the weights, not us
         validate_model(m)
+        # the weights alone, before anything is built (make_llm adds caches and activations)
+        check_llm_memory(m, q, q.num_layers if m.imagine.tokens else
+                         (q.num_layers if m.layer is None else m.layer), {})
 
 
 def validate_model(m: ModelConfig) -> None:
@@ -205,11 +221,26 @@ def validate_model(m: ModelConfig) -> None:
             raise ConfigError(f"llm.weights={m.weights!r}: {e}") from None
 
 
+def check_llm_memory(model: ModelConfig, qcfg: Qwen3Config, layers: int | None,
+                     need: dict[str, int]) -> float:
+    """ConfigError (one line) unless the weights of the first `layers` layers and `need` fit
+    this process's first device; logs the estimate; returns the bytes left over."""
+    name = model.weights or f"random {model.random_model}"
+    try:
+        left, line = check_fits({"weights": weight_bytes(qcfg, model.dtype, layers), **need},
+                                fixes(model.dtype, "--llm.dtype", "--llm.layer",
+                                      "--llm.microbatch"))
+    except MemoryFitError as e:
+        raise ConfigError(f"llm.weights={name!r} ({model.dtype}): {e}") from None
+    log.info(f"{name} ({model.dtype}) {line}")
+    return left
+
+
 def model_config(m: ModelConfig) -> Qwen3Config:
     """The Qwen3 architecture --llm.* names: the weights folder's config.json, or the random
     model's shape. A folder that is not a Qwen3 checkpoint is a ConfigError on llm.weights."""
     if m.weights is None:
-        return TINY if m.random_model == "tiny" else Qwen3Config.shape(m.random_model)
+        return RANDOM_MODELS.get(m.random_model) or Qwen3Config.shape(m.random_model)
     from llm_jax.loader import WeightsError, resolve_folder
 
     try:

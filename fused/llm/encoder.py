@@ -22,14 +22,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from fused.errors import ConfigError
-from fused.llm.config import LLMConfig, ModelConfig, model_config
+from fused.llm.config import LLMConfig, ModelConfig, check_llm_memory, model_config
 from fused.envspec import spec
 from fused.llm.vllm_host import HostEncoder
 from fused.text.prompt import IMAGINE_INSTRUCTION, garbage_prefix, prompt_parts
 from fused.text.render import Renderer, at_smallest_fit, make_renderer, render_tokens
 from llm_jax.config import Qwen3Config
 from llm_jax.loader import WeightsError, load_params
-from llm_jax.model import AttentionConfig, PrefixCache, encode, init_params, prefill
+from llm_jax.memory import activation_bytes, kv_bytes
+from llm_jax.model import (AttentionConfig, PrefixCache, encode, first_layers, init_params,
+                           prefill)
 from llm_jax.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,9 @@ class LLM(NamedTuple):
     attn: AttentionConfig
     seed: int = 0  # of the random model's weights (when --llm.weights is not given)
     stop_ids: tuple[int, ...] = ()  # end-of-turn tokens (imagination stops there)
+    # Device bytes left for a call's activations once weights and caches are in (None: not
+    # checked); auto micro-batches stay within it (`fused.llm.batching.for_llm`).
+    activation_room: float | None = None
 
     @property
     def imagines(self) -> bool:
@@ -67,6 +72,13 @@ class LLM(NamedTuple):
     @property
     def hidden_size(self) -> int:
         return self.qcfg.hidden_size
+
+    @property
+    def reports_load(self) -> bool:
+        """Encoding returns router load statistics: the jax backend on a MoE model whose
+        computed layers include sparse ones (not imagination, whose decoding keeps none)."""
+        return (self.backend == "jax" and not self.imagines
+                and any(self.qcfg.sparse_layers[:self.layer]))
 
 
 def _buckets(length: int) -> tuple[int, ...]:
@@ -91,17 +103,28 @@ def same_weights(a: LLMConfig, b: LLMConfig) -> bool:
             == (b.weights, b.random_model, b.dtype, b.layer, b.imagine.tokens > 0))
 
 
-def load_llm_params(model: ModelConfig, qcfg: Qwen3Config, seed: int = 0) -> dict:
-    """The model's weights in its dtype: read from --llm.weights, or the random model of
-    `qcfg`'s shape made from `seed` (with a notice that its outputs mean nothing)."""
+def load_llm_params(model: ModelConfig, qcfg: Qwen3Config, seed: int = 0,
+                    layers: int | None = None, need: dict[str, int] | None = None) -> dict:
+    """The model's weights in its dtype, its first `layers` layers (default all): read from
+    --llm.weights, or the random model of `qcfg`'s shape made from `seed` (with a notice that
+    its outputs mean nothing). Before anything is made or read, the weights and `need` (other
+    device bytes: caches, activations) are checked against the device's memory: a ConfigError
+    naming the figures and the fix when they do not fit."""
+    check_llm_memory(model, qcfg, layers, need or {})
+    return _make_or_read(model, qcfg, seed, layers)
+
+
+def _make_or_read(model: ModelConfig, qcfg: Qwen3Config, seed: int, layers: int | None) -> dict:
     dtype = jnp.bfloat16 if model.dtype == "bfloat16" else jnp.float32
     if model.weights is None:
         log.info(f"notice: --llm.weights not given: using a RANDOM Qwen3 ({model.random_model}: "
                  f"{qcfg.num_layers} layers, hidden {qcfg.hidden_size}); its outputs carry no "
                  "meaning (for tests and speed only)")
-        return init_params(qcfg, jax.random.PRNGKey(seed), dtype)
+        # jitted: a released shape's weights are made on the device without float32 copies
+        return jax.jit(partial(init_params, qcfg, dtype=dtype, layers=layers))(
+            jax.random.PRNGKey(seed))
     try:
-        return load_params(model.weights, dtype)[1]
+        return load_params(model.weights, dtype, layers)[1]
     except WeightsError as e:
         raise ConfigError(f"llm.weights={model.weights!r}: {e}") from None
 
@@ -138,20 +161,25 @@ def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0, weights_of: LLM | Non
         else parts.prefix
     attn = AttentionConfig(cfg.attention)
     frozen, host = None, None
+    room = None
     if backend == "jax":
         params, cache = None, None
         if (weights_of is not None and weights_of.frozen is not None
                 and same_weights(cfg, weights_of.cfg) and (cfg.weights or seed == weights_of.seed)):
             # an ablation of a loaded model: its weights, and its prefix cache if the same prefix
-            params = weights_of.frozen.params
+            params, room = weights_of.frozen.params, weights_of.activation_room
             if np.array_equal(prefix_ids, weights_of.prefix_ids):
                 cache = weights_of.frozen.prefix
-        else:
-            params = load_llm_params(cfg, qcfg, seed)
         computed = qcfg.num_layers if im.tokens else layer  # generating needs every layer
-        if not im.tokens:  # layers past the hidden state's are never computed
-            params = {"embed": params["embed"], "final_norm": params["final_norm"],
-                      "layers": jax.tree.map(lambda a: a[:layer], params["layers"])}
+        if params is None:
+            # an explicit call size, else one row (auto call sizes fit what is left)
+            rows = max(cfg.microbatch, cfg.refresh_batch, 1)
+            need = memory_need(qcfg, cfg, computed, len(prefix_ids), total, rows)
+            room = check_llm_memory(cfg, qcfg, computed, need) + need["activations"]
+            params = _make_or_read(cfg, qcfg, seed, computed)
+        if not im.tokens:  # layers past the hidden state's are never computed, nor logits
+            params = {k: v for k, v in first_layers(params, qcfg, layer).items()
+                      if k != "lm_head"}
         if cache is None and computed > 0:
             cache = jax.jit(partial(prefill, cfg=qcfg, num_layers=computed, attn=attn))(
                 params, prefix_tokens=jnp.asarray(prefix_ids))
@@ -171,7 +199,20 @@ def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0, weights_of: LLM | Non
                            qcfg.vocab_size)
     buckets = coarse_buckets(total) if im.tokens else _buckets(total)
     return LLM(cfg, backend, qcfg, layer, renderer, frozen, host, buckets, tok, prefix_ids,
-               attn, seed, stop_ids)
+               attn, seed, stop_ids, room)
+
+
+def memory_need(qcfg: Qwen3Config, cfg: LLMConfig, layers: int, prefix: int, tokens: int,
+                rows: int) -> dict[str, int]:
+    """Device bytes besides the weights: the prefix cache, and one call's activations over
+    `rows` rows of up to `tokens` tokens (with imagination, its generated tokens and their KV
+    cache too)."""
+    new = cfg.imagine.tokens
+    need = {"prefix cache": kv_bytes(qcfg, layers, prefix, cfg.dtype)}
+    if new:
+        need["KV cache"] = kv_bytes(qcfg, layers, rows * (tokens + new), cfg.dtype)
+    need["activations"] = activation_bytes(qcfg, rows, tokens + new, prefix, cfg.dtype)
+    return need
 
 
 def append_tail(tokens, lengths, tail):
@@ -183,24 +224,32 @@ def append_tail(tokens, lengths, tail):
 
 
 def _encode_tokens(llm: LLM, frozen: FrozenLLM, tokens, lengths):
-    """One microbatch [M, L] padded only to the smallest bucket holding its longest row."""
+    """One microbatch [M, L] padded only to the smallest bucket holding its longest row.
+    Returns (hidden [M, H] float32, router load [L_sparse, E] or None: `reports_load`)."""
     c = llm.cfg
     post_norm = c.post_norm
 
     def at(size):
         def run(t, n):
-            return encode(frozen.params, llm.qcfg, t[:, :size], n, llm.layer, c.pool,
-                          post_norm, frozen.prefix, llm.attn).astype(jnp.float32)
+            out = encode(frozen.params, llm.qcfg, t[:, :size], n, llm.layer, c.pool,
+                         post_norm, frozen.prefix, llm.attn, expert_load=llm.reports_load)
+            h, load = out if llm.reports_load else (out, None)
+            return h.astype(jnp.float32), load
         return run
 
     return at_smallest_fit(llm.buckets, lengths.max(), at, tokens, lengths)
 
 
 def encode_observations(llm: LLM, frozen: FrozenLLM | None, obs, microbatch: int | None = None,
-                        keys=None):
+                        keys=None, with_load: bool = False):
     """Hidden states of symbolic observations. obs: [B, D] -> ([B, H] float32, tokens []);
     with imagination (`--llm.imagine.tokens`), of the tokens generated about each (`keys` [B]:
-    one per observation, for sampled imagination), and tokens counts prompts and generation."""
+    one per observation, for sampled imagination), and tokens counts prompts and generation.
+    `with_load` (only where `llm.reports_load`): also the router load [L_sparse, E] int32,
+    assignments of the encoded tokens to each expert of each computed sparse layer."""
+    if with_load and not llm.reports_load:
+        raise ValueError("router load asked of an LLM that reports none (dense, vllm backend "
+                         "or imagination)")
     if llm.backend == "vllm":
         return llm.host.callback(obs)
     if llm.imagines:
@@ -212,9 +261,11 @@ def encode_observations(llm: LLM, frozen: FrozenLLM | None, obs, microbatch: int
     mb = microbatch or b
     order = jnp.argsort(lengths)
     tokens, lengths_s = tokens[order], lengths[order]
-    h = jax.lax.map(lambda x: _encode_tokens(llm, frozen, *x),
-                    (tokens.reshape(b // mb, mb, -1), lengths_s.reshape(b // mb, mb)))
+    h, load = jax.lax.map(lambda x: _encode_tokens(llm, frozen, *x),
+                          (tokens.reshape(b // mb, mb, -1), lengths_s.reshape(b // mb, mb)))
     hidden = jnp.zeros((b, llm.hidden_size), jnp.float32).at[order].set(h.reshape(b, -1))
+    if with_load:
+        return hidden, lengths.sum(), load.sum(0)
     return hidden, lengths.sum()
 
 

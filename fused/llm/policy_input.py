@@ -20,6 +20,7 @@ from fused.llm.encoder import LLM, FrozenLLM, encode_observations
 from fused.llm.norm import RunningNorm, init_norm, normalize, update_norm
 
 COUNTS = ("llm/calls", "llm/refreshed", "llm/tokens")  # per-step metrics, summed over steps
+LOAD = "llm/expert_load"  # [L_sparse, E] per step (MoE models), summed, then `load_metrics`
 
 
 @struct.dataclass
@@ -63,22 +64,37 @@ def llm_step(llm: LLM, frozen: FrozenLLM | None, s: LLMState, obs, done, step, k
     stale = (s.age > 0) | (done & c.refresh_on_reset)
     age = jnp.where(stale, s.age + 1, 0)
     zero = jnp.zeros((), jnp.float32)
+    zeros = {k: zero for k in COUNTS}
+    if llm.reports_load:  # tokens routed to each expert, summed over the step's calls
+        no_load = jnp.zeros((sum(llm.qcfg.sparse_layers[:llm.layer]), llm.qcfg.num_experts),
+                            jnp.float32)
+        zeros[LOAD] = no_load
     if c.constant_hidden:
-        return s.replace(age=jnp.zeros_like(age)), {k: zero for k in COUNTS}
+        return s.replace(age=jnp.zeros_like(age)), zeros
     k_full, k_part = jax.random.split(key)
     k_imagine_full = k_imagine_part = None
     if llm.imagines:  # (keys of their own, so the rest of the stream is as without)
         k_full, k_imagine_full = jax.random.split(k_full)
         k_part, k_imagine_part = jax.random.split(k_part)
 
+    def encode(o, mb, keys):
+        """(hidden, tokens, load or zeros)."""
+        if llm.reports_load:
+            h, t, load = encode_observations(llm, frozen, o, mb, keys, with_load=True)
+            return h, t, load.astype(jnp.float32)
+        h, t = encode_observations(llm, frozen, o, mb, keys)
+        return h, t, None
+
     def full(s):
         keys = None if k_imagine_full is None else jax.random.split(k_imagine_full, n)
-        h, tokens = encode_observations(llm, frozen, obs, microbatch, keys)
+        h, tokens, load = encode(obs, microbatch, keys)
         h = _ablate(llm, h, k_full)
         norm = update_norm(s.norm, h, jnp.ones(n), axis_name)
-        return (LLMState(h, jnp.zeros_like(age), norm),
-                {"llm/calls": jnp.float32(1), "llm/refreshed": zero,
-                 "llm/tokens": tokens.astype(jnp.float32)})
+        m = {"llm/calls": jnp.float32(1), "llm/refreshed": zero,
+             "llm/tokens": tokens.astype(jnp.float32)}
+        if load is not None:
+            m[LOAD] = load
+        return LLMState(h, jnp.zeros_like(age), norm), m
 
     def refresh(s):
         r = min(refresh_rows, n)
@@ -88,32 +104,50 @@ def llm_step(llm: LLM, frozen: FrozenLLM | None, s: LLMState, obs, done, step, k
         calls = (stale.sum() + r - 1) // r
 
         def one_call(j, carry):
-            hidden, done_rows, tokens = carry
+            hidden, done_rows, tokens, load = carry
             idx = order[j]
             valid = stale[idx] & ~done_rows[idx]
             keys = (None if k_imagine_part is None
                     else jax.random.split(jax.random.fold_in(k_imagine_part, j), r))
-            h, t = encode_observations(llm, frozen, obs[idx], None, keys)
+            h, t, lj = encode(obs[idx], None, keys)
             h = _ablate(llm, h, jax.random.fold_in(k_part, j))
             hidden = hidden.at[idx].set(jnp.where(valid[:, None], h, hidden[idx]))
-            return hidden, done_rows.at[idx].set(done_rows[idx] | valid), tokens + t
+            load = None if load is None else load + lj
+            return hidden, done_rows.at[idx].set(done_rows[idx] | valid), tokens + t, load
 
         # A loop with as many calls as this device needs; collectives stay outside it.
-        hidden, refreshed, tokens = jax.lax.fori_loop(
-            0, calls, one_call, (s.hidden, jnp.zeros(n, bool), jnp.int32(0)))
+        hidden, refreshed, tokens, load = jax.lax.fori_loop(
+            0, calls, one_call, (s.hidden, jnp.zeros(n, bool), jnp.int32(0), zeros.get(LOAD)))
         norm = update_norm(s.norm, hidden, refreshed, axis_name)
-        return (LLMState(hidden, jnp.where(refreshed, 0, age), norm),
-                {"llm/calls": zero, "llm/refreshed": refreshed.sum().astype(jnp.float32),
-                 "llm/tokens": tokens.astype(jnp.float32)})
+        m = {"llm/calls": zero, "llm/refreshed": refreshed.sum().astype(jnp.float32),
+             "llm/tokens": tokens.astype(jnp.float32)}
+        if load is not None:
+            m[LOAD] = load
+        return LLMState(hidden, jnp.where(refreshed, 0, age), norm), m
 
     def keep(s):
-        return s.replace(age=age), {k: zero for k in COUNTS}
+        return s.replace(age=age), zeros
 
     due = (stale.sum() >= min(refresh_rows, n)) | (age.max() >= c.refresh_wait)
     if axis_name is not None:  # every device must take the same branch (collectives inside)
         due = jax.lax.psum(due.astype(jnp.int32), axis_name) > 0
     branch = jnp.where(step % c.skip_n == 0, 0, jnp.where(due, 1, 2))
     return jax.lax.switch(branch, [full, refresh, keep], s)
+
+
+def load_metrics(load: jax.Array) -> dict:
+    """Balance of the router over an update from load [L_sparse, E] (tokens routed to each
+    expert of each sparse layer, summed over the update's calls): `llm/expert_load_max`, the
+    busiest expert's share over an even share (1 = balanced, E / k = every token on the same k
+    experts), the worst layer's; `llm/expert_load_cv`, the coefficient of variation of the
+    experts' loads, averaged over layers. 0 when no token was encoded. Nothing is dropped (no
+    capacity limit), so these describe routing, not lost tokens."""
+    mean = load.mean(-1)  # [L_sparse]
+    some = mean > 0
+    safe = jnp.where(some, mean, 1.0)
+    peak = jnp.where(some, load.max(-1) / safe, 0.0)
+    cv = jnp.where(some, load.std(-1) / safe, 0.0)
+    return {"llm/expert_load_max": peak.max(), "llm/expert_load_cv": cv.mean()}
 
 
 def hidden_metrics(h: jax.Array) -> dict:
@@ -167,6 +201,8 @@ class LLMInput:
                "llm/refreshed": psum(step_totals["llm/refreshed"]),
                "llm/tokens": psum(step_totals["llm/tokens"])}
         out.update({k: pmean(v) for k, v in hidden_metrics(state.hidden).items()})
+        if LOAD in step_totals:
+            out.update(load_metrics(psum(step_totals[LOAD])))
         return out
 
     def state_specs(self, state: LLMState, env_axis: str):

@@ -1,0 +1,228 @@
+"""Qwen3 MoE encode throughput: our JAX model vs HF transformers' Qwen3MoeForCausalLM (torch,
+CPU) in the same run, same random checkpoint and tokens. `python bench/moe_encode.py --out F.json`
+
+Rows (JSON, one a line): name (jax | hf_torch | jax_prefix | machine), model, params,
+active_params, batch, seq_len, tokens_per_s; jax rows add compile_s, vs_hf (median over
+alternating rounds of HF's time / ours, against HF's faster experts implementation of the run)
+and max_rel_diff (ours vs HF's post-norm states, relative to their scale: the two computed the
+same thing); hf rows add experts_implementation (transformers 5's grouped_mm default and its
+per-expert `eager` loop). Every position's last-layer post-norm state is computed.
+With `--shapes qwen3-30b-a3b` (a GPU): ours only, the released shape with random bf16 weights
+made on the device after the memory check, causal rows and rows after a cached prefix (the
+fused loop's path), MFU against a bf16 matmul measured in the same process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import tyro
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from fused.commands.process import setup_compilation_cache  # noqa: E402
+from fused.runs.files import atomic_write_json  # noqa: E402
+
+# name: build_tiny_qwen3_moe arguments (random HF checkpoints; a 32,768-token vocabulary: the
+# embedding lookup is not what is measured). mid-moe keeps the released model's proportions at
+# a CPU's size: expert width / hidden 1/3 (768 / 2048 released), top 8 of 64 (8 of 128).
+MODELS = {
+    "tiny-moe": dict(hidden=128, layers=2, heads=4, kv_heads=2, head_dim=64, experts=8, top_k=2,
+                     expert_width=64, vocab=32_768),
+    "mid-moe": dict(hidden=768, layers=8, heads=12, kv_heads=4, head_dim=64, experts=64,
+                    top_k=8, expert_width=256, vocab=32_768),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Args:
+    models: tuple[str, ...] = ("tiny-moe", "mid-moe")
+    """Random-weight MoE models (see MODELS), ours vs HF."""
+    batches: tuple[int, ...] = (1, 8)
+    """Batch sizes."""
+    lengths: tuple[int, ...] = (128, 512)
+    """Sequence lengths (tokens per sequence)."""
+    hf_impls: tuple[str, ...] = ("grouped_mm", "eager")
+    """HF experts implementations to time (transformers 5's default is grouped_mm)."""
+    repeats: int = 3
+    """Timed rounds (median)."""
+    out: str | None = None
+    """JSON rows output."""
+    shapes: tuple[str, ...] = ()
+    """Released shapes (qwen3-30b-a3b) with random bf16 weights, ours only (GPU sessions);
+    replaces --models when given."""
+    prefix_len: int = 1024
+    """--shapes rows: shared prefix length of the prefix-cache rows."""
+    suffix_lengths: tuple[int, ...] = (256,)
+    """--shapes rows: tokens per row after the prefix."""
+    forms: tuple[str, ...] = ("auto",)
+    """--shapes rows: expert forms to time in turn (auto = ragged_dot off CPU, tiled, ragged)."""
+
+
+def interleaved(fns, repeats, settle_s=0.05):
+    """Seconds of each of `fns` per round, rounds calling every fn in turn, each timed call
+    after untimed ones of its own for `settle_s` (torch's OpenMP threads spin ~20 ms after a
+    call; bench/llm_encode.py measured a JAX call just after torch 1.7x slower)."""
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, ts in zip(fns, times):
+            t = time.perf_counter()
+            while time.perf_counter() - t < settle_s:
+                fn()
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+    return times
+
+
+def cpu_rows(args: Args, emit) -> None:
+    import jax
+    import torch
+    from qwen_fixtures import build_tiny_qwen3_moe
+
+    from llm_jax.loader import load_params
+    from llm_jax.model import encode
+
+    torch.set_num_threads(os.cpu_count())
+    rng = np.random.default_rng(0)
+    for name in args.models:
+        folder = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+        spec = MODELS[name]
+        hf = build_tiny_qwen3_moe(folder, intermediate=3 * spec["hidden"], **spec)
+        cfg, params = load_params(folder)
+        base = {"model": name, "params": cfg.num_params(), "active_params": cfg.active_params(),
+                "experts": cfg.num_experts, "top_k": cfg.num_experts_per_tok,
+                "layers": cfg.num_layers, "hidden": cfg.hidden_size}
+        fn = jax.jit(lambda p, x, n: encode(p, cfg, x, n, cfg.num_layers, "none", True))
+        for b in args.batches:
+            for t in args.lengths:
+                tokens = rng.integers(0, cfg.vocab_size, (b, t)).astype(np.int32)
+                lengths = np.full(b, t, np.int32)
+                ids = torch.tensor(tokens, dtype=torch.long)
+                t0 = time.perf_counter()
+                ours = np.asarray(jax.block_until_ready(fn(params, tokens, lengths)))
+                compile_s = time.perf_counter() - t0
+                impls = {}
+                for impl in args.hf_impls:
+                    hf.config._experts_implementation = impl
+                    with torch.no_grad():
+                        out = hf.model(input_ids=ids, output_hidden_states=True)
+                    ref = out.hidden_states[-1].numpy()
+                    impls[impl] = float(np.abs(ours - ref).max() / np.abs(ref).max())
+
+                def hf_call(impl):
+                    def call():
+                        hf.config._experts_implementation = impl
+                        with torch.no_grad():
+                            hf.model(input_ids=ids)
+                    return call
+
+                fns = [lambda: jax.block_until_ready(fn(params, tokens, lengths))]
+                fns += [hf_call(impl) for impl in args.hf_impls]
+                times = interleaved(fns, args.repeats)
+                best = min(range(1, len(fns)), key=lambda i: statistics.median(times[i]))
+                emit(dict(base, name="jax", batch=b, seq_len=t,
+                          tokens_per_s=b * t / statistics.median(times[0]), compile_s=compile_s,
+                          vs_hf=statistics.median(h / o for o, h in zip(times[0], times[best])),
+                          vs_hf_impl=args.hf_impls[best - 1], max_rel_diff=max(impls.values()),
+                          rounds=args.repeats))
+                for i, impl in enumerate(args.hf_impls, 1):
+                    emit(dict(base, name="hf_torch", batch=b, seq_len=t,
+                              experts_implementation=impl,
+                              tokens_per_s=b * t / statistics.median(times[i])))
+        del hf, params
+
+
+def shape_rows(args: Args, emit) -> None:
+    """Released shapes, ours only: causal rows and rows after a cached prefix, per expert form."""
+    import jax
+    import jax.numpy as jnp
+    from fused_sps import matmul_flops
+
+    from llm_jax.config import Qwen3Config
+    from llm_jax.memory import activation_bytes, check_fits, kv_bytes, weight_bytes
+    from llm_jax.model import AttentionConfig, encode, init_params, prefill
+    from llm_jax.moe import resolve_moe_form
+
+    peak = matmul_flops("bfloat16")
+    emit({"name": "machine", "devices": str(jax.devices()), "bf16_matmul_flops_per_s": peak})
+    rng = np.random.default_rng(0)
+    for name in args.shapes:
+        cfg = Qwen3Config.shape(name)
+        rows = max(args.batches)
+        longest = max(args.lengths + tuple(args.prefix_len + s for s in args.suffix_lengths))
+        _, line = check_fits({"weights": weight_bytes(cfg, jnp.bfloat16),
+                              "caches": kv_bytes(cfg, cfg.num_layers, rows * longest, "bfloat16"),
+                              "activations": activation_bytes(cfg, rows, longest, 0, "bfloat16")},
+                             "lower --batches / --lengths, or raise "
+                             "XLA_PYTHON_CLIENT_MEM_FRACTION (JAX takes 75% of a GPU by default)")
+        emit({"name": "memory", "model": name, "estimate": line})
+        params = jax.jit(lambda k: init_params(cfg, k, jnp.bfloat16))(jax.random.PRNGKey(0))
+        for form in args.forms:
+            attn = AttentionConfig(moe_form=form)
+            base = {"model": name, "params": cfg.num_params(),
+                    "active_params": cfg.active_params(), "dtype": "bfloat16",
+                    "moe_form": resolve_moe_form(form)}
+            fn = jax.jit(lambda p, x, n, attn=attn: encode(p, cfg, x, n, cfg.num_layers, "last",
+                                                           True, attn=attn))
+            for b in args.batches:
+                for t in args.lengths:
+                    tokens = rng.integers(0, 150_000, (b, t)).astype(np.int32)
+                    lengths = np.full(b, t, np.int32)
+                    t0 = time.perf_counter()
+                    jax.block_until_ready(fn(params, tokens, lengths))
+                    compile_s = time.perf_counter() - t0
+                    ts = interleaved([lambda: jax.block_until_ready(fn(params, tokens, lengths))],
+                                     args.repeats)[0]
+                    dt = statistics.median(ts)
+                    emit(dict(base, name="jax", batch=b, seq_len=t, tokens_per_s=b * t / dt,
+                              compile_s=compile_s,
+                              mfu=b * t * cfg.flops_per_token(cfg.num_layers, 0, t) / dt / peak))
+            prefix = rng.integers(0, 150_000, args.prefix_len).astype(np.int32)
+            cache = jax.jit(lambda p, x, attn=attn: prefill(p, cfg, x, attn=attn))(params, prefix)
+            f_pre = jax.jit(lambda p, c, x, n, attn=attn: encode(
+                p, cfg, x, n, cfg.num_layers, "last", True, prefix=c, attn=attn))
+            for b in args.batches:
+                for s in args.suffix_lengths:
+                    suffix = rng.integers(0, 150_000, (b, s)).astype(np.int32)
+                    lens = np.full(b, s, np.int32)
+                    jax.block_until_ready(f_pre(params, cache, suffix, lens))
+                    ts = interleaved([lambda: jax.block_until_ready(
+                        f_pre(params, cache, suffix, lens))], args.repeats)[0]
+                    dt = statistics.median(ts)
+                    flops = b * s * cfg.flops_per_token(cfg.num_layers, args.prefix_len, s)
+                    emit(dict(base, name="jax_prefix", batch=b, seq_len=s,
+                              prefix_len=args.prefix_len, seconds=dt, tokens_per_s=b * s / dt,
+                              mfu=flops / dt / peak))
+        del params
+
+
+def main(args: Args):
+    setup_compilation_cache()
+    rows = []
+
+    def emit(row):
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    if args.shapes:
+        shape_rows(args, emit)
+    else:
+        cpu_rows(args, emit)
+    if args.out:
+        atomic_write_json(args.out, rows)
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
