@@ -48,7 +48,7 @@ def subprocess_env() -> dict:
 VLLM_VENV = Path(os.environ.get("VLLM_VENV", ROOT / ".vllm-venv")) / "bin" / "python"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # (a server stops with its module, not idling through the rest)
 def vllm_server(tmp_path_factory):
     pytest.importorskip("torch")
     if not VLLM_VENV.exists():
@@ -74,7 +74,7 @@ def vllm_server(tmp_path_factory):
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def vllm_generate_server(tmp_path_factory):
     """A real vLLM generation server (`scripts/vllm_server.sh serve-generate`, float32) on a tiny
     random Qwen3 with head_dim 64 (vLLM's CPU attention has no 16) and the Qwen3 tokenizer's
