@@ -10,7 +10,7 @@ is timed generating 1 token and `--new-tokens` tokens:
 - `tokens_per_s`: rows x new tokens / seconds of the whole call (prompt pass included);
 - `decode_tokens_per_s`: rows x (new tokens - 1) / (seconds(N) - seconds(1)), the decode loop
   alone.
-Ours and HF are timed in alternating rounds (`llm_encode.interleaved`); `vs_hf` is the median
+Ours and HF are timed in alternating rounds (`interleaved` below); `vs_hf` is the median
 over rounds of HF's seconds / ours. vLLM afterwards, once HF's rows are done (an idle server
 still takes cycles), in alternating rounds with ours again (`ours_vs_vllm`).
 
@@ -94,12 +94,13 @@ def interleaved(fns, repeats, settle_s=0.05, long_s=1.0):
 
 
 def bytes_per_step(cfg, batch: int, context: int, dtype_bytes: int = 2) -> dict:
-    """Bytes one decode step reads at least: every weight once (a tied model's embedding is
-    read whole by the LM head; the lookup of B rows is negligible) and the keys/values of
-    `context` tokens per row."""
+    """Bytes one decode step reads at least: every weight once (the LM head whole; an untied
+    model's input embedding only for the B rows looked up, negligible; a MoE model's experts
+    counted whole: across a batch most are chosen) and the keys/values of `context` tokens per
+    row."""
     weights = cfg.num_params() * dtype_bytes
-    if not cfg.tie_word_embeddings:
-        weights += cfg.vocab_size * cfg.hidden_size * dtype_bytes
+    if not cfg.tie_word_embeddings:  # num_params counts the input embedding and the head
+        weights -= cfg.vocab_size * cfg.hidden_size * dtype_bytes
     kv = batch * context * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
     return {"weight_bytes": weights, "kv_bytes": kv, "bytes_per_step": weights + kv}
 

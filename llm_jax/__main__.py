@@ -153,7 +153,7 @@ def run_encode(a: Encode) -> Path:
 
 
 def check_memory(cfg, dtype: str, layers: int, rows: int, tokens: int, prefix: int,
-                 new_tokens: int = 0) -> None:
+                 new_tokens: int = 0, layer_flag: str | None = "--layer") -> None:
     """SystemExit (one line: the figures and the fix) unless the weights of `layers` layers,
     the prefix and KV caches and one pass's activations fit the device; prints the estimate."""
     from llm_jax.memory import (MemoryFitError, activation_bytes, check_fits, fixes, kv_bytes,
@@ -163,7 +163,7 @@ def check_memory(cfg, dtype: str, layers: int, rows: int, tokens: int, prefix: i
             "caches": kv_bytes(cfg, layers, prefix + rows * (tokens + new_tokens), dtype),
             "activations": activation_bytes(cfg, rows, tokens, prefix, dtype)}
     try:
-        _, line = check_fits(need, fixes(dtype, "--dtype", "--layer", "fewer or shorter prompts"))
+        _, line = check_fits(need, fixes(dtype, "--dtype", layer_flag, "fewer or shorter prompts"))
     except MemoryFitError as e:
         raise SystemExit(f"error: {e}") from None
     print(line, flush=True)
@@ -246,7 +246,7 @@ def run_generate(a: Generate) -> Path:
     from llm_jax.model import AttentionConfig, prefill
 
     check_memory(cfg, a.dtype, cfg.num_layers, len(rows), max(map(len, rows)), len(prefix),
-                 a.max_new_tokens)
+                 a.max_new_tokens, layer_flag=None)  # decoding reads every layer
     _, params = load_params(folder, jnp.float32 if a.dtype == "float32" else jnp.bfloat16)
     attn = AttentionConfig(form=a.attention)
     cache = (jax.jit(lambda p, t: prefill(p, cfg, t, attn=attn))(params, jnp.asarray(prefix))
@@ -283,7 +283,9 @@ def run_truncate(a: Truncate) -> Path:
     from llm_jax.loader import _tensor_files, expected_tensors, load_params
 
     src, out = Path(a.weights), Path(a.out)
-    cfg, _ = load_params(src)  # full validation before writing anything
+    # every tensor's name and shape checked before writing anything (one layer's values read:
+    # a 30B model does not fit in memory whole)
+    cfg, _ = load_params(src, layers=1)
     if not 1 <= a.layers <= cfg.num_layers:
         raise SystemExit(f"error: --layers {a.layers} must lie in 1..{cfg.num_layers}")
     from safetensors import safe_open

@@ -82,10 +82,12 @@ def check_fits(need: dict[str, int], fixes: str, device=None) -> tuple[int, str]
     return have - total, f"memory: {parts} of {have / GB:.2f} GB ({what})"
 
 
-def fixes(dtype, dtype_flag: str, layer_flag: str, batch_flag: str) -> str:
-    """What to change when the model does not fit, in the words of a command's flags."""
+def fixes(dtype, dtype_flag: str, layer_flag: str | None, batch_flag: str) -> str:
+    """What to change when the model does not fit, in the words of a command's flags
+    (`layer_flag` None where every layer is loaded whatever the state's layer: decoding)."""
     out = [f"{dtype_flag} bfloat16 (half the float32 bytes)"] if itemsize(dtype) > 2 else []
-    out += [f"an earlier layer's state ({layer_flag}: later layers are not loaded)",
-            f"smaller calls ({batch_flag})", "a device with more memory",
+    if layer_flag:
+        out.append(f"an earlier layer's state ({layer_flag}: later layers are not loaded)")
+    out += [f"smaller calls ({batch_flag})", "a device with more memory",
             "on a GPU a larger XLA_PYTHON_CLIENT_MEM_FRACTION (JAX takes 75% by default)"]
     return "use " + ", ".join(out)

@@ -372,7 +372,8 @@ class HiddenStates(NamedTuple):
     x: jax.Array  # [B, T, H] the residual stream after the asked layer
     kv: tuple[jax.Array, jax.Array] | None  # per-layer (k, v) [L, B, T, K, D] of own positions
     # [L_sparse, E] int32 among the computed layers: assignments of valid (non-padding) tokens
-    # to each expert (k per token); None for a model without experts or layer 0.
+    # to each expert (k per token); None when no computed layer has experts (a dense model,
+    # layer 0, or only dense layers before the asked one).
     expert_load: jax.Array | None
 
 

@@ -350,8 +350,8 @@ def test_call_sizes_from_env_count_and_cost_model():
     from llm_jax.config import Qwen3Config
 
     small, big = Qwen3Config.shape("qwen3-0.6b"), Qwen3Config.shape("qwen3-4b")
-    assert abs(28 * batching.layer_params(small) / 0.44e9 - 1) < 0.01
-    assert abs(36 * batching.layer_params(big) / 3.6e9 - 1) < 0.01
+    assert abs(small.block_params(28) / 0.44e9 - 1) < 0.01
+    assert abs(big.block_params(36) / 3.6e9 - 1) < 0.01
     assert batching.EPISODE_STEPS == 150  # the hand figures below assume it
     for envs, want in ((1024, 32), (128, 4), (64, 2), (8, 1), (96, 3)):
         # 1024 * 4 / 150 = 27.3 -> 32; 3.41 -> 4; 1.71 -> 2; 0.21 -> 1; 2.56 -> 3 (96 = 3 * 32)

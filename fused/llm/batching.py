@@ -94,13 +94,6 @@ class Batching(NamedTuple):
     efficiency: float  # share of a refresh call's estimated time spent on its rows
 
 
-def layer_params(q: Qwen3Config) -> int:
-    """Matmul weights of one dense block (`Qwen3Config.block_params` for any model)."""
-    attn = q.hidden_size * (q.num_heads + 2 * q.num_kv_heads) * q.head_dim \
-        + q.num_heads * q.head_dim * q.hidden_size
-    return attn + 3 * q.hidden_size * q.intermediate_size
-
-
 def call_cost(q: Qwen3Config, layers: int, tokens: int, dtype: str,
               dev: DeviceCost) -> tuple[float, float]:
     """(fixed, per_row) seconds of one call whose rows have `tokens` tokens each: every weight

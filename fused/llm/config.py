@@ -38,9 +38,9 @@ class ModelConfig:
     random_model: Literal["tiny", "tiny-moe", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b",
                           "qwen3-8b", "qwen3-30b-a3b"] = "tiny"
     """Shape of the random Qwen3 used when --llm.weights is not given: the built-in tiny one
-    (tiny-moe: one dense layer, one of 8 experts), or a released size's architecture with
-    random weights (speed and memory measurements; qwen3-30b-a3b: 48 layers of 128 experts,
-    top 8, ~61 GB in bfloat16)."""
+    (tiny-moe: a dense layer, then a layer of 8 experts, top 2), or a released size's architecture
+    with random weights (speed and memory measurements; qwen3-30b-a3b: 48 layers of 128
+    experts, top 8, ~61 GB in bfloat16)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """LLM compute dtype (jax backend)."""
     attention: AttentionForm = "auto"
@@ -226,10 +226,12 @@ def check_llm_memory(model: ModelConfig, qcfg: Qwen3Config, layers: int | None,
     """ConfigError (one line) unless the weights of the first `layers` layers and `need` fit
     this process's first device; logs the estimate; returns the bytes left over."""
     name = model.weights or f"random {model.random_model}"
-    try:
+    generates = layers is None or getattr(getattr(model, "imagine", None), "tokens", 0) > 0
+    try:  # (generating reads every layer: an earlier --llm.layer frees nothing)
         left, line = check_fits({"weights": weight_bytes(qcfg, model.dtype, layers), **need},
-                                fixes(model.dtype, "--llm.dtype", "--llm.layer",
-                                      "--llm.microbatch"))
+                                fixes(model.dtype, "--llm.dtype",
+                                      None if generates else "--llm.layer",
+                                      "--llm.microbatch, --llm.refresh-batch"))
     except MemoryFitError as e:
         raise ConfigError(f"llm.weights={name!r} ({model.dtype}): {e}") from None
     log.info(f"{name} ({model.dtype}) {line}")
