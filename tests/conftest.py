@@ -44,6 +44,9 @@ def subprocess_env() -> dict:
     return env
 
 
+# The tiny test models need little: vLLM's CPU backend otherwise reserves 25% of RAM and refuses
+# to start when that is not free (a test worker beside it holding its compiled programs).
+os.environ.setdefault("VLLM_MEM_FRACTION", "0.1")
 # $VLLM_VENV as scripts/vllm_server.sh reads it (a venv elsewhere), else the repository's own.
 VLLM_VENV = Path(os.environ.get("VLLM_VENV", ROOT / ".vllm-venv")) / "bin" / "python"
 

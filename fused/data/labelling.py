@@ -16,6 +16,7 @@ prompts to a vLLM server instead.
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -110,7 +111,7 @@ def label_card(c: LabelConfig, llm: LLM, seed: int) -> dict:
              "dtype": c.dtype, "hidden": m.hidden}
     if m.imagine.tokens:
         entry["imagine"] = to_dict(c.imagine)
-    return entry
+    return json.loads(json.dumps(entry))  # as card.json gives it back (tuples are lists)
 
 
 def label(c: LabelConfig, console, num_devices: int = 1) -> Dataset:
