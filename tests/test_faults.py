@@ -165,6 +165,7 @@ def hand_label_set(d: Path, name: str = "h") -> None:
     ds.write_card(dict(card, labels={name: {"dtype": "float16", "llm": {}}}))
 
 
+@pytest.mark.slow
 def test_damaged_label_shard_and_edited_row_counts_stop_training_reads(dataset, tmp_path):
     from fused.data.loader import load_training_data
 

@@ -37,7 +37,8 @@ def tiny(request, tmp_path_factory):
 # The blocked form is the accelerators' float32 form: on CPU it is checked in the slow lane.
 # The Pallas kernel (kernels/prefix_attention.py) runs interpreted on CPU, blocks of 4.
 FORMS = [("row", 4), ("row", 16), pytest.param(("blocked", 4), marks=pytest.mark.slow),
-         ("pallas", 4)] + ([("cudnn", 4)] if jax.default_backend() == "gpu" else [])
+         pytest.param(("pallas", 4), marks=pytest.mark.slow)  # the kernel alone: test_kernels
+         ] + ([("cudnn", 4)] if jax.default_backend() == "gpu" else [])
 
 
 @pytest.fixture(params=FORMS,
