@@ -38,7 +38,7 @@ SMOKE = {
     ("offline.py", "probe"): ["--states", "6", "--warmup", "4", "--eval-episodes", "2",
                               "--eval-max-steps", "30"],
     ("offline.py", "study"): ["--preset", "smoke", "--num-updates", "100", "--seeds", "1",
-                              "--episodes", "2", "--max-steps", "30"],
+                              "--episodes", "2", "--max-steps", "30", "--algos", "awr"],
     ("play.py", "llm"): ["--episodes", "2", "--max-steps", "4", "--block-steps", "2",
                          "--max-new-tokens", "4", "--video-max-steps", "2"],
 }
@@ -110,7 +110,11 @@ def test_readme_walkthrough_runs_as_written(tmp_path):
     assert set(probe["ablations"]["zombie_adjacent"]) == variants - {"real"} | {"counterfactual"}
     assert "counterfactual" not in probe["ablations"]["food_low"]
     assert set(probe["eval"]) == {"real", "zero", "shuffle", "garbage-prompt"}
-    assert (tmp_path / "runs/study/study.json").is_file()
+    # one table: the plain policy, prompt states and imagination states, each evaluated (the
+    # last with the same imagination running in the fused evaluation)
+    study = json.loads((tmp_path / "runs/study/study.json").read_text())
+    assert set(study["variants"]) == {"awr-plain", "awr-l24", "awr-im24"}
+    assert all(v["episodes"] == 2 for v in study["variants"].values())
     # imagination labels and the LLM's play
     assert Dataset(tmp_path / "data/ppo").card()["labels"]["im24"]["pool"] == "imagine:every:8"
     played = json.loads((tmp_path / "runs/qwen4b-play/eval.json").read_text())

@@ -47,8 +47,9 @@ class StudyPolicy:
 class StudyConfig:
     data: str
     """Dataset folder (with a returns set)."""
-    labels: str | None = None
-    """Label set for the augmented variants; None compares the algorithms without an LLM."""
+    labels: tuple[str, ...] = ()
+    """Label sets, each an augmented variant beside the plain one (prompt-only and imagination
+    sets side by side: `--labels l24 im24`); none compares the algorithms without an LLM."""
     returns: str | None = None
     """Returns set; default the dataset's only one."""
     out: str = "runs/study"
@@ -64,7 +65,7 @@ class StudyConfig:
     policy: StudyPolicy = StudyPolicy()
     """Network of every variant (`--policy.kind gru`: the recurrent policy)."""
     algos: tuple[str, ...] = ("awr", "bc")
-    """Algorithms, each trained plain and (with --labels) augmented."""
+    """Algorithms, each trained plain and with each of --labels."""
     seeds: int = 3
     """Training seeds per variant."""
     episodes: int = 128
@@ -78,7 +79,7 @@ class StudyConfig:
 
 
 def variants(c: StudyConfig) -> list[tuple[str, str | None]]:
-    return [(a, lab) for a in c.algos for lab in ([None, c.labels] if c.labels else [None])]
+    return [(a, lab) for a in c.algos for lab in (None, *c.labels)]
 
 
 def run_study(c: StudyConfig, console) -> dict:
@@ -89,6 +90,9 @@ def run_study(c: StudyConfig, console) -> dict:
     bad = [a for a in c.algos if a not in ("awr", "bc")]
     if bad:
         raise ConfigError(f"algos={bad}: choose among awr, bc")
+    if len(set(c.labels)) < len(c.labels) or "plain" in c.labels:
+        raise ConfigError(f"labels={list(c.labels)}: name each label set once ('plain' is the "
+                          "variant without one)")
     root = Path(c.out).expanduser()
     require_writable(root, "--out")
     base = PRESETS[c.preset][1]
