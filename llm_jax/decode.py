@@ -134,16 +134,31 @@ def check_generate(cfg: Qwen3Config, prompt_lengths: Sequence[int], max_new_toke
             "lower max_new_tokens")
 
 
+def first_argmax(x):
+    """jnp.argmax over the last axis of [B, V] (the first index of the maximum), in blocks: the
+    largest block size <= 512 dividing V, each block's max, the first block holding the row's
+    maximum, then the argmax inside it. XLA:CPU's argmax (a variadic reduction) takes 22 ms on
+    [64, 151680] where this takes 0.9 ms; padding V to a block multiple would cost 14 ms, hence
+    a divisor."""
+    b, v = x.shape
+    size = next(d for d in range(min(v, 512), 0, -1) if v % d == 0)
+    blocks = x.reshape(b, v // size, size)
+    first = jnp.argmax(jnp.max(blocks, axis=-1), axis=-1)  # [B]
+    inside = jnp.take_along_axis(blocks, first[:, None, None], axis=1)[:, 0]  # [B, size]
+    return (first * size + jnp.argmax(inside, axis=-1)).astype(jnp.int32)
+
+
 def sample_tokens(logits, keys, sampling: Sampling):
     """One token per row. logits: [B, V] float32; keys: [B] PRNG keys (one per row; unused when
     greedy). Returns [B] int32."""
     if sampling.greedy:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return first_argmax(logits)
     x = logits / sampling.temperature
     v = x.shape[-1]
     keep = sampling.top_k if 0 < sampling.top_k < v else (v if sampling.top_p < 1 else 0)
-    if keep == 0:  # the whole vocabulary: no sort
-        return jax.vmap(jax.random.categorical)(keys, x).astype(jnp.int32)
+    if keep == 0:  # the whole vocabulary, no sort: the Gumbel-max draw
+        noise = jax.vmap(lambda k: jax.random.gumbel(k, (v,), x.dtype))(keys)
+        return first_argmax(x + noise)
     vals, idx = jax.lax.top_k(x, keep)  # [B, keep], descending
     if sampling.top_p < 1:
         p = jax.nn.softmax(vals, axis=-1)

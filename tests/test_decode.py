@@ -218,3 +218,19 @@ def test_settings_rejected_in_one_line(tiny):
     with pytest.raises(GenerateError, match="hidden_layer=4"):
         check_generate(cfg, [3], 5, hidden_layer=4)
     assert GREEDY.greedy and not Sampling(0.5).greedy
+
+
+def test_first_argmax_equals_numpy_with_ties():
+    """The blocked argmax used for greedy and Gumbel draws: numpy's first index of the maximum,
+    with ties across and inside blocks, a vocabulary with no divisor near the block size (a
+    prime: blocks of 1) and the Qwen3 vocabulary (blocks of 480)."""
+    from llm_jax.decode import first_argmax
+
+    rng = np.random.default_rng(0)
+    for v in (300, 1024, 1031, 151_680):
+        x = rng.integers(0, 7, (6, v)).astype(np.float32)  # many ties of the maximum
+        x[1] = -3.0  # every entry tied
+        x[2, -1] = 99.0  # in the last block
+        x[3, :] = 0.0
+        x[3, [5, v - 1]] = 1.0  # a tie across blocks
+        np.testing.assert_array_equal(first_argmax(jnp.asarray(x)), np.argmax(x, axis=-1))
