@@ -24,7 +24,6 @@ written (`name: bandwidth_bound`), the measurement marked "not measured".
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -40,9 +39,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from fused.commands.process import setup_compilation_cache  # noqa: E402
-from fused.runs.files import atomic_write_json  # noqa: E402
-from llm_encode import MODELS, build  # noqa: E402
+from llm_encode import MODELS, build, run_rows  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,14 +256,7 @@ def shape_rows(args: Args, emit) -> None:
         del params, cache
 
 
-def main(args: Args):
-    setup_compilation_cache()
-    rows = []
-
-    def emit(row):
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-
+def run(args: Args, emit) -> None:
     import jax
 
     emit({"name": "machine", "cpus": os.cpu_count(), "load_average_at_start": os.getloadavg(),
@@ -280,8 +270,10 @@ def main(args: Args):
     else:
         cpu_rows(args, emit)
     emit({"name": "machine_after", "load_average_at_end": os.getloadavg()})
-    if args.out:
-        atomic_write_json(args.out, rows)
+
+
+def main(args: Args):
+    run_rows(args.out, lambda emit: run(args, emit))
 
 
 if __name__ == "__main__":

@@ -177,7 +177,9 @@ def _shape_rows(args: Args, emit, peak, ref: dict, form: str) -> None:
         del params, cache
 
 
-def main(args: Args):
+def run_rows(out: str | None, body) -> list[dict]:
+    """A benchmark's rows: `body(emit)` emits each (printed as a JSON line as it comes); all of
+    them are written to `out` at the end (the compilation cache on, as the commands have it)."""
     setup_compilation_cache()
     rows = []
 
@@ -185,12 +187,14 @@ def main(args: Args):
         rows.append(row)
         print(json.dumps(row), flush=True)
 
-    if args.shapes:
-        shape_rows(args, emit)
-    else:
-        cpu_rows(args, emit)
-    if args.out:
-        atomic_write_json(args.out, rows)
+    body(emit)
+    if out:
+        atomic_write_json(out, rows)
+    return rows
+
+
+def main(args: Args):
+    run_rows(args.out, lambda emit: (shape_rows if args.shapes else cpu_rows)(args, emit))
 
 
 def cpu_rows(args: Args, emit):

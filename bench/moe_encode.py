@@ -15,7 +15,6 @@ fused loop's path), MFU against a bf16 matmul measured in the same process.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -31,8 +30,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from fused.commands.process import setup_compilation_cache  # noqa: E402
-from fused.runs.files import atomic_write_json  # noqa: E402
 
 # name: build_tiny_qwen3_moe arguments (random HF checkpoints; a 32,768-token vocabulary: the
 # embedding lookup is not what is measured). mid-moe keeps the released model's proportions at
@@ -209,19 +206,9 @@ def shape_rows(args: Args, emit) -> None:
 
 
 def main(args: Args):
-    setup_compilation_cache()
-    rows = []
+    from llm_encode import run_rows
 
-    def emit(row):
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-
-    if args.shapes:
-        shape_rows(args, emit)
-    else:
-        cpu_rows(args, emit)
-    if args.out:
-        atomic_write_json(args.out, rows)
+    run_rows(args.out, lambda emit: (shape_rows if args.shapes else cpu_rows)(args, emit))
 
 
 if __name__ == "__main__":

