@@ -14,10 +14,11 @@ Ours and HF are timed in alternating rounds (`interleaved` below); `vs_hf` is th
 over rounds of HF's seconds / ours. vLLM afterwards, once HF's rows are done (an idle server
 still takes cycles), in alternating rounds with ours again (`ours_vs_vllm`).
 
-`--shapes qwen3-4b` (GPU sessions): ours only, random bf16 weights of a released shape, batch 1,
-decode steps/s beside the memory-bandwidth bound: bytes a step must read (every weight once:
-the tied embedding is the LM head; the embedding lookup reads B rows only) plus the KV cache of
-the context, over `--bandwidth` bytes/s (H100 SXM: 3.35e12). Without a GPU the bound is still
+`--shapes qwen3-4b` (GPU sessions): ours only, random bf16 weights of a released shape, at each
+of `--batches`, decode steps/s beside the memory-bandwidth bound: bytes a step must read (every
+weight once: the tied embedding is the LM head; the embedding lookup reads B rows only) plus the
+KV cache of the context, over `--bandwidth` bytes/s (H100 SXM: 3.35e12), and over a
+device-to-device copy's rate measured in the same process. Without a GPU the bound is still
 written (`name: bandwidth_bound`), the measurement marked "not measured".
 """
 
@@ -62,8 +63,8 @@ class Args:
     """Also time a vLLM server (scripts/vllm_server.sh serve-generate; skipped if it cannot
     start)."""
     shapes: tuple[str, ...] = ()
-    """Released Qwen3 shapes (qwen3-4b, ...): ours only, bf16, batch 1, vs the bandwidth bound;
-    replaces --models when given (GPU sessions)."""
+    """Released Qwen3 shapes (qwen3-4b, ...): ours only, bf16, at each of --batches, vs the
+    bandwidth bound; replaces --models when given (GPU sessions)."""
     bandwidth: float = 3.35e12
     """Memory bandwidth of the GPU the bound is computed for, bytes/s (H100 SXM)."""
     bound_shape: str = "qwen3-4b"
@@ -102,13 +103,13 @@ def bytes_per_step(cfg, batch: int, context: int, dtype_bytes: int = 2) -> dict:
     return {"weight_bytes": weights, "kv_bytes": kv, "bytes_per_step": weights + kv}
 
 
-def bound_row(args: Args, name: str) -> dict:
+def bound_row(args: Args, name: str, batch: int = 1) -> dict:
     from llm_jax.config import Qwen3Config
 
     cfg = Qwen3Config.shape(name)
     context = args.prefix_len + args.prompt_len + args.new_tokens // 2  # mean over the steps
-    b = bytes_per_step(cfg, 1, context)
-    return dict(b, name="bandwidth_bound", model=name, dtype="bfloat16", batch=1,
+    b = bytes_per_step(cfg, batch, context)
+    return dict(b, name="bandwidth_bound", model=name, dtype="bfloat16", batch=batch,
                 context=context, bandwidth=args.bandwidth,
                 bound_steps_per_s=args.bandwidth / b["bytes_per_step"])
 
@@ -223,9 +224,24 @@ def vllm_rows(args: Args, emit, base, folder, cases, n, ours) -> None:
             proc.wait()
 
 
+def copy_bandwidth(gb: float = 4.0, repeats: int = 10) -> float:
+    """Bytes/s of a large device-to-device copy here (bytes read plus bytes written): the
+    practical bandwidth ceiling, beside the datasheet's `--bandwidth`."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.ones((int(gb * 2**30) // 4,), jnp.float32)
+    f = jax.jit(lambda a: a * 2.0)
+    jax.block_until_ready(f(x))
+    t = time.perf_counter()
+    for _ in range(repeats):
+        jax.block_until_ready(f(x))
+    return repeats * 2 * x.nbytes / (time.perf_counter() - t)
+
+
 def shape_rows(args: Args, emit) -> None:
-    """Released shapes, random bf16 weights made on the device: batch 1 decode steps/s vs the
-    bandwidth bound."""
+    """Released shapes, random bf16 weights made on the device: decode steps/s at each batch vs
+    the bandwidth bound of that batch (the weights once, every row's KV cache)."""
     import jax
     import jax.numpy as jnp
 
@@ -234,25 +250,31 @@ def shape_rows(args: Args, emit) -> None:
 
     rng = np.random.default_rng(0)
     n = args.new_tokens
-    emit({"name": "machine", "devices": str(jax.devices())})
+    copy = copy_bandwidth()
+    emit({"name": "machine", "devices": str(jax.devices()), "copy_bytes_per_s": copy})
     for name in args.shapes:
         cfg = Qwen3Config.shape(name)
         params = jax.jit(lambda k: init_params(cfg, k, jnp.bfloat16))(jax.random.PRNGKey(0))
         prefix = jnp.asarray(rng.integers(0, 150_000, args.prefix_len).astype(np.int32))
         cache = jax.jit(lambda p, x: prefill(p, cfg, x))(params, prefix)
-        prompts = rng.integers(0, 150_000, (1, args.prompt_len)).astype(np.int32)
-        lengths = np.full(1, args.prompt_len, np.int32)
         fns = {k: our_fn(cfg, k) for k in (1, n)}
-        for f in fns.values():
-            jax.block_until_ready(f(params, cache, prompts, lengths))
-        t1, tn = (statistics.median(t) for t in interleaved(
-            [lambda f=f: jax.block_until_ready(f(params, cache, prompts, lengths))
-             for f in fns.values()], args.repeats))
-        steps = (n - 1) / (tn - t1)
-        bound = bound_row(args, name)
-        emit(dict(bound, name="jax_gpu", devices=str(jax.devices()[0]), seconds=tn,
-                  decode_steps_per_s=steps,
-                  fraction_of_bound=steps / bound["bound_steps_per_s"]))
+        for batch in args.batches:
+            prompts = rng.integers(0, 150_000, (batch, args.prompt_len)).astype(np.int32)
+            lengths = np.full(batch, args.prompt_len, np.int32)
+            t0 = time.perf_counter()
+            for f in fns.values():
+                jax.block_until_ready(f(params, cache, prompts, lengths))
+            compile_s = time.perf_counter() - t0
+            t1, tn = (statistics.median(t) for t in interleaved(
+                [lambda f=f: jax.block_until_ready(f(params, cache, prompts, lengths))
+                 for f in fns.values()], args.repeats))
+            steps = (n - 1) / (tn - t1)
+            bound = bound_row(args, name, batch)
+            emit(dict(bound, name="jax_gpu", devices=str(jax.devices()[0]), seconds=tn,
+                      decode_steps_per_s=steps, decode_tokens_per_s=batch * steps,
+                      tokens_per_s=batch * n / tn, compile_s=compile_s,
+                      fraction_of_bound=steps / bound["bound_steps_per_s"],
+                      fraction_of_copy_bound=steps * bound["bytes_per_step"] / copy))
         del params, cache
 
 

@@ -259,7 +259,8 @@ def main(a: Args) -> list[dict]:
     def fused_extra(form="auto", refresh=0):
         return {"backend": "jax", "model": a.model, "layer": layer, "dtype": a.dtype,
                 "refresh_on_reset": a.refresh_on_reset, "refresh_batch": refresh or "auto",
-                "attention": resolve_form(form, jnp.dtype(a.dtype))}
+                # the LLM calls all run after the cached prompt prefix
+                "attention": resolve_form(form, jnp.dtype(a.dtype), prefix=True)}
 
     never = None
     if a.plain and 0 in a.skip_n:  # the pair whose ratio is a target: timed chunk for chunk

@@ -172,6 +172,7 @@ def _shape_rows(args: Args, emit, peak, ref: dict, form: str) -> None:
                                  args.repeats)
                 flops = b * s * cfg.flops_per_token(cfg.num_layers, args.prefix_len, s)
                 emit(dict(base, name="jax_prefix", batch=b, seq_len=s, prefix_len=args.prefix_len,
+                          attention=resolve_form(form, jnp.bfloat16, prefix=True),
                           seconds=dt, tokens_per_s=b * s / dt, mfu=flops / dt / peak,
                           rel_diff_vs_first_form=check((name, "prefix", b, s), out)))
         del params, cache
