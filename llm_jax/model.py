@@ -70,15 +70,19 @@ FORMS: tuple[str, ...] = ("cudnn", "blocked", "row", "pallas")  # the concrete f
 @dataclasses.dataclass(frozen=True)
 class AttentionConfig:
     """How `attention` (and a MoE model's experts, `moe_form`) is computed: static (part of the traced program, never a global).
-    `form` "auto" picks row by row on CPU, cuDNN on a GPU in bf16/fp16 where it compiles, and
-    blocked otherwise (`resolve_form`); the block sizes matter only to the forms that use them."""
+    `form` "auto" picks row by row on CPU; on an NVIDIA GPU in bf16/fp16 where cuDNN compiles,
+    the Pallas kernel for calls after a shared prefix and cuDNN for causal ones; blocked
+    otherwise (`resolve_form`); the block sizes matter only to the forms that use them."""
 
     form: AttentionForm = "auto"
     query_block: int = 64  # causal block of the blocked form
     row_query_block: int = 128  # causal block of the row form (measured best at 512 tokens)
+    kernel_blocks: tuple[int, int] = (32, 64)
+    """The Pallas kernel's query positions x keys a step (powers of two): the fastest of the
+    blocks timed on an H100 (bench/prefix_kernel.py, docs/BENCHMARKS.md)."""
     moe_form: MoEForm = "auto"
-    """How a mixture-of-experts MLP runs its experts (`llm_jax.moe`): auto (tiled on CPU,
-    `ragged_dot` elsewhere), ragged, tiled, or dense (the test oracle). Carried here with the
+    """How a mixture-of-experts MLP runs its experts (`llm_jax.moe`): auto (`ragged_dot` on
+    TPU, tiled elsewhere), ragged, tiled, or dense (the test oracle). Carried here with the
     attention form: both are the static "how" of a forward pass, passed everywhere it goes."""
 
 
@@ -111,15 +115,17 @@ def attention(q, k, v, mask, lengths, prefix_k=None, prefix_v=None,
       `_causal_attention_by_row`, `_prefix_attention_by_row`);
     - "pallas": `kernels.prefix_attention`, a flash-style kernel that reads the shared prefix
       once per block of queries (through Pallas' interpreter on CPU: exact, slow; for tests).
-      "auto" does not pick it: it has not been measured on a GPU yet."""
-    form = resolve_form(cfg.form, q.dtype)
+      "auto" picks it on an NVIDIA GPU for calls after a prefix: on an H100 it ran 1.03-1.31x
+      cuDNN's form through the 4B model (docs/BENCHMARKS.md); causal calls stay on cuDNN
+      (0.90x there)."""
+    form = resolve_form(cfg.form, q.dtype, prefix=prefix_k is not None)
     if form == "pallas":
         from kernels import prefix_attention
 
         if prefix_k is None:
             prefix_k = prefix_v = jnp.zeros((0, *k.shape[2:]), k.dtype)
-        return prefix_attention(q, k, v, lengths, prefix_k, prefix_v, block_q=cfg.query_block,
-                                block_k=cfg.query_block,
+        bq, bk = cfg.kernel_blocks
+        return prefix_attention(q, k, v, lengths, prefix_k, prefix_v, block_q=bq, block_k=bk,
                                 interpret=jax.default_backend() == "cpu")
     if form == "cudnn":
         return _cudnn_attention(q, k, v, lengths, prefix_k, prefix_v)
@@ -148,16 +154,19 @@ def attention(q, k, v, mask, lengths, prefix_k=None, prefix_v=None,
     return rearrange(out, "b t k g d -> b t (k g) d").astype(q.dtype)
 
 
-def resolve_form(form: AttentionForm, dtype) -> Literal["row", "blocked", "cudnn", "pallas"]:
+def resolve_form(form: AttentionForm, dtype, prefix: bool = False
+                 ) -> Literal["row", "blocked", "cudnn", "pallas"]:
     """The concrete form `attention` traces: `form` itself unless it is "auto", which picks row
-    by row on CPU, cuDNN on a GPU for bf16/fp16 where it compiles, and blocked otherwise."""
+    by row on CPU; on a GPU in bf16/fp16 where cuDNN compiles (an NVIDIA GPU, where Triton runs
+    the kernel too), the Pallas kernel for calls after a shared prefix (`prefix`) and cuDNN for
+    causal ones; blocked otherwise."""
     if form != "auto":
         return form
     backend = jax.default_backend()
     if backend == "cpu":
         return "row"
     if backend == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and _cudnn_compiles():
-        return "cudnn"
+        return "pallas" if prefix else "cudnn"
     return "blocked"
 
 

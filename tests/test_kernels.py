@@ -101,10 +101,25 @@ def test_auto_picks_a_form_that_compiles_here():
     from llm_jax.model import AttentionConfig, attention, resolve_form
 
     for dtype in (jnp.float32, jnp.bfloat16):
-        form = resolve_form("auto", dtype)
-        assert form != "pallas"  # not measured on any backend yet
         q, k, v, lengths, pk, pv = inputs(2, 8, 2, 2, 64, 3, dtype=dtype)
         mask = jnp.ones((2, 8, 8), bool)
         for pre in ((None, None), (pk, pv)):
+            form = resolve_form("auto", dtype, prefix=pre[0] is not None)
+            assert form != "pallas" or jax.default_backend() == "gpu"  # timed on GPUs only
             jax.jit(lambda *a: attention(*a, cfg=AttentionConfig(form))).lower(
                 q, k, v, mask, lengths, *pre).compile()
+
+
+def test_auto_rule_on_gpus(monkeypatch):
+    """On a GPU where cuDNN compiles (NVIDIA), auto takes the kernel after a prefix (faster than
+    cuDNN's form there on an H100) and cuDNN for causal calls; float32 or no cuDNN: blocked."""
+    import llm_jax.model as model
+
+    monkeypatch.setattr(model.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(model, "_cudnn_compiles", lambda: True)
+    assert model.resolve_form("auto", jnp.bfloat16, prefix=True) == "pallas"
+    assert model.resolve_form("auto", jnp.bfloat16, prefix=False) == "cudnn"
+    assert model.resolve_form("auto", jnp.float32, prefix=True) == "blocked"
+    assert model.resolve_form("cudnn", jnp.bfloat16, prefix=True) == "cudnn"  # asked: kept
+    monkeypatch.setattr(model, "_cudnn_compiles", lambda: False)
+    assert model.resolve_form("auto", jnp.bfloat16, prefix=True) == "blocked"

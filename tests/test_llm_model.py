@@ -47,7 +47,8 @@ def attn(request):
     """Every attention form this machine can run (CPU traces "row" by default, a GPU "cudnn" in
     bf16 and "blocked" in float32), with small query blocks so every code path of each runs."""
     form, block = request.param
-    return AttentionConfig(form, query_block=block, row_query_block=block)
+    return AttentionConfig(form, query_block=block, row_query_block=block,
+                           kernel_blocks=(block, block))
 
 
 def fp32_only(attn):
