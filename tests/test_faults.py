@@ -225,6 +225,7 @@ def test_unwritable_outputs_fail_first(dataset, tmp_path):
         assert "--out-dir" in msg and "not writable" in msg
 
 
+@pytest.mark.slow  # the weights are checked after --data: it needs the generated `dataset`
 def test_weights_without_safetensors_is_one_line(dataset, tmp_path):
     w = tmp_path / "w"
     w.mkdir()

@@ -29,7 +29,9 @@ def real_observations(n: int, env_name: str = ENV) -> np.ndarray:
     return rollout_observations(env_name, n, 0, n)
 
 
-@pytest.mark.parametrize("history, thinking", [(0, False), (2, False), (1, True)])
+@pytest.mark.parametrize("history, thinking", [  # the fast lane checks the first case
+    (0, False), pytest.param(2, False, marks=pytest.mark.slow),
+    pytest.param(1, True, marks=pytest.mark.slow)])
 def test_conversation_is_the_chat_template_token_for_token(tok, history, thinking):
     """prefix + the assembled prompt == the official template's text of the same conversation
     (earlier turns with their replies, then the current observation), encoded at once."""
