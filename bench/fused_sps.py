@@ -81,7 +81,8 @@ class Args:
     """Re-encode envs whose episode ended (as in training); off isolates the periodic calls."""
     attention: tuple[str, ...] = ("auto",)
     """Attention forms of the fused rows, each timed in turn (--llm.attention): auto (what
-    training uses: row on CPU, cudnn on a GPU in bf16) or one of row / blocked / cudnn."""
+    training uses: row on CPU, the Pallas kernel on an NVIDIA GPU in bf16) or one of row /
+    blocked / cudnn / pallas."""
 
 
 def build_checkpoint(folder: Path) -> None:

@@ -59,8 +59,8 @@ class Args:
     ours only (bf16), with MFU against a bf16 matmul measured here; replaces --models when given
     (for GPU sessions)."""
     forms: tuple[str, ...] = ("auto",)
-    """--shapes rows: attention forms to time in turn (auto, or cudnn / blocked / row); each
-    form's pooled states are compared with the first form's (rel_diff_vs_first_form)."""
+    """--shapes rows: attention forms to time in turn (auto, or cudnn / blocked / row / pallas);
+    each form's pooled states are compared with the first form's (rel_diff_vs_first_form)."""
 
 
 def median_time(fn, repeats):

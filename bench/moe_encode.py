@@ -64,7 +64,8 @@ class Args:
     suffix_lengths: tuple[int, ...] = (256,)
     """--shapes rows: tokens per row after the prefix."""
     forms: tuple[str, ...] = ("auto",)
-    """--shapes rows: expert forms to time in turn (auto = ragged_dot off CPU, tiled, ragged)."""
+    """--shapes rows: expert forms to time in turn (auto = ragged_dot on TPU, tiled elsewhere;
+    tiled; ragged)."""
 
 
 def interleaved(fns, repeats, settle_s=0.05):

@@ -71,15 +71,22 @@ FORMS: tuple[str, ...] = ("cudnn", "blocked", "row", "pallas")  # the concrete f
 class AttentionConfig:
     """How `attention` (and a MoE model's experts, `moe_form`) is computed: static (part of the traced program, never a global).
     `form` "auto" picks row by row on CPU; on an NVIDIA GPU in bf16/fp16 where cuDNN compiles,
-    the Pallas kernel for calls after a shared prefix and cuDNN for causal ones; blocked
-    otherwise (`resolve_form`); the block sizes matter only to the forms that use them."""
+    the Pallas kernel for calls after a shared prefix (heads permitting, `kernel_suits`) and
+    cuDNN otherwise; blocked elsewhere (`resolve_form`); the block sizes matter only to the
+    forms that use them."""
 
     form: AttentionForm = "auto"
     query_block: int = 64  # causal block of the blocked form
     row_query_block: int = 128  # causal block of the row form (measured best at 512 tokens)
     kernel_blocks: tuple[int, int] = (32, 64)
-    """The Pallas kernel's query positions x keys a step (powers of two): the fastest of the
-    blocks timed on an H100 (bench/prefix_kernel.py, docs/BENCHMARKS.md)."""
+    """The Pallas kernel's query positions x keys a step (powers of two, Triton's tiles): on an
+    H100 the fastest at 256-token rows and 1.05-1.85x cuDNN at 32-token rows, where 32 x 32 was
+    faster still (bench/prefix_kernel.py, docs/BENCHMARKS.md)."""
+
+    def __post_init__(self):
+        if any(b < 1 or b & (b - 1) for b in self.kernel_blocks):
+            raise ValueError(f"kernel_blocks {self.kernel_blocks}: powers of two, as Triton's "
+                             "tiles must be")
     moe_form: MoEForm = "auto"
     """How a mixture-of-experts MLP runs its experts (`llm_jax.moe`): auto (`ragged_dot` on
     TPU, tiled elsewhere), ragged, tiled, or dense (the test oracle). Carried here with the
@@ -118,7 +125,8 @@ def attention(q, k, v, mask, lengths, prefix_k=None, prefix_v=None,
       "auto" picks it on an NVIDIA GPU for calls after a prefix: on an H100 it ran 1.03-1.31x
       cuDNN's form through the 4B model (docs/BENCHMARKS.md); causal calls stay on cuDNN
       (0.90x there)."""
-    form = resolve_form(cfg.form, q.dtype, prefix=prefix_k is not None)
+    form = resolve_form(cfg.form, q.dtype, prefix=prefix_k is not None
+                        and kernel_suits(q.shape[2] // k.shape[2], q.shape[3]))
     if form == "pallas":
         from kernels import prefix_attention
 
@@ -154,12 +162,24 @@ def attention(q, k, v, mask, lengths, prefix_k=None, prefix_v=None,
     return rearrange(out, "b t k g d -> b t (k g) d").astype(q.dtype)
 
 
+def kernel_suits(group: int, head_dim: int) -> bool:
+    """Whether `auto` may give the Pallas kernel these heads: Triton's tiles need powers of two
+    (a GQA group of 5, as Qwen3-14B's 40 / 8 heads, does not lower), and only groups of up to 4
+    were timed (0.6B: 2, 4B: 4); a group of 8 holds 256 query vectors a program, untimed."""
+    def pow2(x):
+        return x >= 1 and not x & (x - 1)
+
+    return pow2(group) and group <= 4 and pow2(head_dim) and 16 <= head_dim <= 256
+
+
 def resolve_form(form: AttentionForm, dtype, prefix: bool = False
                  ) -> Literal["row", "blocked", "cudnn", "pallas"]:
     """The concrete form `attention` traces: `form` itself unless it is "auto", which picks row
     by row on CPU; on a GPU in bf16/fp16 where cuDNN compiles (an NVIDIA GPU, where Triton runs
-    the kernel too), the Pallas kernel for calls after a shared prefix (`prefix`) and cuDNN for
-    causal ones; blocked otherwise."""
+    the kernel too), the Pallas kernel for calls after a shared prefix whose heads suit it
+    (`prefix`: `attention` passes `kernel_suits`) and cuDNN otherwise; blocked elsewhere.
+    Measured on one H100 with jax 0.11.2 (the project pins jax < 0.11; the kernel lowers for CUDA
+    under both, `lowers_for`)."""
     if form != "auto":
         return form
     backend = jax.default_backend()

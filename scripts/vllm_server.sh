@@ -29,11 +29,12 @@ install() {
 
 vllm_cli() {
   # On CPU, --gpu-memory-utilization is the share of RAM vLLM reserves (KV cache included).
-  # VLLM_ENFORCE_EAGER=1 skips vLLM's torch.compile of the model (the tests' servers: a faster
-  # start on a cold cache; the benchmarks keep it).
+  # VLLM_ENFORCE_EAGER=1 skips vLLM's torch.compile of the model (tests/conftest.py sets it for
+  # the tests' servers: a faster start on a cold cache; the benchmarks keep the compiled model).
   VLLM_TARGET_DEVICE=cpu exec "$VENV/bin/python" -c "import sys; from vllm.entrypoints.cli.main import main; sys.argv=['vllm']+sys.argv[1:]; main()" \
     serve "$@" --dtype float32 --max-model-len "${VLLM_MAX_MODEL_LEN:-4096}" --host 127.0.0.1 \
-    --gpu-memory-utilization "${VLLM_MEM_FRACTION:-0.25}" ${VLLM_ENFORCE_EAGER:+--enforce-eager}
+    --gpu-memory-utilization "${VLLM_MEM_FRACTION:-0.25}" \
+    $([ "${VLLM_ENFORCE_EAGER:-0}" = 1 ] && echo --enforce-eager)
 }
 
 serve() {

@@ -123,3 +123,22 @@ def test_auto_rule_on_gpus(monkeypatch):
     assert model.resolve_form("cudnn", jnp.bfloat16, prefix=True) == "cudnn"  # asked: kept
     monkeypatch.setattr(model, "_cudnn_compiles", lambda: False)
     assert model.resolve_form("auto", jnp.bfloat16, prefix=True) == "blocked"
+
+
+@pytest.mark.parametrize("group, head_dim, suits", [
+    (2, 128, True), (4, 128, True), (1, 64, True),  # 0.6B, 4B (timed), MHA
+    (5, 128, False),  # Qwen3-14B's 40 / 8 heads: Triton's tiles need powers of two
+    (8, 128, False),  # 30B-A3B's 32 / 4: 256 query vectors a program, never timed
+    (4, 96, False)])
+def test_auto_gives_the_kernel_only_heads_it_suits(group, head_dim, suits):
+    from llm_jax.model import kernel_suits
+
+    assert kernel_suits(group, head_dim) is suits
+
+
+def test_a_group_of_five_does_not_lower_for_cuda():
+    """Why `kernel_suits` refuses groups that are not powers of two."""
+    from kernels.prefix_attention import lowers_for
+
+    with pytest.raises(Exception, match="power of 2"):
+        lowers_for("cuda", *inputs(2, 32, 5, 2, 128, 64, dtype=jnp.bfloat16))

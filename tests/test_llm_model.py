@@ -44,8 +44,9 @@ FORMS = [("row", 4), ("row", 16), pytest.param(("blocked", 4), marks=pytest.mark
 @pytest.fixture(params=FORMS,
                 ids=["row-4", "row-16", "blocked-4", "pallas-4", "cudnn-4"][:len(FORMS)])
 def attn(request):
-    """Every attention form this machine can run (CPU traces "row" by default, a GPU "cudnn" in
-    bf16 and "blocked" in float32), with small query blocks so every code path of each runs."""
+    """Every attention form this machine can run (CPU traces "row" by default; a GPU in bf16
+    "cudnn", or the kernel after a prefix, and "blocked" in float32), with small query blocks
+    so every code path of each runs."""
     form, block = request.param
     return AttentionConfig(form, query_block=block, row_query_block=block,
                            kernel_blocks=(block, block))

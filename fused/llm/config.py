@@ -44,8 +44,9 @@ class ModelConfig:
     dtype: Literal["float32", "bfloat16"] = "float32"
     """LLM compute dtype (jax backend)."""
     attention: AttentionForm = "auto"
-    """Attention form (jax backend): auto (row by row on CPU, cuDNN on a GPU in bf16/fp16,
-    blocked otherwise), or one of cudnn / blocked / row; all compute the same function."""
+    """Attention form (jax backend): auto (row by row on CPU; on an NVIDIA GPU in bf16/fp16 the
+    Pallas kernel after the prompt prefix and cuDNN for causal calls; blocked otherwise), or one
+    of cudnn / blocked / row / pallas; all compute the same function."""
 
 
 @dataclasses.dataclass(frozen=True)
