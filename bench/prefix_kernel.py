@@ -15,7 +15,6 @@ compile_s. Every output element is checked to be finite and padding queries to b
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -75,19 +74,17 @@ def flops(lengths, args) -> float:
 
 
 def timed(fn, repeats):
+    """(output, median seconds of `repeats` calls after 3 warm ones, first call's seconds)."""
     import jax
+    from llm_encode import median_time
 
     t0 = time.perf_counter()
     out = jax.block_until_ready(fn())
     compile_s = time.perf_counter() - t0
+    call = lambda: jax.block_until_ready(fn())  # noqa: E731
     for _ in range(3):
-        jax.block_until_ready(fn())
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn())
-        ts.append(time.perf_counter() - t)
-    return out, statistics.median(ts), compile_s
+        call()
+    return out, median_time(call, repeats), compile_s
 
 
 def error(out, ref, lengths) -> dict:
