@@ -411,7 +411,8 @@ def test_an_llm_run_records_the_hidden_states_it_acted_on(tmp_path):
     from fused.rl.obs_codec import ObsCodec
 
     env = subprocess_env()
-    # test_fused_llm's LLM smoke run: its compiled programs come from the persistent cache
+    # test_fused_llm's LLM smoke flags: whichever of the two runs second loads the other's
+    # compiled programs from the persistent cache
     subprocess.run([sys.executable, str(ROOT / "train.py"), "smoke", "--llm.backend", "jax",
                     "--llm.skip-n", "3", "--llm.projection", "layernorm",
                     "--out-dir", str(tmp_path), "--run-name", "run"], env=env, check=True,
