@@ -82,15 +82,19 @@ class AttentionConfig:
     """The Pallas kernel's query positions x keys a step (powers of two, Triton's tiles): on an
     H100 the fastest at 256-token rows and 1.05-1.85x cuDNN at 32-token rows, where 32 x 32 was
     faster still (bench/prefix_kernel.py, docs/BENCHMARKS.md)."""
-
-    def __post_init__(self):
-        if any(b < 1 or b & (b - 1) for b in self.kernel_blocks):
-            raise ValueError(f"kernel_blocks {self.kernel_blocks}: powers of two, as Triton's "
-                             "tiles must be")
     moe_form: MoEForm = "auto"
     """How a mixture-of-experts MLP runs its experts (`llm_jax.moe`): auto (`ragged_dot` on
     TPU, tiled elsewhere), ragged, tiled, or dense (the test oracle). Carried here with the
     attention form: both are the static "how" of a forward pass, passed everywhere it goes."""
+
+    def __post_init__(self):
+        if not all(map(_pow2, self.kernel_blocks)):
+            raise ValueError(f"kernel_blocks {self.kernel_blocks}: powers of two, as Triton's "
+                             "tiles must be")
+
+
+def _pow2(x: int) -> bool:
+    return x >= 1 and not x & (x - 1)
 
 
 class PrefixCache(NamedTuple):
@@ -166,10 +170,7 @@ def kernel_suits(group: int, head_dim: int) -> bool:
     """Whether `auto` may give the Pallas kernel these heads: Triton's tiles need powers of two
     (a GQA group of 5, as Qwen3-14B's 40 / 8 heads, does not lower), and only groups of up to 4
     were timed (0.6B: 2, 4B: 4); a group of 8 holds 256 query vectors a program, untimed."""
-    def pow2(x):
-        return x >= 1 and not x & (x - 1)
-
-    return pow2(group) and group <= 4 and pow2(head_dim) and 16 <= head_dim <= 256
+    return _pow2(group) and group <= 4 and _pow2(head_dim) and 16 <= head_dim <= 256
 
 
 def resolve_form(form: AttentionForm, dtype, prefix: bool = False

@@ -142,3 +142,12 @@ def test_a_group_of_five_does_not_lower_for_cuda():
 
     with pytest.raises(Exception, match="power of 2"):
         lowers_for("cuda", *inputs(2, 32, 5, 2, 128, 64, dtype=jnp.bfloat16))
+
+
+@pytest.mark.parametrize("blocks", [(24, 64), (32, 0), (32, 48)])
+def test_kernel_blocks_must_be_powers_of_two(blocks):
+    from llm_jax.model import AttentionConfig
+
+    with pytest.raises(ValueError, match="powers of two"):
+        AttentionConfig(kernel_blocks=blocks)
+    assert AttentionConfig(kernel_blocks=(16, 128)).kernel_blocks == (16, 128)
