@@ -31,6 +31,7 @@ from flax import struct
 
 from fused.rl.acting import categorical_log_prob, network_policy
 from fused.rl.networks import init_network
+from fused.rl.updates import scan_updates
 
 
 class AWRSettings(NamedTuple):
@@ -164,14 +165,11 @@ def make_offline_train(network: nn.Module, settings: AWRSettings, tx: optax.Grad
         return OfflineState(params, opt_state, rng, state.update + 1, state.norm), metrics
 
     def chunk(state: OfflineState, data):
-        zeros = jax.eval_shape(lambda s: one_update(s, data)[1], state)
-        zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), zeros)
+        def update(s, data):  # (a skipped update reports active False, its zero)
+            s, m = one_update(s, data)
+            return s, dict(m, active=jnp.bool_(True))
 
-        def body(s, _):
-            active = s.update < total_updates  # updates past the end are skipped
-            s, m = jax.lax.cond(active, lambda s: one_update(s, data), lambda s: (s, zeros), s)
-            return s, dict(m, active=active)
-
-        return jax.lax.scan(body, state, None, length=updates_per_chunk)
+        return scan_updates(update, state, data, updates_per_chunk,
+                            lambda s: s.update < total_updates)
 
     return OfflineTrainer(init, chunk)

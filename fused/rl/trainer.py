@@ -25,6 +25,7 @@ from fused.rl.explore import make_explorer
 from fused.rl.networks import init_network
 from fused.rl.policy_input import PolicyInput
 from fused.rl.ppo import Ctx, RunnerState, update_step
+from fused.rl.updates import scan_updates
 from fused.rl.vec_env import VecEnv
 
 class PPORun(Protocol):
@@ -77,13 +78,8 @@ def make_train(cfg: PPORun, env: Env, network: nn.Module, inputs: PolicyInput,
                                         state, carry, ex))
 
     def chunk(rs: RunnerState, frozen):
-        def body(rs, _):
-            skipped = jax.tree.map(jnp.zeros_like,
-                                   jax.eval_shape(lambda r: update_step(ctx, r, frozen), rs)[1])
-            return jax.lax.cond(rs.update_step < cfg.num_updates,
-                                lambda r: update_step(ctx, r, frozen), lambda r: (r, skipped), rs)
-
-        return jax.lax.scan(body, rs, None, length=cfg.updates_per_chunk)
+        return scan_updates(lambda r, f: update_step(ctx, r, f), rs, frozen,
+                            cfg.updates_per_chunk, lambda r: r.update_step < cfg.num_updates)
 
     def train(key, frozen):
         return jax.lax.scan(lambda r, _: update_step(ctx, r, frozen), init(key, frozen), None,
