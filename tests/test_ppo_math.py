@@ -1,10 +1,13 @@
-"""GAE and the PPO loss against values computed by hand."""
+"""GAE and the PPO loss against values computed by hand; a chunk of updates skips those past
+the end and traces its update once."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from fused.rl.ppo import categorical_entropy, categorical_log_prob, gae, ppo_loss
+from fused.rl.updates import scan_updates
 
 
 def test_gae_hand_computed_with_termination_and_truncation():
@@ -61,3 +64,18 @@ def test_ppo_loss_hand_computed():
     assert float(m["loss/value"]) == pytest.approx(vl, rel=1e-5)
     assert float(loss) == pytest.approx(pg + 0.5 * vl - 0.01 * ent, rel=1e-5)
     assert float(m["loss/clip_frac"]) == pytest.approx(1.0)
+
+
+def test_a_chunk_skips_updates_past_the_end_and_traces_the_update_once():
+    traces = []
+
+    def update(s, step):
+        traces.append(s)
+        return s + step, {"twice": 2.0 * s, "active": jnp.bool_(True)}
+
+    # 5 updates of +1 from 0, each while the state is below 3: updates 4 and 5 are skipped
+    s, m = jax.jit(lambda s: scan_updates(update, s, 1.0, 5, lambda s: s < 3.0))(0.0)
+    assert float(s) == 3.0
+    np.testing.assert_array_equal(m["twice"], [0.0, 2.0, 4.0, 0.0, 0.0])
+    np.testing.assert_array_equal(m["active"], [True, True, True, False, False])
+    assert len(traces) == 1  # (twice when the skipped branch's shapes came from a second trace)

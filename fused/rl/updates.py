@@ -15,10 +15,10 @@ def scan_updates(update: Callable, state, args: Any, length: int,
     """`length` steps of `update(state, args) -> (state, metrics)`, each run while
     `active(state)` holds; a skipped step keeps the state and reports zero metrics.
 
-    The update is traced once: the skipped branch needs the metrics' shapes, and asking
-    `jax.eval_shape` of the plain function would trace it a second time (a whole PPO update,
-    env step included: about a second of every run's start on a CPU). Through `jax.jit`, the
-    shapes and the branch share one trace; XLA inlines the call."""
+    The update is traced once: the skipped branch needs the metrics' shapes, and asking them
+    of one closure while the branch runs another traced the update twice (a whole PPO update,
+    env step included: about a second of every run's start on a CPU). The shapes and the
+    branch share one `jax.jit` of it, and so its trace; XLA inlines the call."""
     step = jax.jit(update)
 
     def body(s, _):
