@@ -436,3 +436,18 @@ def test_an_llm_run_records_the_hidden_states_it_acted_on(tmp_path):
     want, _ = encode_observations(llm, llm.frozen, jnp.asarray(obs), 8)
     got = hidden[first].astype(np.float32)
     np.testing.assert_allclose(got, np.asarray(want), atol=1e-2 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("value, fix", [(np.nan, "no critic"), (0.5, "--incomplete bootstrap")])
+def test_data_with_every_episode_cut_names_the_fix_that_applies(tmp_path, value, fix):
+    """Training data without one valid return-to-go: the error suggests bootstrapping only when
+    the behaviour policy had a critic (random and LLM play store no values)."""
+    from fused.data.loader import no_return_error
+
+    ds = hand_dataset(tmp_path / "d", [{"episode_id": [1, 1], "reward": [0, 1],
+                                        "value": [np.nan, np.nan]},
+                                       {"episode_id": [1, 1], "reward": [0, 1],
+                                        "value": [np.nan, value]}])
+    msg = str(no_return_error(ds, ds.shard_names()))
+    assert "no row has a valid return-to-go" in msg and fix in msg
+    assert ("--incomplete bootstrap" in msg) == (fix != "no critic")

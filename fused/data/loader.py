@@ -182,15 +182,24 @@ class WindowStream:
         return data
 
 
+def no_return_error(ds: Dataset, names: list[str]) -> DatasetError:
+    """The error for data without one valid return-to-go, naming the fix that applies:
+    bootstrapping needs the behaviour critic's values, which random and LLM play lack."""
+    critic = any(np.isfinite(ds.read(n, ["value"])["value"]).any() for n in names)
+    fix = ("use `label.py returns --incomplete bootstrap`" if critic else
+           "generate more --steps (or shorter episodes, --env.max-episode-steps); its policy "
+           "had no critic to bootstrap from")
+    return DatasetError(f"{ds.root}: no row has a valid return-to-go (every episode cut by the "
+                        f"end of the data?); {fix}")
+
+
 def load_training_data(root: str, returns: str | None = None, labels: str | None = None,
                        sequences: bool = False) -> tuple[TrainingData, str, str | None]:
     """The whole dataset in memory: (data, returns set used, label set used)."""
     ts = open_training_set(root, returns, labels)
     arrays = read_window(ts, list(range(len(ts.names))), sequences=sequences)
     if not arrays["num_valid"]:
-        raise DatasetError(f"{ts.ds.root}: no row has a valid return-to-go (every episode cut "
-                           "by the end of the data?); generate more steps or use "
-                           "`label.py returns --incomplete bootstrap`")
+        raise no_return_error(ts.ds, ts.names)
     mean = var = None
     size = 0
     if labels:
