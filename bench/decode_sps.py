@@ -120,7 +120,8 @@ def our_fn(cfg, n_new):
     from llm_jax.decode import generate
 
     return jax.jit(lambda p, c, t, n: generate(p, cfg, t, n, jax.random.PRNGKey(0),
-                                               max_new_tokens=n_new, prefix=c).tokens)
+                                               max_new_tokens=n_new, prefix=c,
+                                               pad_id=0).tokens)
 
 
 def cpu_rows(args: Args, emit) -> None:

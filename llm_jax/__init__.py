@@ -7,10 +7,12 @@ client are host-only and never called under jit.
 
 from llm_jax.config import Qwen3Config, Qwen3ConfigError
 from llm_jax.loader import WeightsError, load_params
-from llm_jax.decode import GREEDY, GenerateError, Generated, Sampling, check_generate, generate
+from llm_jax.decode import Generated, check_generate, generate
+from llm_jax.sampling import GREEDY, GenerateError, Sampling, SamplingFlags, resolve_sampling
 from llm_jax.model import (AttentionConfig, PrefixCache, encode, first_layers, init_params,
                            prefill)
 
 __all__ = ["Qwen3Config", "Qwen3ConfigError", "WeightsError", "load_params", "AttentionConfig",
            "PrefixCache", "encode", "first_layers", "init_params", "prefill", "generate",
-           "Generated", "Sampling", "GREEDY", "GenerateError", "check_generate"]
+           "Generated", "Sampling", "GREEDY", "GenerateError", "check_generate", "SamplingFlags",
+           "resolve_sampling"]

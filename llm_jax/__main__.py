@@ -16,6 +16,8 @@ from typing import Annotated, Literal
 import numpy as np
 import tyro
 
+from llm_jax.sampling import SamplingFlags
+
 
 @dataclasses.dataclass(frozen=True)
 class Encode:
@@ -37,8 +39,9 @@ class Encode:
     """Pooling over positions."""
     post_norm: bool = False
     """Apply the final RMSNorm."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Compute dtype."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Compute dtype: auto (float32 on CPU; on a GPU/TPU the checkpoint's own, bfloat16 for
+    Qwen3, as HF's torch_dtype=auto and vLLM's dtype=auto do), float32 or bfloat16."""
     attention: Literal["auto", "cudnn", "blocked", "row", "pallas"] = "auto"
     """Attention form (llm_jax.model.attention); pallas runs interpreted on CPU."""
     prefix_text_file: str | None = None
@@ -47,7 +50,10 @@ class Encode:
 
 
 @dataclasses.dataclass(frozen=True)
-class Generate:
+class Generate(SamplingFlags):
+    """Sampling: the checkpoint's generation_config.json unless a flag says otherwise (as HF
+    transformers and vLLM do); greedy where the checkpoint has none."""
+
     weights: str
     """HuggingFace Qwen3 model folder (dense or MoE)."""
     out: str
@@ -66,25 +72,21 @@ class Generate:
     prefix_text_file: str | None = None
     """Shared prefix, computed once for all prompts: the system message in the chat template,
     or (with --raw) text whose tokens come before each prompt's."""
-    greedy: bool = False
-    """Argmax decoding; no sampling flag may be given with it."""
-    temperature: float | None = None
-    """Sampling temperature (default 1.0; 0 is greedy)."""
-    top_k: int | None = None
-    """Keep the k most likely tokens (default 0: all)."""
-    top_p: float | None = None
-    """Nucleus sampling threshold in (0, 1] (default 1: all)."""
     seed: int | None = None
-    """PRNG seed (default 0)."""
+    """PRNG seed of the sampling (default 0); not with --greedy."""
     ignore_eos: bool = False
     """Generate max_new_tokens for every prompt, past EOS."""
+    keep_special: bool = False
+    """Keep special tokens (<|im_end|>, <|endoftext|>) in each result's `text` (its `tokens`
+    always hold them)."""
     layer: int | None = None
     """Also write each generated token's hidden state at this layer (HF convention: 0 =
     embeddings, i = after block i)."""
     post_norm: bool = False
     """With --layer: apply the final RMSNorm to the states."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Compute dtype (logits are float32 either way)."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Compute dtype: auto (float32 on CPU; on a GPU/TPU the checkpoint's own, bfloat16 for
+    Qwen3), float32 or bfloat16; logits are float32 either way."""
     attention: Literal["auto", "cudnn", "blocked", "row", "pallas"] = "auto"
     """Attention form of the prompt pass (decode steps use plain jnp)."""
 
@@ -106,13 +108,14 @@ def run_encode(a: Encode) -> Path:
     import jax
     import jax.numpy as jnp
 
-    from llm_jax.config import Qwen3Config
+    from llm_jax.config import Qwen3Config, resolve_dtype
     from llm_jax.loader import load_params, resolve_folder
     from llm_jax.model import AttentionConfig, encode, prefill
     from llm_jax.tokenizer import load_tokenizer
 
     folder = resolve_folder(a.weights)
     cfg = Qwen3Config.from_folder(folder)
+    dtype, _ = resolve_dtype(a.dtype, folder, jax.default_backend())
     layer = cfg.num_layers if a.layer is None else a.layer
     if not 0 <= layer <= cfg.num_layers:
         raise SystemExit(f"error: --layer {layer} must lie in 0..{cfg.num_layers}")
@@ -135,9 +138,8 @@ def run_encode(a: Encode) -> Path:
         if prefix_ids.size == 0:
             raise SystemExit("error: --prefix-text-file encodes to no tokens")
     computed = max(layer, 1) if prefix_ids.size else layer  # only these layers are read
-    check_memory(cfg, a.dtype, computed, 1, ids.size, prefix_ids.size)
-    _, params = load_params(folder, jnp.float32 if a.dtype == "float32" else jnp.bfloat16,
-                            computed)
+    check_memory(cfg, dtype, computed, 1, ids.size, prefix_ids.size)
+    _, params = load_params(folder, jnp.dtype(dtype), computed)
     if prefix_ids.size:
         cache = jax.jit(lambda p, t: prefill(p, cfg, t, max(layer, 1), attn))(
             params, jnp.asarray(prefix_ids))
@@ -148,7 +150,8 @@ def run_encode(a: Encode) -> Path:
     tmp = out.with_name(out.name + ".tmp.npz")
     np.savez(tmp, hidden=np.asarray(hidden, np.float32), token_ids=ids, **extra)
     os.replace(tmp, out)
-    print(f"{ids.size} tokens, layer {layer}, pool {a.pool}, hidden {tuple(hidden.shape)} -> {out}")
+    print(f"{ids.size} tokens, layer {layer}, pool {a.pool}, {dtype}, hidden "
+          f"{tuple(hidden.shape)} -> {out}")
     return out
 
 
@@ -156,12 +159,11 @@ def check_memory(cfg, dtype: str, layers: int, rows: int, tokens: int, prefix: i
                  new_tokens: int = 0, layer_flag: str | None = "--layer") -> None:
     """SystemExit (one line: the figures and the fix) unless the weights of `layers` layers,
     the prefix and KV caches and one pass's activations fit the device; prints the estimate."""
-    from llm_jax.memory import (MemoryFitError, activation_bytes, check_fits, fixes, kv_bytes,
-                                weight_bytes)
+    from llm_jax.memory import MemoryFitError, check_fits, fixes, generation_need, kv_bytes
 
-    need = {"weights": weight_bytes(cfg, dtype, layers),
-            "caches": kv_bytes(cfg, layers, prefix + rows * (tokens + new_tokens), dtype),
-            "activations": activation_bytes(cfg, rows, tokens, prefix, dtype)}
+    need = generation_need(cfg, dtype, layers, rows, tokens, new_tokens, prefix)
+    if not new_tokens:  # encoding keeps every computed layer's keys and values of the prompt
+        need["caches"] = kv_bytes(cfg, layers, rows * tokens, dtype)
     try:
         _, line = check_fits(need, fixes(dtype, "--dtype", layer_flag, "fewer or shorter prompts"))
     except MemoryFitError as e:
@@ -180,25 +182,21 @@ def _as_flags(e: Exception) -> str:
     return msg
 
 
-def generate_settings(a: Generate):
-    """Checks of the flags alone (SystemExit "error: ..." before anything loads); returns
-    (prompts, Sampling)."""
-    from llm_jax.decode import GREEDY, GenerateError, Sampling
+def generate_settings(a: Generate) -> list[str]:
+    """Checks of the flags alone (SystemExit "error: ..." before anything loads); returns the
+    prompts."""
+    from llm_jax.sampling import GenerateError, check_flags
 
     if (a.prompt is None) == (a.prompt_file is None):
         raise SystemExit("error: give exactly one of --prompt or --prompt-file")
-    given = [f"--{n.replace('_', '-')}" for n in ("temperature", "top_k", "top_p", "seed")
-             if getattr(a, n) is not None]
-    if a.greedy and given:
-        raise SystemExit(f"error: {', '.join(given)} given with --greedy; drop them or --greedy")
+    if a.greedy and a.seed is not None:
+        raise SystemExit("error: --seed given with --greedy (greedy tokens draw nothing); drop one")
     if a.max_new_tokens <= 0:
         raise SystemExit(f"error: --max-new-tokens {a.max_new_tokens}; generate at least 1")
     try:
-        sampling = GREEDY if a.greedy else Sampling(
-            1.0 if a.temperature is None else a.temperature, a.top_k or 0,
-            1.0 if a.top_p is None else a.top_p)
+        check_flags(a)
     except GenerateError as e:
-        raise SystemExit(f"error: {_as_flags(e)}") from None
+        raise SystemExit(f"error: {e}") from None
     if a.prompt is not None:
         prompts = [a.prompt]
     else:
@@ -210,18 +208,27 @@ def generate_settings(a: Generate):
             raise SystemExit(f"error: --prompt-file {path} holds no prompt (one a line)")
     if a.prefix_text_file is not None and not Path(a.prefix_text_file).is_file():
         raise SystemExit(f"error: --prefix-text-file {a.prefix_text_file} not found")
-    return prompts, sampling
+    return prompts
 
 
 def run_generate(a: Generate) -> Path:
-    from llm_jax.config import Qwen3Config
+    from llm_jax.config import Qwen3Config, resolve_dtype
     from llm_jax.decode import GenerateError, check_generate
     from llm_jax.loader import resolve_folder
-    from llm_jax.tokenizer import eos_ids, load_tokenizer, prompt_ids
+    from llm_jax.sampling import resolve_sampling
+    from llm_jax.tokenizer import load_tokenizer, prompt_ids, stop_ids
 
-    prompts, sampling = generate_settings(a)
+    prompts = generate_settings(a)
     folder = resolve_folder(a.weights)
     cfg = Qwen3Config.from_folder(folder)  # config.json only: the checks below need no weights
+    try:
+        resolved = resolve_sampling(a, folder)
+    except GenerateError as e:
+        raise SystemExit(f"error: {e}") from None
+    sampling = resolved.sampling
+    if sampling.greedy and a.seed is not None:
+        raise SystemExit(f"error: --seed given but sampling is {resolved.describe()}; drop "
+                         "--seed or give sampling flags")
     tok = load_tokenizer(a.weights)
     prefix_text = None if a.prefix_text_file is None else Path(a.prefix_text_file).read_text()
     prefix, rows = prompt_ids(tok, prompts, prefix_text, chat=not a.raw,
@@ -236,7 +243,7 @@ def run_generate(a: Generate) -> Path:
     if top >= cfg.vocab_size:
         raise SystemExit(f"error: token id {top} >= the model's vocab_size {cfg.vocab_size}; "
                          "tokenizer and weights do not belong together")
-    stop = () if a.ignore_eos else eos_ids(folder, tok, cfg.vocab_size)
+    stop = () if a.ignore_eos else stop_ids(folder, tok, cfg.vocab_size, chat=not a.raw)
 
     import jax
     import jax.numpy as jnp
@@ -245,30 +252,36 @@ def run_generate(a: Generate) -> Path:
     from llm_jax.loader import load_params
     from llm_jax.model import AttentionConfig, prefill
 
-    check_memory(cfg, a.dtype, cfg.num_layers, len(rows), max(map(len, rows)), len(prefix),
+    dtype, dtype_why = resolve_dtype(a.dtype, folder, jax.default_backend())
+    check_memory(cfg, dtype, cfg.num_layers, len(rows), max(map(len, rows)), len(prefix),
                  a.max_new_tokens, layer_flag=None)  # decoding reads every layer
-    _, params = load_params(folder, jnp.float32 if a.dtype == "float32" else jnp.bfloat16)
+    print(f"sampling: {resolved.describe()}; {dtype} ({dtype_why})", flush=True)
+    _, params = load_params(folder, jnp.dtype(dtype))
     attn = AttentionConfig(form=a.attention)
     cache = (jax.jit(lambda p, t: prefill(p, cfg, t, attn=attn))(params, jnp.asarray(prefix))
              if prefix else None)
-    tokens = np.zeros((len(rows), max(map(len, rows))), np.int32)
+    tokens = np.full((len(rows), max(map(len, rows))), tok.pad_id, np.int32)
     for i, r in enumerate(rows):
         tokens[i, : len(r)] = r
     fn = jax.jit(lambda p, t, n, k, c: generate(
-        p, cfg, t, n, k, max_new_tokens=a.max_new_tokens, sampling=sampling, stop_ids=stop,
-        prefix=c, hidden_layer=a.layer, post_norm=a.post_norm, attn=attn))
+        p, cfg, t, n, k, max_new_tokens=a.max_new_tokens, pad_id=tok.pad_id, sampling=sampling,
+        stop_ids=stop, prefix=c, hidden_layer=a.layer, post_norm=a.post_norm, attn=attn))
     out = fn(params, tokens, np.array([len(r) for r in rows], np.int32),
              jax.random.PRNGKey(a.seed or 0), cache)
     new, num = np.asarray(out.tokens), np.asarray(out.num_tokens)
     results = []
     for i, (p, r) in enumerate(zip(prompts, rows)):
         ids = new[i, : num[i]].tolist()
-        row = {"prompt": p, "prompt_ids": r, "tokens": ids, "text": tok.decode(ids)}
+        row = {"prompt": p, "prompt_ids": r, "tokens": ids,
+               "text": tok.decode(ids, keep_special=a.keep_special)}
         if a.layer is not None:
             row["hidden"] = np.asarray(out.hidden[i, : num[i]], np.float32).tolist()
         results.append(row)
-    settings = dict(dataclasses.asdict(a), temperature=sampling.temperature, top_k=sampling.top_k,
-                    top_p=sampling.top_p, seed=a.seed or 0, stop_ids=list(stop))
+    settings = dict(dataclasses.asdict(a), sampling=resolved.record(), seed=a.seed or 0,
+                    stop_ids=list(stop), dtype=dtype, dtype_source=dtype_why,
+                    pad_id=tok.pad_id)
+    for n in ("greedy", "temperature", "top_k", "top_p"):  # as used: `sampling` says why
+        settings[n] = resolved.record()[n]
     path = Path(a.out)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps({"settings": settings, "prefix_ids": prefix, "results": results}))

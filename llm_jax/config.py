@@ -235,3 +235,36 @@ SHAPES: dict[str, Qwen3Config] = {
         tie_word_embeddings=False, max_position_embeddings=40960, num_experts=128,
         num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True),
 }
+
+
+DTYPES = ("float32", "bfloat16")
+
+
+def checkpoint_dtype(folder: str | Path | None) -> str | None:
+    """The dtype the checkpoint's config.json names (`torch_dtype`, or transformers 5's
+    `dtype`), or None where it names none."""
+    path = None if folder is None else Path(folder).expanduser() / "config.json"
+    if path is None or not path.is_file():
+        return None
+    try:
+        d = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+    value = d.get("dtype") or d.get("torch_dtype")
+    return str(value).removeprefix("torch.") if value else None
+
+
+def resolve_dtype(requested: str, folder: str | Path | None, platform: str) -> tuple[str, str]:
+    """(compute dtype, why): `auto` is float32 on CPU (where bfloat16 is emulated and slower)
+    and on an accelerator the checkpoint's own dtype (bfloat16 for a random model, and for a
+    float16 checkpoint: float16 is not a compute dtype here), as HF's `torch_dtype="auto"` and
+    vLLM's `dtype=auto` take it; an explicit float32 or bfloat16 as given."""
+    if requested != "auto":
+        return requested, "given"
+    if platform == "cpu":
+        return "float32", "auto: float32 on CPU"
+    found = checkpoint_dtype(folder)
+    if found in DTYPES:
+        return found, f"auto: the checkpoint's {found}"
+    return "bfloat16", (f"auto: bfloat16 ({found} checkpoint)" if found
+                        else "auto: bfloat16 on " + platform)

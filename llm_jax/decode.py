@@ -32,7 +32,6 @@ heads, g query heads per kv head, d head dim, l layers.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import NamedTuple, Sequence
 
@@ -43,44 +42,7 @@ from einops import rearrange
 from llm_jax.config import Qwen3Config
 from llm_jax.model import (AttentionConfig, PrefixCache, hidden_states, lm_logits, mlp_block,
                            project_qkv, rms_norm, rope_tables, scan_layers)
-
-
-class GenerateError(ValueError):
-    """Generation settings that cannot work (one line: the problem and the fix)."""
-
-
-def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
-    """GenerateError unless temperature >= 0, top_k >= 0 and 0 < top_p <= 1."""
-    if not temperature >= 0:
-        raise GenerateError(f"temperature={temperature} is negative; use 0 (greedy) or more")
-    if top_k < 0:
-        raise GenerateError(f"top_k={top_k} is negative; use 0 (all tokens) or a count")
-    if not 0 < top_p <= 1:
-        raise GenerateError(f"top_p={top_p} lies outside (0, 1]; use 1 to keep all tokens")
-
-
-@dataclasses.dataclass(frozen=True)
-class Sampling:
-    """How the next token is drawn (static: part of the compiled program). Applied as HF
-    transformers does: temperature, then top-k, then top-p on what top-k kept."""
-
-    temperature: float = 1.0
-    """Divides the logits; 0 means greedy (argmax, no randomness)."""
-    top_k: int = 0
-    """Keep only the k most likely tokens; 0 (or >= vocab) keeps all."""
-    top_p: float = 1.0
-    """Nucleus: keep the most likely tokens, in order, while the probability of those before a
-    token is below top_p (so at least one); 1 keeps all."""
-
-    def __post_init__(self):
-        check_sampling(self.temperature, self.top_k, self.top_p)
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-
-GREEDY = Sampling(temperature=0.0)
+from llm_jax.sampling import GREEDY, GenerateError, Sampling, sample_tokens
 
 
 class KVCache(NamedTuple):
@@ -94,9 +56,22 @@ class KVCache(NamedTuple):
 class Generated(NamedTuple):
     """What `generate` returns."""
 
-    tokens: jax.Array  # [B, N] int32: generated tokens (a stop token included); 0 past num_tokens
+    tokens: jax.Array  # [B, N] int32: generated tokens (a stop token included); pad_id past
+    #                    num_tokens
     num_tokens: jax.Array  # [B] int32: tokens generated per row (1..N)
     hidden: jax.Array | None  # [B, N, H] states of the generated tokens (0 past num_tokens)
+
+
+class DecodeStatic(NamedTuple):
+    """The decode loop's static settings (part of the compiled program)."""
+
+    sampling: Sampling
+    stop_ids: tuple[int, ...]
+    max_new_tokens: int
+    hidden_layer: int | None
+    post_norm: bool
+    attn: AttentionConfig
+    pad_id: int
 
 
 class DecodeState(NamedTuple):
@@ -132,40 +107,6 @@ def check_generate(cfg: Qwen3Config, prompt_lengths: Sequence[int], max_new_toke
             f"{max_new_tokens} = {total} tokens exceeds the model's context "
             f"(max_position_embeddings={cfg.max_position_embeddings}); shorten the prompt or "
             "lower max_new_tokens")
-
-
-def first_argmax(x):
-    """jnp.argmax over the last axis of [B, V] (the first index of the maximum), in blocks: the
-    largest block size <= 512 dividing V, each block's max, the first block holding the row's
-    maximum, then the argmax inside it. XLA:CPU's argmax (a variadic reduction) takes 22 ms on
-    [64, 151680] where this takes 0.9 ms; padding V to a block multiple would cost 14 ms, hence
-    a divisor."""
-    b, v = x.shape
-    size = next(d for d in range(min(v, 512), 0, -1) if v % d == 0)
-    blocks = x.reshape(b, v // size, size)
-    first = jnp.argmax(jnp.max(blocks, axis=-1), axis=-1)  # [B]
-    inside = jnp.take_along_axis(blocks, first[:, None, None], axis=1)[:, 0]  # [B, size]
-    return (first * size + jnp.argmax(inside, axis=-1)).astype(jnp.int32)
-
-
-def sample_tokens(logits, keys, sampling: Sampling):
-    """One token per row. logits: [B, V] float32; keys: [B] PRNG keys (one per row; unused when
-    greedy). Returns [B] int32."""
-    if sampling.greedy:
-        return first_argmax(logits)
-    x = logits / sampling.temperature
-    v = x.shape[-1]
-    keep = sampling.top_k if 0 < sampling.top_k < v else (v if sampling.top_p < 1 else 0)
-    if keep == 0:  # the whole vocabulary, no sort: the Gumbel-max draw
-        noise = jax.vmap(lambda k: jax.random.gumbel(k, (v,), x.dtype))(keys)
-        return first_argmax(x + noise)
-    vals, idx = jax.lax.top_k(x, keep)  # [B, keep], descending
-    if sampling.top_p < 1:
-        p = jax.nn.softmax(vals, axis=-1)
-        before = jnp.cumsum(p, axis=-1) - p  # probability of the tokens ranked above
-        vals = jnp.where(before < sampling.top_p, vals, -jnp.inf)
-    choice = jax.vmap(jax.random.categorical)(keys, vals)  # [B]
-    return jnp.take_along_axis(idx, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
 
 
 def decode_attention(q, k, v, cache_k, cache_v, visible, prefix_k=None, prefix_v=None):
@@ -235,11 +176,13 @@ def _stops(tokens, num, stop_ids: tuple[int, ...], max_new_tokens: int):
     return hit | (num >= max_new_tokens)
 
 
-def _decode_step(params, cfg: Qwen3Config, prefix, row_keys, static, state: DecodeState):
+def _decode_step(params, cfg: Qwen3Config, prefix, row_keys, static: DecodeStatic,
+                 state: DecodeState):
     """Feed each active row's next unfed token, record its state, and (rows not stopped) sample
     the following token. Rows with nothing to feed compute too (batched) but change nothing:
     their writes go to an out-of-range index and are dropped."""
-    sampling, stop_ids, n_new, hidden_layer, post_norm, attn = static
+    sampling, stop_ids, n_new = static.sampling, static.stop_ids, static.max_new_tokens
+    hidden_layer, attn = static.hidden_layer, static.attn
     b = state.tokens.shape[0]
     rows = jnp.arange(b)
     active = state.fed < state.num if hidden_layer is not None else ~state.stopped
@@ -251,7 +194,7 @@ def _decode_step(params, cfg: Qwen3Config, prefix, row_keys, static, state: Deco
                     state.cache.lengths + active)
     hidden = state.hidden
     if hidden_layer is not None:
-        h = _state_at(params, cfg, states, hidden_layer, post_norm)
+        h = _state_at(params, cfg, states, hidden_layer, static.post_norm)
         hidden = hidden.at[rows, jnp.where(active, state.fed, n_new)].set(h, mode="drop")
     grow = active & ~state.stopped
     if sampling.greedy:
@@ -267,7 +210,7 @@ def _decode_step(params, cfg: Qwen3Config, prefix, row_keys, static, state: Deco
 
 
 def generate(params, cfg: Qwen3Config, tokens, lengths, key, *, max_new_tokens: int,
-             sampling: Sampling = GREEDY, stop_ids: tuple[int, ...] = (),
+             pad_id: int, sampling: Sampling = GREEDY, stop_ids: tuple[int, ...] = (),
              prefix: PrefixCache | None = None, hidden_layer: int | None = None,
              post_norm: bool = False, attn: AttentionConfig = AttentionConfig(),
              row_keys=None) -> Generated:
@@ -283,7 +226,8 @@ def generate(params, cfg: Qwen3Config, tokens, lengths, key, *, max_new_tokens: 
     each generated token's state at that layer (module docstring: which positions).
     `row_keys` [B], when given, are the rows' keys instead of fold_in(key, b) (`key` unused): a
     caller whose rows have identities of their own (envs, dataset rows) keeps each row's draws
-    whatever batch it lands in. Logits in float32 from `lm_head` (untied) or the embedding
+    whatever batch it lands in. `pad_id` (the tokenizer's padding token) fills `tokens` past
+    each row's end. Logits in float32 from `lm_head` (untied) or the embedding
     (tied)."""
     b, t = tokens.shape
     p = 0 if prefix is None else prefix.k.shape[1]
@@ -300,13 +244,14 @@ def generate(params, cfg: Qwen3Config, tokens, lengths, key, *, max_new_tokens: 
         row_keys = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(b))
     zero = jnp.zeros(b, jnp.int32)
     first = sample_tokens(lm_logits(params, cfg, last), _token_keys(row_keys, zero), sampling)
-    out = jnp.zeros((b, max_new_tokens), jnp.int32).at[:, 0].set(first)
+    out = jnp.full((b, max_new_tokens), pad_id, jnp.int32).at[:, 0].set(first)
     hidden = (None if hidden_layer is None
               else jnp.zeros((b, max_new_tokens, cfg.hidden_size), x.dtype))
     num = zero + 1
     state = DecodeState(cache, out, num, zero, _stops(first, num, stop_ids, max_new_tokens),
                         hidden)
-    static = (sampling, tuple(stop_ids), max_new_tokens, hidden_layer, post_norm, attn)
+    static = DecodeStatic(sampling, tuple(stop_ids), max_new_tokens, hidden_layer, post_norm,
+                          attn, pad_id)
 
     def more(s: DecodeState):
         return jnp.any(s.fed < s.num) if hidden_layer is not None else jnp.any(~s.stopped)

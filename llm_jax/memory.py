@@ -47,6 +47,26 @@ def activation_bytes(cfg: Qwen3Config, rows: int, tokens: int, context: int, dty
     return rows * tokens * width * itemsize(dtype)
 
 
+def generation_need(cfg: Qwen3Config, dtype, layers: int | None = None, rows: int = 0,
+                    tokens: int = 0, new_tokens: int = 0, prefix: int = 0) -> dict[str, int]:
+    """Device bytes of one call ({what: bytes}, for `check_fits`): the weights of the first
+    `layers` layers (default all), the shared prefix's cache, and for `rows` rows of up to
+    `tokens` prompt tokens one pass's activations; generating `new_tokens` more adds every
+    row's KV cache (prompt and new tokens, every layer), the prompt pass's keys and values
+    (live beside the cache they are copied into) and a step's float32 logits."""
+    computed = cfg.num_layers if layers is None else layers
+    need = {"weights": weight_bytes(cfg, dtype, layers)}
+    if prefix and computed:
+        need["prefix cache"] = kv_bytes(cfg, computed, prefix, dtype)
+    if rows and new_tokens:
+        need["KV cache"] = kv_bytes(cfg, computed, rows * (tokens + new_tokens), dtype)
+        need["prompt KV copy"] = kv_bytes(cfg, computed, rows * tokens, dtype)
+        need["logits"] = rows * cfg.vocab_size * 4
+    if rows:
+        need["activations"] = activation_bytes(cfg, rows, tokens, prefix, dtype)
+    return need
+
+
 def available_bytes(device=None) -> tuple[int, str]:
     """(bytes free for this process's arrays, what that figure is): a CPU's available RAM
     (MemAvailable), an accelerator's `bytes_limit` less `bytes_in_use`."""

@@ -60,8 +60,14 @@ class Qwen3Tokenizer:
         """Token ids of `text` (no special tokens added, as Qwen3's tokenizer does)."""
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
-    def decode(self, ids) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+    def decode(self, ids, keep_special: bool = False) -> str:
+        """The text of `ids`; special tokens (<|im_end|>, <|endoftext|>) left out unless
+        `keep_special`, as HF's `skip_special_tokens=True` and vLLM's default do."""
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=not keep_special)
+
+    def token_id(self, text: str) -> int | None:
+        """The id of a token written as `text` (an added token such as <|im_end|>), or None."""
+        return self.tokenizer.token_to_id(text)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             enable_thinking: bool = True) -> str:
@@ -116,9 +122,15 @@ def prompt_ids(tok: Qwen3Tokenizer, prompts: list[str], prefix_text: str | None 
     return tok.encode(head), rows
 
 
-def eos_ids(folder: Path | None, tok: Qwen3Tokenizer, vocab_size: int) -> tuple[int, ...]:
+END_OF_TURN = "<|im_end|>"
+
+
+def stop_ids(folder: Path | None, tok: Qwen3Tokenizer, vocab_size: int,
+             chat: bool = True) -> tuple[int, ...]:
     """Stop tokens: `eos_token_id` of the folder's generation_config.json, else of its
-    config.json, else Qwen3's <|im_end|> and <|endoftext|>; only ids the model can emit."""
+    config.json, else Qwen3's <|im_end|> and <|endoftext|>; in a chat also the template's
+    end-of-turn token <|im_end|> (a base model's EOS is <|endoftext|> alone: its reply would
+    run on into turns it invents). Only ids the model can emit."""
     found = None
     for name in ("generation_config.json", "config.json"):
         path = None if folder is None else Path(folder) / name
@@ -127,6 +139,8 @@ def eos_ids(folder: Path | None, tok: Qwen3Tokenizer, vocab_size: int) -> tuple[
             if found is not None:
                 break
     if found is None:
-        found = [tok.tokenizer.token_to_id("<|im_end|>"), tok.pad_id]
+        found = [tok.token_id(END_OF_TURN), tok.pad_id]
     ids = [found] if isinstance(found, int) else list(found)
+    if chat:
+        ids.append(tok.token_id(END_OF_TURN))
     return tuple(sorted({int(i) for i in ids if i is not None and 0 <= int(i) < vocab_size}))

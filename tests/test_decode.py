@@ -10,7 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from llm_jax.decode import GREEDY, GenerateError, Sampling, check_generate, generate  # noqa: E402
+from llm_jax.decode import check_generate, generate  # noqa: E402
+from llm_jax.sampling import GREEDY, GenerateError, Sampling  # noqa: E402
 from llm_jax.loader import load_params  # noqa: E402
 from llm_jax.model import prefill  # noqa: E402
 from qwen_fixtures import build_tiny_qwen3  # noqa: E402
@@ -18,6 +19,7 @@ from qwen_fixtures import build_tiny_qwen3  # noqa: E402
 N_NEW = 70
 LENGTHS = (7, 3, 12, 1)
 PREFIX = 9
+PAD = 5  # a pad id unlike the old fill (0): rows past their end must hold it
 
 
 @pytest.fixture(scope="session", params=["tied", "untied"])
@@ -58,14 +60,15 @@ def hf_states(model, ids):
 
 def run(cfg, params, prompts, *, cache=None, key=0, **kw):
     tokens, lengths = padded(prompts)
-    return generate(params, cfg, tokens, lengths, jax.random.PRNGKey(key), prefix=cache, **kw)
+    return generate(params, cfg, tokens, lengths, jax.random.PRNGKey(key), prefix=cache,
+                    pad_id=PAD, **kw)
 
 
 def test_greedy_and_hidden_states_match_hf(tiny):
     """70 new tokens per ragged row, batched, vs HF generate per row; the states of the
     generated tokens at an inner layer (pre-norm) vs HF's forward over prompt + generated."""
     model, cfg, params, _, prompts = tiny
-    out = jax.jit(lambda p, t, n: generate(p, cfg, t, n, jax.random.PRNGKey(0),
+    out = jax.jit(lambda p, t, n: generate(p, cfg, t, n, jax.random.PRNGKey(0), pad_id=PAD,
                                            max_new_tokens=N_NEW, hidden_layer=1))(
         params, *padded(prompts))
     np.testing.assert_array_equal(out.num_tokens, N_NEW)
@@ -82,7 +85,7 @@ def test_prefix_then_prompt_equals_hf_on_the_concatenation(tiny):
     model, cfg, params, prefix, prompts = tiny
     cache = prefill(params, cfg, jnp.asarray(prefix))
     out = jax.jit(lambda p, c, t, n: generate(
-        p, cfg, t, n, jax.random.PRNGKey(0), max_new_tokens=N_NEW, prefix=c,
+        p, cfg, t, n, jax.random.PRNGKey(0), max_new_tokens=N_NEW, prefix=c, pad_id=PAD,
         hidden_layer=cfg.num_layers, post_norm=True))(params, cache, *padded(prompts))
     for i, p in enumerate(prompts):
         full = np.concatenate([prefix, p])
@@ -106,7 +109,7 @@ def test_rows_stop_at_their_own_stop_token(tiny):
     for i, (p, e) in enumerate(zip(prompts, expect)):
         assert int(out.num_tokens[i]) == len(e)
         np.testing.assert_array_equal(np.asarray(out.tokens[i, : len(e)]), e)
-        assert not np.asarray(out.tokens[i, len(e):]).any()
+        assert (np.asarray(out.tokens[i, len(e):]) == PAD).all()
         assert not np.asarray(out.hidden[i, len(e):]).any()
         states = hf_states(model, np.concatenate([p, e]))
         np.testing.assert_allclose(out.hidden[i, : len(e)], states[2][len(p):], atol=1e-4)
@@ -172,7 +175,7 @@ def test_sampled_frequencies_match_softmax(tiny, sampling):
 def test_hand_computed_filters():
     """Logits by hand: top-p 0.6 over (0.4, 0.3, 0.2, 0.1) keeps the first two (0.4 < 0.6,
     0.7 >= 0.6) -> 4/7, 3/7; top-k 3 at T = 2 over the same: sqrt(p) of the first three."""
-    from llm_jax.decode import sample_tokens
+    from llm_jax.sampling import sample_tokens
 
     logits = jnp.log(jnp.array([[0.1, 0.4, 0.2, 0.3]] * 20_000))
     keys = jax.random.split(jax.random.PRNGKey(0), 20_000)
@@ -224,7 +227,7 @@ def test_first_argmax_equals_numpy_with_ties():
     """The blocked argmax used for greedy and Gumbel draws: numpy's first index of the maximum,
     with ties across and inside blocks, a vocabulary with no divisor near the block size (a
     prime: blocks of 1) and the Qwen3 vocabulary (blocks of 480)."""
-    from llm_jax.decode import first_argmax
+    from llm_jax.sampling import first_argmax
 
     rng = np.random.default_rng(0)
     for v in (300, 1024, 1031, 151_680):
@@ -234,3 +237,78 @@ def test_first_argmax_equals_numpy_with_ties():
         x[3, :] = 0.0
         x[3, [5, v - 1]] = 1.0  # a tie across blocks
         np.testing.assert_array_equal(first_argmax(jnp.asarray(x)), np.argmax(x, axis=-1))
+
+
+@pytest.mark.parametrize("case", ["candidates", "whole"])
+def test_top_p_alone_sorts_a_bounded_set_exactly(monkeypatch, case):
+    """Top-p without top-k over a vocabulary larger than the candidates sorted: where the
+    candidates hold the nucleus, and where a flat row's do not (the whole row sorted), the
+    frequencies are softmax restricted to the nucleus by hand (numpy). Fails if the nucleus is
+    measured within the candidates instead of the whole row."""
+    import llm_jax.sampling as sampling
+
+    monkeypatch.setattr(sampling, "TOP_P_CANDIDATES", 8)
+    v, rows = 64, 20_000
+    rng = np.random.default_rng(3)
+    if case == "candidates":  # a nucleus of 5 tokens (0.2 + ... + 0.1 < 0.7 <= 0.75)
+        head = [0.2, 0.18, 0.15, 0.12, 0.1, 0.08]
+        p = np.concatenate([head, np.full(v - len(head), (1 - sum(head)) / (v - len(head)))])
+        logits = np.log(rng.permutation(p))
+    else:  # nearly flat: 8 tokens hold far less than top-p
+        logits = rng.normal(size=v) * 0.3
+    s = Sampling(1.0, top_p=0.7 if case == "candidates" else 0.5)
+    p = np.exp(logits - logits.max())
+    held = np.sort(p / p.sum())[::-1][:8].sum() >= s.top_p
+    assert held == (case == "candidates")  # each case takes the path it names
+    keys = jax.random.split(jax.random.PRNGKey(5), rows)
+    x = jnp.asarray(np.tile(logits, (rows, 1)), jnp.float32)
+    counts = np.bincount(np.asarray(jax.jit(
+        lambda x, k: sampling.sample_tokens(x, k, s))(x, keys)), minlength=v)
+    assert chi_square_p(counts, reference_probs(logits, s)) > 1e-3
+
+
+def test_sampling_defaults_are_the_checkpoints_as_hf_reads_them(tmp_path):
+    """No flag: the folder's generation_config.json as HF transformers' GenerationConfig reads
+    it (Qwen3's file: do_sample, 0.6 / 20 / 0.95; fields it leaves out at HF's defaults; no
+    do_sample: greedy); no file: greedy; each flag overrides its value, and where each came
+    from is recorded; --greedy with a sampling flag, or temperature 0 with top-k, is one line."""
+    import json
+
+    from transformers import GenerationConfig
+
+    from llm_jax.sampling import SamplingFlags, resolve_sampling
+
+    qwen3 = {"bos_token_id": 151643, "do_sample": True, "eos_token_id": [151645, 151643],
+             "pad_token_id": 151643, "temperature": 0.6, "top_k": 20, "top_p": 0.95}
+    files = {"qwen3": qwen3, "no-top-k": {"do_sample": True, "temperature": 0.8},
+             "no-do-sample": {"temperature": 0.6, "top_k": 20}}
+    for name, content in files.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "generation_config.json").write_text(json.dumps(content))
+        hf = GenerationConfig.from_pretrained(folder).to_dict()
+        # what HF's generate uses: the file's values, the ones it leaves None at HF's defaults
+        hf = {**GenerationConfig._get_default_generation_params(),
+              **{k: v for k, v in hf.items() if v is not None}}
+        got = resolve_sampling(SamplingFlags(), folder)
+        if hf["do_sample"]:
+            assert got.sampling == Sampling(hf["temperature"], hf["top_k"], hf["top_p"]), name
+        else:
+            assert got.sampling.greedy, name
+    got = resolve_sampling(SamplingFlags(), tmp_path / "qwen3")
+    assert got.sampling == Sampling(0.6, 20, 0.95)
+    assert set(got.source.values()) == {"generation_config.json"}
+    got = resolve_sampling(SamplingFlags(top_k=5), tmp_path / "qwen3")
+    assert got.sampling == Sampling(0.6, 5, 0.95) and got.source["top_k"] == "flag"
+    assert got.record()["source"]["temperature"] == "generation_config.json"
+    assert resolve_sampling(SamplingFlags(), tmp_path / "absent").sampling.greedy
+    assert resolve_sampling(SamplingFlags(), None).sampling.greedy
+    got = resolve_sampling(SamplingFlags(temperature=0.9), None)  # a flag over greedy: samples
+    assert got.sampling == Sampling(0.9, 0, 1.0)
+    assert resolve_sampling(SamplingFlags(greedy=True), tmp_path / "qwen3").sampling.greedy
+    with pytest.raises(GenerateError, match="--greedy with --temperature 0.7"):
+        resolve_sampling(SamplingFlags(greedy=True, temperature=0.7), None)
+    with pytest.raises(GenerateError, match="--temperature 0 is greedy"):
+        resolve_sampling(SamplingFlags(temperature=0.0, top_k=3), None)
+    with pytest.raises(GenerateError, match="llm.imagine.top_p=1.5"):
+        resolve_sampling(SamplingFlags(top_p=1.5), None, "llm.imagine.")

@@ -71,11 +71,41 @@ def test_cli_writes_prompts_tokens_text_and_states(cli_model, tmp_path):
     assert ra["results"][0]["prompt_ids"] == tok.encode("Hello") and ra["prefix_ids"] == []
     assert 1 <= len(ra["results"][0]["tokens"]) <= 6
     assert ra["settings"]["stop_ids"] == [151643, 151645]  # <|endoftext|>, <|im_end|>
+    assert ra["settings"]["sampling"]["source"] == {"temperature": "flag", "top_k": "flag",
+                                                    "top_p": "default (off)"}
+
+    # no sampling flag: the checkpoint's generation_config.json (Qwen3's values) is used and
+    # recorded with its source; a base model's EOS alone still stops a chat at <|im_end|>
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    own = tmp_path / "own-defaults"
+    shutil.copytree(folder, own)
+    (own / "generation_config.json").write_text(json.dumps(
+        {"do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95,
+         "eos_token_id": 151643}))
+    c = tmp_path / "c.json"
+    r = generate_cli("--weights", own, "--prompt", "Hello", "--max-new-tokens", 12,
+                     "--keep-special", "--seed", 2, "--out", c)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(c.read_text())
+    assert d["settings"]["sampling"] == {
+        "greedy": False, "temperature": 0.6, "top_k": 20, "top_p": 0.95,
+        "source": {k: "generation_config.json" for k in ("temperature", "top_k", "top_p")}}
+    assert d["settings"]["stop_ids"] == [151643, 151645] and d["settings"]["dtype"] == "float32"
+    hf = AutoTokenizer.from_pretrained(tok.folder)
+    row = d["results"][0]
+    assert row["text"] == hf.decode(row["tokens"])  # --keep-special: as written
+    assert json.loads(a.read_text())["results"][0]["text"] == hf.decode(
+        ra["results"][0]["tokens"], skip_special_tokens=True)
 
 
 BAD = [  # (arguments, words the one-line error must contain)
-    (["--prompt", "hi", "--greedy", "--temperature", "0.5", "--seed", "1"],
-     "--temperature, --seed given with --greedy"),
+    (["--prompt", "hi", "--greedy", "--temperature", "0.5"],
+     "--greedy with --temperature 0.5: greedy tokens take no sampling flag"),
+    (["--prompt", "hi", "--greedy", "--seed", "1"], "--seed given with --greedy"),
+    (["--prompt", "hi", "--temperature", "0", "--top-k", "4"], "--temperature 0 is greedy"),
     (["--prompt", "hi", "--prompt-file", "p.txt"], "exactly one of --prompt or --prompt-file"),
     ([], "exactly one of --prompt or --prompt-file"),
     (["--prompt-file", "empty.txt"], "holds no prompt"),

@@ -29,7 +29,7 @@ def test_greedy_tokens_match_vllm(vllm_generate_server):
         tokens[i, : len(p)] = p
     lengths = np.array([len(p) for p in prompts], np.int32)
     fn = jax.jit(lambda p, x, n, c: generate(p, cfg, x, n, jax.random.PRNGKey(0),
-                                             max_new_tokens=N_NEW, prefix=c))
+                                             max_new_tokens=N_NEW, prefix=c, pad_id=0))
     cache = prefill(params, cfg, jnp.asarray(prefix))
     for pre, ours in ((None, fn(params, tokens, lengths, None)),
                       (prefix, fn(params, tokens, lengths, cache))):

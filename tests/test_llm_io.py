@@ -65,6 +65,49 @@ def _broken_copy(src, dst, edit):
     return dst
 
 
+def test_stops_end_a_chat_turn_and_text_leaves_special_tokens_out(tmp_path):
+    """Stop tokens: the config's EOS, and in a chat the template's end-of-turn token too (a
+    base model's EOS is <|endoftext|> alone: its turn would never end). Text leaves special
+    tokens out as HF's skip_special_tokens does, unless asked to keep them."""
+    from transformers import AutoTokenizer
+
+    from llm_jax.tokenizer import stop_ids
+
+    tok = load_tokenizer()
+    end, eot = tok.token_id("<|endoftext|>"), tok.token_id("<|im_end|>")
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "generation_config.json").write_text(json.dumps({"eos_token_id": end}))
+    assert stop_ids(base, tok, 151_936, chat=True) == (end, eot)
+    assert stop_ids(base, tok, 151_936, chat=False) == (end,)
+    assert stop_ids(None, tok, 151_936, chat=False) == (end, eot)  # no folder: Qwen3's pair
+    assert stop_ids(base, tok, 151_000, chat=True) == ()  # ids the model cannot emit
+    ids = tok.encode("Action: 3<|im_end|>\n<think>x</think>")
+    hf = AutoTokenizer.from_pretrained(packaged_tokenizer_dir())
+    assert tok.decode(ids) == hf.decode(ids, skip_special_tokens=True) == (
+        "Action: 3\n<think>x</think>")
+    assert tok.decode(ids, keep_special=True) == hf.decode(ids) == (
+        "Action: 3<|im_end|>\n<think>x</think>")
+
+
+def test_dtype_auto_is_float32_on_cpu_and_the_checkpoints_elsewhere(tmp_path):
+    """`auto`: float32 on CPU; on an accelerator the checkpoint's own (config.json's dtype or
+    torch_dtype), bfloat16 where it names none; explicit values as given."""
+    from llm_jax.config import resolve_dtype
+
+    for key, value, want in (("torch_dtype", "bfloat16", "bfloat16"), ("dtype", "float32",
+                                                                         "float32"),
+                             ("torch_dtype", "float16", "bfloat16")):
+        folder = tmp_path / f"{key}-{value}"
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({key: value}))
+        assert resolve_dtype("auto", folder, "gpu")[0] == want
+        assert resolve_dtype("auto", folder, "cpu")[0] == "float32"
+        assert resolve_dtype("bfloat16", folder, "cpu")[0] == "bfloat16"
+    assert resolve_dtype("auto", None, "tpu")[0] == "bfloat16"
+    assert resolve_dtype("float32", None, "gpu") == ("float32", "given")
+
+
 def test_loader_reports_every_problem_at_once(tiny_folder, tmp_path):
     from safetensors.numpy import load_file, save_file
 

@@ -161,7 +161,7 @@ def test_greedy_decode_matches_hf(tiny):
     tokens = np.zeros((3, 12), np.int32)
     for i, p in enumerate(prompts):
         tokens[i, : len(p)] = p
-    out = jax.jit(lambda p, t, n: generate(p, cfg, t, n, jax.random.PRNGKey(0),
+    out = jax.jit(lambda p, t, n: generate(p, cfg, t, n, jax.random.PRNGKey(0), pad_id=0,
                                            max_new_tokens=30, hidden_layer=1))(
         params, jnp.asarray(tokens), jnp.array([len(p) for p in prompts]))
     for i, p in enumerate(prompts):
