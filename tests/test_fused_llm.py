@@ -17,7 +17,8 @@ from fused.commands.train import TrainConfig, WandbConfig, validate
 from fused.errors import ConfigError
 from fused.llm.config import LLMConfig
 from fused.rl.config import EnvConfig, PolicyConfig, PPOConfig
-from fused.llm.encoder import _buckets, encode_observations, make_llm
+from fused.llm.encoder import encode_observations, make_llm
+from fused.text.buckets import encode_buckets
 from fused.llm.policy_input import LLMInput, init_llm_state, llm_step
 from fused.rl.envs import rollout_observations
 from fused.text.format import get_layout, render_text
@@ -313,12 +314,12 @@ def test_llm_config_errors_name_the_field(tmp_path):
 
 def test_length_buckets_at_their_boundaries():
     """A microbatch whose longest row has `need` tokens runs at the smallest bucket >= need."""
-    from fused.text.render import at_smallest_fit
+    from fused.text.buckets import at_smallest_fit
 
-    assert _buckets(1_013) == (64, 128, 192, 256, 320, 384, 448, 512, 1_013)
-    assert _buckets(2_600) == (64, 128, 192, 256, 320, 384, 448, 512, 1_024, 2_048, 2_600)
-    assert _buckets(64) == (64,)
-    sizes = _buckets(1_013)
+    assert encode_buckets(1_013) == (64, 128, 192, 256, 320, 384, 448, 512, 1_013)
+    assert encode_buckets(2_600) == (64, 128, 192, 256, 320, 384, 448, 512, 1_024, 2_048, 2_600)
+    assert encode_buckets(64) == (64,)
+    sizes = encode_buckets(1_013)
     picked = jax.jit(lambda n: at_smallest_fit(sizes, n, lambda s: lambda: jnp.int32(s)))
     for need, want in ((1, 64), (64, 64), (65, 128), (512, 512), (513, 1_013), (1_013, 1_013)):
         assert int(picked(need)) == want, need

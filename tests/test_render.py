@@ -10,7 +10,8 @@ from fused.envspec import BLOCKS_FULL, ITEMS_FULL, MOBS_FULL
 from fused.rl.envs import rollout_observations
 from fused.text.format import get_layout, render_text
 from fused.text.prompt import full_prompt, prompt_parts
-from fused.text.render import PACK_SIZES, make_renderer, render_tokens
+from fused.text.buckets import PACK_SIZES
+from fused.text.render import make_renderer, render_tokens
 from llm_jax.tokenizer import load_tokenizer
 
 FULL = "Craftax-Symbolic-v1"

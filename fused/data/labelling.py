@@ -108,9 +108,9 @@ def label_card(c: LabelConfig, llm: LLM, seed: int) -> dict:
              "model": dict(llm.qcfg.__dict__), "layer": llm.layer, "pool": m.pooled,
              "post_norm": m.post_norm or llm.backend == "vllm", "prompt_digest": prompt,
              "prompt_tokens": int(len(llm.prefix_ids)), "skip_n": m.skip_n,
-             "dtype": c.dtype, "hidden": m.hidden}
+             "dtype": c.dtype, "compute_dtype": m.compute_dtype, "hidden": m.hidden}
     if m.imagine.tokens:
-        entry["imagine"] = to_dict(c.imagine)
+        entry["imagine"] = dict(to_dict(c.imagine), sampling=llm.sampling.record())
     return json.loads(json.dumps(entry))  # as card.json gives it back (tuples are lists)
 
 

@@ -48,8 +48,9 @@ def redo_command(root: Path, card: dict, kind: str, set_name: str | None = None)
         if "llm" in entry:
             llm = {k: v for k, v in entry["llm"].items() if k != "imagine"}  # label.py's own
             args += flags(llm, to_dict(LabelConfig(data="").llm), "llm.")
-        if entry.get("imagine"):
-            args += flags(entry["imagine"], to_dict(LabelConfig(data="").imagine), "imagine.")
+        if entry.get("imagine"):  # (its `sampling`: the values the flags resolved to)
+            imagine = {k: v for k, v in entry["imagine"].items() if k != "sampling"}
+            args += flags(imagine, to_dict(LabelConfig(data="").imagine), "imagine.")
         if entry.get("dtype", "bfloat16") != "bfloat16":
             args += ["--dtype", entry["dtype"]]
     else:

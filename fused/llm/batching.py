@@ -145,7 +145,7 @@ def for_llm(llm, local_envs: int, platform: str | None = None) -> Batching:
     if platform is None and llm.activation_room is not None:  # what the weights leave
         dev = dev._replace(activation_bytes=min(dev.activation_bytes, llm.activation_room))
     auto = plan(llm.qcfg, llm.layer, local_envs, c.refresh_wait,
-                llm.renderer.max_tokens // 4 + tail, max_tokens, len(llm.prefix_ids), c.dtype,
+                llm.renderer.max_tokens // 4 + tail, max_tokens, len(llm.prefix_ids), llm.dtype,
                 dev)
     microbatch = c.microbatch or auto.microbatch
     refresh = min(c.refresh_batch or auto.refresh, local_envs)

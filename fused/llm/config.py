@@ -10,9 +10,10 @@ from typing import Literal
 
 from fused.envspec import TEXT_ENVS, spec
 from fused.errors import ConfigError
-from llm_jax.config import Qwen3Config, Qwen3ConfigError
-from llm_jax.memory import MemoryFitError, check_fits, fixes, weight_bytes
+from llm_jax.config import Qwen3Config, Qwen3ConfigError, resolve_dtype
+from llm_jax.memory import MemoryFitError, check_fits, fixes, generation_need
 from llm_jax.model import AttentionForm
+from llm_jax.sampling import GenerateError, Resolved, SamplingFlags, check_flags, resolve_sampling
 
 log = logging.getLogger(__name__)
 
@@ -41,18 +42,40 @@ class ModelConfig:
     (tiny-moe: a dense layer, then a layer of 8 experts, top 2), or a released size's architecture
     with random weights (speed and memory measurements; qwen3-30b-a3b: 48 layers of 128
     experts, top 8, ~61 GB in bfloat16)."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """LLM compute dtype (jax backend)."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """LLM compute dtype (jax backend): auto is float32 on CPU and on a GPU/TPU the checkpoint's
+    own (bfloat16 for Qwen3 and the random models), as HF's torch_dtype=auto and vLLM's
+    dtype=auto; or float32 / bfloat16."""
     attention: AttentionForm = "auto"
     """Attention form (jax backend): auto (row by row on CPU; on an NVIDIA GPU in bf16/fp16 the
     Pallas kernel after the prompt prefix and cuDNN for causal calls; blocked otherwise), or one
     of cudnn / blocked / row / pallas; all compute the same function."""
 
+    @property
+    def folder(self):
+        """The weights' local folder (a hub id resolved from the local cache), or None."""
+        if self.weights is None:
+            return None
+        from llm_jax.loader import WeightsError, resolve_folder
+
+        try:
+            return resolve_folder(self.weights)
+        except WeightsError as e:
+            raise ConfigError(f"llm.weights={self.weights!r}: {e}") from None
+
+    @property
+    def compute_dtype(self) -> str:
+        """float32 or bfloat16: --llm.dtype, `auto` resolved for this process's device."""
+        import jax
+
+        return resolve_dtype(self.dtype, self.folder, jax.default_backend())[0]
+
 
 @dataclasses.dataclass(frozen=True)
-class ImagineConfig:
+class ImagineConfig(SamplingFlags):
     """Imagination: the hidden state is pooled over tokens the LLM generates about the state
-    (after the prompt), not read at the prompt's last token."""
+    (after the prompt), not read at the prompt's last token. Sampling: the checkpoint's
+    generation_config.json unless a flag says otherwise; greedy where it has none."""
 
     tokens: int = 0
     """Tokens generated per state (0: no imagination, the prompt's state as usual). A reply
@@ -62,21 +85,24 @@ class ImagineConfig:
     (the mean over generated tokens 0, K, 2K, ...)."""
     prompt: str | None = None
     """File whose text replaces the prompt's instruction (default: imagine the next steps)."""
-    temperature: float = 0.0
-    """Sampling temperature (0: greedy, no randomness)."""
-    top_k: int = 0
-    """Sample among the k most likely tokens (0: all)."""
-    top_p: float = 1.0
-    """Nucleus sampling threshold (1: off)."""
     seed: int = 0
     """Seed of the sampling (each state's draws depend on it and the state's row or env)."""
     thinking: bool = False
     """Leave Qwen3's thinking on (the generation starts inside <think>)."""
 
     @property
-    def every(self) -> int:
-        """K of `every:K` (1 for mean)."""
-        return int(self.pool.split(":", 1)[1]) if self.pool.startswith("every:") else 1
+    def every(self) -> int | None:
+        """K of `every:K` (1 for mean and last; None for a pool no rule knows)."""
+        return pool_every(self.pool)
+
+
+def pool_every(pool: str) -> int | None:
+    """The one reading of an imagination pool: `mean` and `last` -> 1, `every:K` -> K (K >= 1),
+    anything else -> None."""
+    if pool in ("mean", "last"):
+        return 1
+    k = pool.removeprefix("every:")
+    return int(k) if pool.startswith("every:") and k.isdigit() and int(k) >= 1 else None
 
 
 def validate_imagine(im: ImagineConfig, field: str = "llm.imagine") -> None:
@@ -84,9 +110,7 @@ def validate_imagine(im: ImagineConfig, field: str = "llm.imagine") -> None:
         raise ConfigError(f"{field}.tokens={im.tokens} must be >= 0 (0: no imagination)")
     if not im.tokens:
         return
-    ok = im.pool in ("mean", "last") or (
-        im.pool.startswith("every:") and im.pool[6:].isdigit() and int(im.pool[6:]) > 0)
-    if not ok:
+    if im.every is None:
         raise ConfigError(f"{field}.pool={im.pool!r}: use mean, last or every:K (K >= 1)")
     if im.prompt is not None:
         from pathlib import Path
@@ -94,12 +118,19 @@ def validate_imagine(im: ImagineConfig, field: str = "llm.imagine") -> None:
         path = Path(im.prompt).expanduser()
         if not path.is_file() or not path.read_text().strip():
             raise ConfigError(f"{field}.prompt={im.prompt!r} is not a file with text in it")
-    from llm_jax.decode import GenerateError, check_sampling
-
     try:
-        check_sampling(im.temperature, im.top_k, im.top_p)
+        check_flags(im, f"--{field.replace('_', '-')}.")
     except GenerateError as e:
-        raise ConfigError(f"{field}: {e}") from None
+        raise ConfigError(str(e)) from None
+
+
+def sampling_of(flags: SamplingFlags, model: ModelConfig, prefix: str = "--") -> Resolved:
+    """The sampling the flags and the model's generation_config.json give (ConfigError: one
+    line)."""
+    try:
+        return resolve_sampling(flags, model.folder, prefix)
+    except GenerateError as e:
+        raise ConfigError(str(e)) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,9 +237,12 @@ def validate_llm(m: LLMConfig, env_name: str, local_envs: int, num_devices: int 
                           "states only)")
     if m.active_backend == "jax":  # vLLM reads the weights, not us
         validate_model(m)
+        if m.imagine.tokens:
+            sampling_of(m.imagine, m, "--llm.imagine.")
         # the weights alone, before anything is built (make_llm adds caches and activations)
-        check_llm_memory(m, q, q.num_layers if m.imagine.tokens else
-                         (q.num_layers if m.layer is None else m.layer), {})
+        check_llm_memory(m, generation_need(
+            q, m.compute_dtype, q.num_layers if m.imagine.tokens else
+            (q.num_layers if m.layer is None else m.layer)), generates=m.imagine.tokens > 0)
 
 
 def validate_model(m: ModelConfig) -> None:
@@ -222,20 +256,19 @@ def validate_model(m: ModelConfig) -> None:
             raise ConfigError(f"llm.weights={m.weights!r}: {e}") from None
 
 
-def check_llm_memory(model: ModelConfig, qcfg: Qwen3Config, layers: int | None,
-                     need: dict[str, int]) -> float:
-    """ConfigError (one line) unless the weights of the first `layers` layers and `need` fit
-    this process's first device; logs the estimate; returns the bytes left over."""
+def check_llm_memory(model: ModelConfig, need: dict[str, int], generates: bool) -> float:
+    """ConfigError (one line: every figure and the flags that help) unless `need` (from
+    `llm_jax.memory.generation_need`) fits this process's first device; logs the estimate;
+    returns the bytes left over. `generates`: every layer is read whatever --llm.layer says."""
     name = model.weights or f"random {model.random_model}"
-    generates = layers is None or getattr(getattr(model, "imagine", None), "tokens", 0) > 0
-    try:  # (generating reads every layer: an earlier --llm.layer frees nothing)
-        left, line = check_fits({"weights": weight_bytes(qcfg, model.dtype, layers), **need},
-                                fixes(model.dtype, "--llm.dtype",
-                                      None if generates else "--llm.layer",
-                                      "--llm.microbatch, --llm.refresh-batch"))
+    dtype = model.compute_dtype
+    try:
+        left, line = check_fits(need, fixes(dtype, "--llm.dtype",
+                                            None if generates else "--llm.layer",
+                                            "--llm.microbatch, --llm.refresh-batch"))
     except MemoryFitError as e:
-        raise ConfigError(f"llm.weights={name!r} ({model.dtype}): {e}") from None
-    log.info(f"{name} ({model.dtype}) {line}")
+        raise ConfigError(f"llm.weights={name!r} ({dtype}): {e}") from None
+    log.info(f"{name} ({dtype}) {line}")
     return left
 
 

@@ -22,16 +22,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from fused.errors import ConfigError
-from fused.llm.config import LLMConfig, ModelConfig, check_llm_memory, model_config
+from fused.llm.config import (LLMConfig, ModelConfig, check_llm_memory, model_config, pool_every,
+                              sampling_of)
 from fused.envspec import spec
 from fused.llm.vllm_host import HostEncoder
+from fused.text.buckets import at_smallest_fit, coarse_buckets, encode_buckets
 from fused.text.prompt import IMAGINE_INSTRUCTION, garbage_prefix, prompt_parts
-from fused.text.render import Renderer, at_smallest_fit, make_renderer, render_tokens
+from fused.text.render import Renderer, make_renderer, render_tokens
 from llm_jax.config import Qwen3Config
 from llm_jax.loader import WeightsError, load_params
-from llm_jax.memory import activation_bytes, kv_bytes
+from llm_jax.memory import generation_need
 from llm_jax.model import (AttentionConfig, PrefixCache, encode, first_layers, init_params,
                            prefill)
+from llm_jax.sampling import GREEDY, Resolved
 from llm_jax.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -61,6 +64,9 @@ class LLM(NamedTuple):
     attn: AttentionConfig
     seed: int = 0  # of the random model's weights (when --llm.weights is not given)
     stop_ids: tuple[int, ...] = ()  # end-of-turn tokens (imagination stops there)
+    pad_id: int = 0  # the tokenizer's padding token (fills generated tokens past a row's end)
+    dtype: str = "float32"  # the compute dtype (--llm.dtype, `auto` resolved)
+    sampling: Resolved = Resolved(GREEDY, {})  # imagination's, and where its values came from
     # Device bytes left for a call's activations once weights and caches are in (None: not
     # checked); auto micro-batches stay within it (`fused.llm.batching.for_llm`).
     activation_room: float | None = None
@@ -81,41 +87,25 @@ class LLM(NamedTuple):
                 and any(self.qcfg.sparse_layers[:self.layer]))
 
 
-def _buckets(length: int) -> tuple[int, ...]:
-    """Padded lengths a microbatch may take: steps of 64 up to 512, then doubling, then L."""
-    out, b = [], 64
-    while b < length:
-        out.append(b)
-        b = b + 64 if b < 512 else b * 2
-    return tuple(out) + (length,)
-
-
-def coarse_buckets(total: int) -> tuple[int, ...]:
-    """Padded prompt lengths for generation: a quarter, half and all of the bound (rounded up to
-    64): three decode programs compiled, while a typical prompt (observations near a quarter of
-    the renderer's worst case) pays for a quarter of the worst."""
-    return tuple(sorted({min(total, -(-total * k // 4 // 64) * 64) for k in (1, 2, 4)}))
-
-
 def same_weights(a: LLMConfig, b: LLMConfig) -> bool:
     """Two --llm.* settings that read the same (truncated) weights in the same dtype."""
-    return ((a.weights, a.random_model, a.dtype, a.layer, a.imagine.tokens > 0)
-            == (b.weights, b.random_model, b.dtype, b.layer, b.imagine.tokens > 0))
+    return ((a.weights, a.random_model, a.compute_dtype, a.layer, a.imagine.tokens > 0)
+            == (b.weights, b.random_model, b.compute_dtype, b.layer, b.imagine.tokens > 0))
 
 
-def load_llm_params(model: ModelConfig, qcfg: Qwen3Config, seed: int = 0,
-                    layers: int | None = None, need: dict[str, int] | None = None) -> dict:
+def load_llm_params(model: ModelConfig, qcfg: Qwen3Config, need: dict[str, int],
+                    generates: bool, seed: int = 0, layers: int | None = None) -> dict:
     """The model's weights in its dtype, its first `layers` layers (default all): read from
     --llm.weights, or the random model of `qcfg`'s shape made from `seed` (with a notice that
-    its outputs mean nothing). Before anything is made or read, the weights and `need` (other
-    device bytes: caches, activations) are checked against the device's memory: a ConfigError
-    naming the figures and the fix when they do not fit."""
-    check_llm_memory(model, qcfg, layers, need or {})
+    its outputs mean nothing). Before anything is made or read, `need` (every device byte of
+    the job: `llm_jax.memory.generation_need`) is checked against the device's memory: a
+    ConfigError naming the figures and the fix when they do not fit."""
+    check_llm_memory(model, need, generates)
     return _make_or_read(model, qcfg, seed, layers)
 
 
 def _make_or_read(model: ModelConfig, qcfg: Qwen3Config, seed: int, layers: int | None) -> dict:
-    dtype = jnp.bfloat16 if model.dtype == "bfloat16" else jnp.float32
+    dtype = jnp.dtype(model.compute_dtype)
     if model.weights is None:
         log.info(f"notice: --llm.weights not given: using a RANDOM Qwen3 ({model.random_model}: "
                  f"{qcfg.num_layers} layers, hidden {qcfg.hidden_size}); its outputs carry no "
@@ -143,7 +133,8 @@ def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0, weights_of: LLM | Non
         parts = prompt_parts(tok, env_name, instruction, im.thinking)
     else:
         parts = prompt_parts(tok, env_name)
-    dtype = jnp.bfloat16 if cfg.dtype == "bfloat16" else jnp.float32
+    dtype_name = cfg.compute_dtype
+    dtype = jnp.dtype(dtype_name)
     qcfg = model_config(cfg)
     layer = qcfg.num_layers if cfg.layer is None else cfg.layer
     total = renderer.max_tokens + len(parts.tail)
@@ -174,8 +165,9 @@ def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0, weights_of: LLM | Non
         if params is None:
             # an explicit call size, else one row (auto call sizes fit what is left)
             rows = max(cfg.microbatch, cfg.refresh_batch, 1)
-            need = memory_need(qcfg, cfg, computed, len(prefix_ids), total, rows)
-            room = check_llm_memory(cfg, qcfg, computed, need) + need["activations"]
+            need = generation_need(qcfg, dtype, computed, rows, total, im.tokens,
+                                   len(prefix_ids))
+            room = check_llm_memory(cfg, need, im.tokens > 0) + need["activations"]
             params = _make_or_read(cfg, qcfg, seed, computed)
         if not im.tokens:  # layers past the hidden state's are never computed, nor logits
             params = {k: v for k, v in first_layers(params, qcfg, layer).items()
@@ -190,29 +182,18 @@ def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0, weights_of: LLM | Non
     else:
         host = HostEncoder(cfg, spec(env_name).layout, tok, prefix_ids, parts.tail,
                            qcfg.hidden_size)
-    stop_ids = ()
+    stop, sampling = (), Resolved(GREEDY, {})
     if im.tokens:
-        from llm_jax.loader import resolve_folder
-        from llm_jax.tokenizer import eos_ids
+        from llm_jax.tokenizer import stop_ids
 
-        stop_ids = eos_ids(resolve_folder(cfg.weights) if cfg.weights else None, tok,
-                           qcfg.vocab_size)
-    buckets = coarse_buckets(total) if im.tokens else _buckets(total)
-    return LLM(cfg, backend, qcfg, layer, renderer, frozen, host, buckets, tok, prefix_ids,
-               attn, seed, stop_ids, room)
-
-
-def memory_need(qcfg: Qwen3Config, cfg: LLMConfig, layers: int, prefix: int, tokens: int,
-                rows: int) -> dict[str, int]:
-    """Device bytes besides the weights: the prefix cache, and one call's activations over
-    `rows` rows of up to `tokens` tokens (with imagination, its generated tokens and their KV
-    cache too)."""
-    new = cfg.imagine.tokens
-    need = {"prefix cache": kv_bytes(qcfg, layers, prefix, cfg.dtype)}
-    if new:
-        need["KV cache"] = kv_bytes(qcfg, layers, rows * (tokens + new), cfg.dtype)
-    need["activations"] = activation_bytes(qcfg, rows, tokens + new, prefix, cfg.dtype)
-    return need
+        stop = stop_ids(cfg.folder, tok, qcfg.vocab_size, chat=True)
+        sampling = sampling_of(im, cfg, "--llm.imagine.")
+        log.info(f"imagination sampling: {sampling.describe()}")
+    buckets = coarse_buckets(total) if im.tokens else encode_buckets(total)
+    return LLM(cfg=cfg, backend=backend, qcfg=qcfg, layer=layer, renderer=renderer,
+               frozen=frozen, host=host, buckets=buckets, tokenizer=tok, prefix_ids=prefix_ids,
+               attn=attn, seed=seed, stop_ids=stop, pad_id=tok.pad_id, dtype=dtype_name,
+               sampling=sampling, activation_room=room)
 
 
 def append_tail(tokens, lengths, tail):
@@ -240,6 +221,26 @@ def _encode_tokens(llm: LLM, frozen: FrozenLLM, tokens, lengths):
     return at_smallest_fit(llm.buckets, lengths.max(), at, tokens, lengths)
 
 
+def sorted_microbatches(fn, lengths, microbatch: int | None, *rows):
+    """`fn(*rows of one micro-batch)` -> (per-row outputs [mb, ...], other outputs), over the
+    rows sorted by `lengths` [B] in micro-batches of `microbatch` (default all) under `lax.map`,
+    so each pads only to its own longest row. Returns (the per-row outputs [B, ...] in the
+    rows' own order, the other outputs stacked [B / mb, ...])."""
+    b = lengths.shape[0]
+    mb = microbatch or b
+    order = jnp.argsort(lengths)
+    undo = jnp.zeros(b, jnp.int32).at[order].set(jnp.arange(b, dtype=jnp.int32))
+    per_row, other = jax.lax.map(lambda xs: fn(*xs), tuple(
+        x[order].reshape(b // mb, mb, *x.shape[1:]) for x in rows))
+    return jax.tree.map(lambda y: y.reshape(b, *y.shape[2:])[undo], per_row), other
+
+
+def observation_prompts(llm: LLM, frozen: FrozenLLM, obs):
+    """obs [B, D] -> each observation's prompt after the prefix (tokens [B, L], lengths [B])."""
+    tokens, lengths = render_tokens(llm.renderer, obs)
+    return append_tail(tokens, lengths, frozen.tail)
+
+
 def encode_observations(llm: LLM, frozen: FrozenLLM | None, obs, microbatch: int | None = None,
                         keys=None, with_load: bool = False):
     """Hidden states of symbolic observations. obs: [B, D] -> ([B, H] float32, tokens []);
@@ -255,15 +256,9 @@ def encode_observations(llm: LLM, frozen: FrozenLLM | None, obs, microbatch: int
     if llm.imagines:
         out = imagine_observations(llm, frozen, obs, microbatch, keys)
         return out.hidden, out.tokens
-    tokens, lengths = render_tokens(llm.renderer, obs)
-    tokens, lengths = append_tail(tokens, lengths, frozen.tail)
-    b = obs.shape[0]
-    mb = microbatch or b
-    order = jnp.argsort(lengths)
-    tokens, lengths_s = tokens[order], lengths[order]
-    h, load = jax.lax.map(lambda x: _encode_tokens(llm, frozen, *x),
-                          (tokens.reshape(b // mb, mb, -1), lengths_s.reshape(b // mb, mb)))
-    hidden = jnp.zeros((b, llm.hidden_size), jnp.float32).at[order].set(h.reshape(b, -1))
+    tokens, lengths = observation_prompts(llm, frozen, obs)
+    hidden, load = sorted_microbatches(lambda t, n: _encode_tokens(llm, frozen, t, n), lengths,
+                                       microbatch, tokens, lengths)
     if with_load:
         return hidden, lengths.sum(), load.sum(0)
     return hidden, lengths.sum()
@@ -271,7 +266,7 @@ def encode_observations(llm: LLM, frozen: FrozenLLM | None, obs, microbatch: int
 
 class Imagined(NamedTuple):
     hidden: jax.Array  # [B, H] float32: the generated tokens' states at the layer, pooled
-    generated: jax.Array  # [B, N] int32: the tokens (0 past num_generated)
+    generated: jax.Array  # [B, N] int32: the tokens (the pad id past num_generated)
     num_generated: jax.Array  # [B]
     tokens: jax.Array  # [] prompt and generated tokens, all rows
 
@@ -280,12 +275,10 @@ def pool_generated(hidden, num, pool: str):
     """hidden [B, N, H] states of generated tokens (num [B] of them) -> [B, H] float32: their
     mean, the last one's, or (`every:K`) the mean of tokens 0, K, 2K, ..."""
     h = hidden.astype(jnp.float32)
-    n = h.shape[1]
     if pool == "last":
         return h[jnp.arange(h.shape[0]), num - 1]
-    k = int(pool.split(":", 1)[1]) if pool.startswith("every:") else 1
-    pos = jnp.arange(n)[None]
-    take = ((pos < num[:, None]) & (pos % k == 0)).astype(jnp.float32)
+    pos = jnp.arange(h.shape[1])[None]
+    take = ((pos < num[:, None]) & (pos % pool_every(pool) == 0)).astype(jnp.float32)
     return jnp.einsum("bnh,bn->bh", h, take) / take.sum(1, keepdims=True)
 
 
@@ -295,38 +288,27 @@ def imagine_observations(llm: LLM, frozen: FrozenLLM, obs, microbatch: int | Non
     states at `llm.layer` (post-norm with --llm.post-norm) are pooled by `imagine.pool`.
     Micro-batches of rows sorted by prompt length, each padded to its smallest bucket; a row's
     draws use its own key (its tokens do not depend on the batch it lands in)."""
-    from llm_jax.decode import Sampling, generate
+    from llm_jax.decode import generate
 
     im, c = llm.cfg.imagine, llm.cfg
-    sampling = Sampling(im.temperature, im.top_k, im.top_p)
+    sampling = llm.sampling.sampling
     if keys is None:
         if not sampling.greedy:
             raise ValueError("sampled imagination needs a key per observation")
         keys = jax.random.split(jax.random.PRNGKey(0), obs.shape[0])
-    tokens, lengths = render_tokens(llm.renderer, obs)
-    tokens, lengths = append_tail(tokens, lengths, frozen.tail)
-    b = obs.shape[0]
-    mb = microbatch or b
-    order = jnp.argsort(lengths)
+    tokens, lengths = observation_prompts(llm, frozen, obs)
 
     def at(size):
         def run(t, n, k):
             out = generate(frozen.params, llm.qcfg, t[:, :size], n, None,
-                           max_new_tokens=im.tokens, sampling=sampling, stop_ids=llm.stop_ids,
-                           prefix=frozen.prefix, hidden_layer=llm.layer, post_norm=c.post_norm,
-                           attn=llm.attn, row_keys=k)
+                           max_new_tokens=im.tokens, pad_id=llm.pad_id, sampling=sampling,
+                           stop_ids=llm.stop_ids, prefix=frozen.prefix, hidden_layer=llm.layer,
+                           post_norm=c.post_norm, attn=llm.attn, row_keys=k)
             return (pool_generated(out.hidden, out.num_tokens, im.pool), out.tokens,
-                    out.num_tokens)
+                    out.num_tokens), None
         return run
 
-    def batch(x):
-        t, n, k = x
-        return at_smallest_fit(llm.buckets, n.max(), at, t, n, k)
-
-    h, gen, num = jax.lax.map(batch, (tokens[order].reshape(b // mb, mb, -1),
-                                      lengths[order].reshape(b // mb, mb),
-                                      keys[order].reshape(b // mb, mb, *keys.shape[1:])))
-    undo = jnp.zeros(b, jnp.int32).at[order].set(jnp.arange(b))
-    num = num.reshape(b)[undo]
-    return Imagined(h.reshape(b, -1)[undo], gen.reshape(b, -1)[undo], num,
-                    lengths.sum() + num.sum())
+    (h, gen, num), _ = sorted_microbatches(
+        lambda t, n, k: at_smallest_fit(llm.buckets, n.max(), at, t, n, k), lengths, microbatch,
+        tokens, lengths, keys)
+    return Imagined(h, gen, num, lengths.sum() + num.sum())

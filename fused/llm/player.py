@@ -21,69 +21,54 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fused.errors import ConfigError
 from fused.envspec import spec
-from fused.llm.config import ModelConfig, model_config
-from fused.llm.encoder import coarse_buckets, load_llm_params
+from fused.llm.config import ModelConfig, model_config, sampling_of
+from fused.llm.encoder import load_llm_params
 from fused.rl.acting import Policy, chosen
+from fused.text.buckets import at_smallest_fit, coarse_buckets
 from fused.text.prompt import PlayParts, play_parts
-from fused.text.render import Renderer, at_smallest_fit, make_renderer, render_tokens
+from fused.text.render import Renderer, make_renderer, render_tokens
 from fused.text.reply import ReplyParser, make_parser, parse_replies
 from llm_jax.config import Qwen3Config
-from llm_jax.decode import Sampling, generate
+from llm_jax.decode import generate
+from llm_jax.memory import generation_need
 from llm_jax.model import AttentionConfig, PrefixCache, prefill
-from llm_jax.tokenizer import eos_ids, load_tokenizer
+from llm_jax.sampling import GenerateError, Resolved, SamplingFlags, check_flags
+from llm_jax.tokenizer import load_tokenizer, stop_ids
 
 log = logging.getLogger(__name__)
 
 
+# A thought rarely closes within fewer tokens (Qwen3's own guidance is thousands).
+THINKING_BUDGET = 512
+
+
 @dataclasses.dataclass(frozen=True)
-class PlayerSettings:
-    """How the LLM plays (static: part of the compiled step)."""
+class PlayerSettings(SamplingFlags):
+    """How the LLM plays (static: part of the compiled step). Sampling: the checkpoint's
+    generation_config.json unless a flag says otherwise (as HF and vLLM do); greedy where it
+    has none (the random models)."""
 
     history: int = 2
     """Earlier turns of the episode (observation and reply) in each prompt."""
     max_new_tokens: int = 48
     """Tokens of a reply at most (a reply stops earlier at the end-of-turn token)."""
-    temperature: float = 0.7
-    """Sampling temperature of the replies (Qwen3's suggestion without thinking)."""
-    top_k: int = 20
-    """Sample among the k most likely tokens (0: all)."""
-    top_p: float = 0.8
-    """Nucleus sampling threshold (1: off)."""
-    greedy: bool = False
-    """Greedy replies (argmax); the sampling flags must then stay at their defaults."""
     thinking: bool = False
     """Let the model think (<think>...</think>) before answering; only the answer is parsed
-    and kept in the history (needs a larger --max-new-tokens)."""
-
-    @property
-    def sampling(self) -> Sampling:
-        return Sampling(0.0) if self.greedy else Sampling(self.temperature, self.top_k,
-                                                          self.top_p)
-
-
-SAMPLING_FLAGS = ("temperature", "top_k", "top_p")
+    and kept in the history. A reply cut before </think> is invalid (NOOP) and counted in
+    eval.json's `unfinished_thought_rate`: give --max-new-tokens room (>= 512)."""
 
 
 def check_settings(s: PlayerSettings) -> None:
     """One line for settings that cannot work."""
     if s.history < 0:
-        raise ConfigError(f"history={s.history} must be >= 0")
+        raise ConfigError(f"--history {s.history} must be >= 0")
     if s.max_new_tokens < 1:
-        raise ConfigError(f"max_new_tokens={s.max_new_tokens} must be at least 1")
-    if s.greedy:
-        given = [f for f in SAMPLING_FLAGS
-                 if getattr(s, f) != getattr(PlayerSettings(), f)]
-        if given:
-            raise ConfigError(f"--greedy with sampling flags ({', '.join('--' + f.replace('_', '-') for f in given)}): "
-                              "greedy replies take no sampling settings; drop one or the other")
-    from llm_jax.decode import GenerateError, check_sampling
-
+        raise ConfigError(f"--max-new-tokens {s.max_new_tokens} must be at least 1")
     try:
-        check_sampling(s.temperature, s.top_k, s.top_p)
+        check_flags(s)
     except GenerateError as e:
         raise ConfigError(str(e)) from None
 
@@ -106,12 +91,15 @@ class PlayerCarry(NamedTuple):
     last_reply: jax.Array  # [N, M] the last step's whole reply (as generated)
     tokens: jax.Array  # [N] tokens generated at the last step
     invalid: jax.Array  # [N] bool: the last reply named no action
+    unfinished: jax.Array  # [N] bool: the last reply's thought was cut (thinking on)
 
 
 class Player(NamedTuple):
     """Host-side pieces (tables, shapes) of an LLM player for one env."""
 
     settings: PlayerSettings
+    sampling: Resolved  # the sampling used and where its values came from
+    dtype: str  # the compute dtype
     qcfg: Qwen3Config
     tokenizer: Any
     renderer: Renderer
@@ -129,8 +117,8 @@ class Player(NamedTuple):
         return player_policy(self)
 
     def text(self, tokens) -> str:
-        """A reply's text (host)."""
-        return self.tokenizer.decode([int(t) for t in tokens])
+        """A reply's text without special tokens (host)."""
+        return self.tokenizer.decode(tokens)
 
 
 def prompt_budget(parts: PlayParts, max_obs: int, history: int, max_new: int) -> int:
@@ -139,10 +127,11 @@ def prompt_budget(parts: PlayParts, max_obs: int, history: int, max_new: int) ->
     return history * (turn + max_new + len(parts.reply_close)) + turn + len(parts.think)
 
 
-def make_player(model: ModelConfig, settings: PlayerSettings, env_name: str,
+def make_player(model: ModelConfig, settings: PlayerSettings, env_name: str, rows: int,
                 seed: int = 0) -> Player:
-    """Host setup: weights (or the random model), tokenizer, renderer, the conversation's pieces
-    and the system turn prefilled. Problems are ConfigErrors before anything compiles."""
+    """Host setup for `rows` envs at once: weights (or the random model), tokenizer, renderer,
+    the conversation's pieces and the system turn prefilled. Problems, memory among them (the
+    weights, every row's KV cache, the prompt pass), are ConfigErrors before anything compiles."""
     check_settings(settings)
     s = spec(env_name)
     if not s.has_text:
@@ -156,23 +145,33 @@ def make_player(model: ModelConfig, settings: PlayerSettings, env_name: str,
     context = len(parts.prefix) + budget + settings.max_new_tokens
     if context > qcfg.max_position_embeddings:
         raise ConfigError(
-            f"history={settings.history}: the system turn ({len(parts.prefix)} tokens), "
+            f"--history {settings.history}: the system turn ({len(parts.prefix)} tokens), "
             f"{settings.history} earlier turns and the current one (up to {budget} tokens with "
             f"observations of up to {renderer.max_tokens}) and a reply of {settings.max_new_tokens}"
             f" need {context} tokens, past the model's context "
             f"({qcfg.max_position_embeddings}); lower --history or --max-new-tokens")
-    params = load_llm_params(model, qcfg, seed)
+    sampling = sampling_of(settings, model)
+    dtype = model.compute_dtype
+    if settings.thinking and settings.max_new_tokens < THINKING_BUDGET:
+        log.info(f"warning: --thinking with --max-new-tokens {settings.max_new_tokens}: most "
+                 f"thoughts need more (>= {THINKING_BUDGET}); replies cut before </think> are "
+                 "invalid (NOOP), counted in unfinished_thought_rate")
+    need = generation_need(qcfg, dtype, None, rows, max(coarse_buckets(budget)),
+                           settings.max_new_tokens, len(parts.prefix))
+    try:
+        params = load_llm_params(model, qcfg, need, generates=True, seed=seed)
+    except ConfigError as e:
+        raise ConfigError(f"{e}; or fewer --episodes, a shorter --history or --max-new-tokens"
+                          ) from None
     attn = AttentionConfig(model.attention)
     prefix = jax.jit(partial(prefill, cfg=qcfg, attn=attn))(
         params, prefix_tokens=jnp.asarray(parts.prefix))
-    folder = None
-    if model.weights is not None:
-        from llm_jax.loader import resolve_folder
-
-        folder = resolve_folder(model.weights)
-    return Player(settings, qcfg, tok, renderer, parts, make_parser(tok, s.action_names),
-                  eos_ids(folder, tok, qcfg.vocab_size), attn, budget, coarse_buckets(budget),
-                  s.num_actions, PlayerParams(params, prefix))
+    stops = stop_ids(model.folder, tok, qcfg.vocab_size, chat=True)
+    return Player(settings=settings, sampling=sampling, dtype=dtype, qcfg=qcfg, tokenizer=tok,
+                  renderer=renderer, parts=parts,
+                  parser=make_parser(tok, s.action_names, stops, settings.thinking),
+                  stop_ids=stops, attn=attn, prompt_max=budget, buckets=coarse_buckets(budget),
+                  num_actions=s.num_actions, params=PlayerParams(params, prefix))
 
 
 def _put(buf, offset, piece, length):
@@ -209,25 +208,15 @@ def assemble(player: Player, carry: PlayerCarry, obs_tokens, obs_len):
     return buf[:, :player.prompt_max], off
 
 
-def answer(player: Player, reply, num):
-    """The part of replies [N, M] kept in the history: after the last </think> (and the blank
-    line the template puts there), without the stop token. Returns (tokens [N, M], lengths)."""
+def answer(player: Player, reply, span):
+    """The part of replies [N, M] kept in the history (`span`: `fused.text.reply.answer_span`:
+    after the last </think> and its blank line, without the stop token). Returns (tokens
+    [N, M], lengths [N])."""
     m = reply.shape[1]
     pos = jnp.arange(m)[None]
-    live = pos < num[:, None]
-    stop = jnp.isin(reply, jnp.asarray(player.stop_ids, jnp.int32)) & live
-    end = jnp.where(stop.any(1), jnp.argmax(stop, 1), num)
-    start = jnp.zeros_like(num)
-    if player.settings.thinking and player.parser.think_end >= 0:
-        last = jnp.max(jnp.where(live & (reply == player.parser.think_end), pos, -1), axis=1)
-        newline = jnp.asarray(player.tokenizer.encode("\n\n"), jnp.int32)[0]
-        after = jnp.take_along_axis(reply, jnp.minimum(last + 1, m - 1)[:, None], 1)[:, 0]
-        start = jnp.where(last >= 0, last + 1 + (after == newline), 0)
-        end = jnp.maximum(end, start)
-    idx = jnp.minimum(start[:, None] + pos, m - 1)
-    kept = jnp.take_along_axis(reply, idx, 1)
-    length = end - start
-    return jnp.where(pos < length[:, None], kept, 0), length
+    kept = jnp.take_along_axis(reply, jnp.minimum(span.start[:, None] + pos, m - 1), 1)
+    length = span.end - span.start
+    return jnp.where(pos < length[:, None], kept, player.tokenizer.pad_id), length
 
 
 def act(player: Player, params: PlayerParams, carry: PlayerCarry, obs, keys):
@@ -239,17 +228,15 @@ def act(player: Player, params: PlayerParams, carry: PlayerCarry, obs, keys):
     def at(size):
         def run(tokens, lengths, keys):
             return generate(params.llm, player.qcfg, tokens[:, :size], lengths, None,
-                            max_new_tokens=s.max_new_tokens, sampling=s.sampling,
-                            stop_ids=player.stop_ids, prefix=params.prefix, attn=player.attn,
-                            row_keys=keys)
+                            max_new_tokens=s.max_new_tokens, pad_id=player.tokenizer.pad_id,
+                            sampling=player.sampling.sampling, stop_ids=player.stop_ids,
+                            prefix=params.prefix, attn=player.attn, row_keys=keys)
         return run
 
     out = at_smallest_fit(player.buckets, lengths.max(), at, prompt, lengths, keys)
     reply, num = out.tokens, out.num_tokens
-    ends = jnp.take_along_axis(reply, (num - 1)[:, None], 1)[:, 0]
-    stopped = jnp.isin(ends, jnp.asarray(player.stop_ids, jnp.int32))
-    action, valid = parse_replies(player.parser, reply, num - stopped)
-    kept, kept_len = answer(player, reply, num)
+    parsed = parse_replies(player.parser, reply, num)
+    kept, kept_len = answer(player, reply, parsed.span)
     h = s.history
     if h:
         carry = carry._replace(
@@ -257,7 +244,9 @@ def act(player: Player, params: PlayerParams, carry: PlayerCarry, obs, keys):
             obs_len=jnp.concatenate([carry.obs_len[:, 1:], obs_len[:, None]], 1),
             reply=jnp.concatenate([carry.reply[:, 1:], kept[:, None]], 1),
             reply_len=jnp.concatenate([carry.reply_len[:, 1:], kept_len[:, None]], 1))
-    return carry._replace(last_reply=reply, tokens=num, invalid=~valid), action, num, valid
+    carry = carry._replace(last_reply=reply, tokens=num, invalid=~parsed.valid,
+                           unfinished=parsed.span.unfinished)
+    return carry, parsed.action, num, parsed.valid
 
 
 def player_policy(player: Player) -> Policy:
@@ -267,10 +256,10 @@ def player_policy(player: Player) -> Policy:
     lo, m, h = player.renderer.max_tokens, s.max_new_tokens, s.history
 
     def carry(n):
-        return PlayerCarry(jnp.zeros((n, h, lo), jnp.int32), jnp.zeros((n, h), jnp.int32),
-                           jnp.zeros((n, h, m), jnp.int32), jnp.zeros((n, h), jnp.int32),
-                           jnp.zeros((n, m), jnp.int32), jnp.zeros(n, jnp.int32),
-                           jnp.zeros(n, bool))
+        i32 = partial(jnp.zeros, dtype=jnp.int32)
+        return PlayerCarry(obs=i32((n, h, lo)), obs_len=i32((n, h)), reply=i32((n, h, m)),
+                           reply_len=i32((n, h)), last_reply=i32((n, m)), tokens=i32(n),
+                           invalid=jnp.zeros(n, bool), unfinished=jnp.zeros(n, bool))
 
     def forward(params, c, x, keys=None):
         c, action, _, _ = act(player, params, c, x, keys)
@@ -282,6 +271,8 @@ def player_policy(player: Player) -> Policy:
         return jnp.full((x.shape[0],), jnp.nan, jnp.float32)
 
     def stats(c):
-        return {"tokens": c.tokens, "invalid": c.invalid.astype(jnp.int32)}
+        return {"tokens": c.tokens, "invalid": c.invalid.astype(jnp.int32),
+                "unfinished": c.unfinished.astype(jnp.int32)}
 
-    return Policy(True, carry, forward, critic, None, chosen, stats)
+    return Policy(recurrent=True, carry=carry, forward=forward, critic=critic, batch=None,
+                  sample=chosen, stats=stats)

@@ -118,10 +118,11 @@ def network_policy(network: nn.Module, draw: Callable = sample) -> Policy:
     if not is_recurrent(network):
         actor = partial(network.apply, method=type(network).actor)
         critic = partial(network.apply, method=type(network).critic)
-        return Policy(False, lambda n: None,
-                      lambda params, carry, x, keys=None: (carry, actor(params, x), None),
-                      lambda params, carry, x: critic(params, x),
-                      lambda params, carry, x, resets: network.apply(params, x), draw)
+        return Policy(recurrent=False, carry=lambda n: None,
+                      forward=lambda params, carry, x, keys=None: (carry, actor(params, x), None),
+                      critic=lambda params, carry, x: critic(params, x),
+                      batch=lambda params, carry, x, resets: network.apply(params, x),
+                      sample=draw)
 
     def forward(params, carry, x, keys=None):
         one = jax.tree.map(lambda a: a[None], x)
@@ -133,8 +134,9 @@ def network_policy(network: nn.Module, draw: Callable = sample) -> Policy:
         _, logits, value = network.apply(params, carry, x, resets)
         return logits.reshape(-1, logits.shape[-1]), value.reshape(-1)
 
-    return Policy(True, network.initial_carry, forward,
-                  lambda params, carry, x: forward(params, carry, x)[2], batch, draw)
+    return Policy(recurrent=True, carry=network.initial_carry, forward=forward,
+                  critic=lambda params, carry, x: forward(params, carry, x)[2], batch=batch,
+                  sample=draw)
 
 
 def random_policy(num_actions: int) -> Policy:
@@ -143,10 +145,11 @@ def random_policy(num_actions: int) -> Policy:
     def nan(x):
         return jnp.full((jax.tree.leaves(x)[0].shape[0],), jnp.nan, jnp.float32)
 
-    return Policy(False, lambda n: None,
-                  lambda params, carry, x, keys=None: (
+    return Policy(recurrent=False, carry=lambda n: None,
+                  forward=lambda params, carry, x, keys=None: (
                       carry, jnp.zeros((nan(x).shape[0], num_actions)), nan(x)),
-                  lambda params, carry, x: nan(x), None, uniform(num_actions))
+                  critic=lambda params, carry, x: nan(x), batch=None,
+                  sample=uniform(num_actions))
 
 
 class Acted(NamedTuple):

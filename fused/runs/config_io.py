@@ -43,8 +43,24 @@ MOVED = {"ppo.layer_width": "policy.layer_width", "ppo.num_layers": "policy.num_
          "layer_width": "policy.layer_width", "num_layers": "policy.num_layers"}
 
 
+def _sampling_flags(d: dict) -> dict:
+    """Sampling fields saved before they became optional flags (`SamplingFlags`): a section
+    with temperature, top_k and top_p and no `greedy` held resolved values, temperature 0 for
+    greedy. Greedy becomes `greedy: true` (its other values were unused); any other values stay
+    as given, so the run samples as it did."""
+    out = {k: _sampling_flags(v) if isinstance(v, dict) else v for k, v in d.items()}
+    if {"temperature", "top_k", "top_p"} <= set(out) and "greedy" not in out:
+        if out["temperature"] == 0:
+            out.update(greedy=True, temperature=None, top_k=None, top_p=None)
+        else:
+            out["greedy"] = False
+    return out
+
+
 def upgrade(d: dict) -> dict:
-    """A saved config's dict with the fields of `MOVED` under their new names."""
+    """A saved config's dict with the fields of `MOVED` under their new names and old sampling
+    fields as flags."""
+    d = _sampling_flags(d)
     flat = flatten(d)
     if not any(k in flat for k in MOVED):
         return d

@@ -27,6 +27,7 @@ import numpy as np
 
 from fused.envspec import ObsLayout, TextEnvName
 from fused.rl.envs import rollout_observations
+from fused.text.buckets import at_smallest_fit, pack_sizes
 from fused.text.format import MAP_EMPTY, MAP_HEADER, get_layout, render_text
 
 
@@ -181,27 +182,17 @@ def pack_fragments(r: Renderer, ids, size: int | None = None):
     return jnp.where(pos < total, tok, r.pad_id).astype(jnp.int32), total
 
 
-PACK_SIZES = (128, 256, 512)  # packing widths tried before L_max (see `render_tokens`)
-
-
-def at_smallest_fit(sizes, need, branch, *operands):
-    """`branch(size)(*operands)` for the smallest of `sizes` (ascending; the last one is the
-    bound) that is >= `need`, a traced scalar: every size is compiled, only one runs."""
-    which = jnp.sum(need > jnp.array(sizes[:-1]))
-    return jax.lax.switch(which, [branch(s) for s in sizes], *operands)
-
-
 def render_tokens(r: Renderer, obs: jax.Array):
     """obs: [B, D] symbolic observations -> (tokens [B, L_max] int32 right-padded, lengths [B]).
     Pure jnp, no host call: tokens equal `tokenizer.encode(render_text(layout, obs[b]))`.
 
     The packing costs per output position, and L_max is a worst case far above real
     observations (Classic: L_max 1,013, random-rollout states 233 tokens on average), so the
-    batch is packed at the smallest of PACK_SIZES + (L_max,) that its longest observation fits
+    batch is packed at the smallest of `fused.text.buckets.pack_sizes` that its longest observation fits
     (`lax.switch`, exact for every state) and the rest is filled with padding."""
     ids = jax.vmap(lambda o: fragment_ids(r, o))(obs)
     longest = jnp.asarray(r.frag_lengths)[ids].sum(-1).max()
-    sizes = tuple(s for s in PACK_SIZES if s < r.max_tokens) + (r.max_tokens,)
+    sizes = pack_sizes(r.max_tokens)
 
     def packed(size):
         def run(ids):
