@@ -42,7 +42,7 @@ def test_conversation_is_the_chat_template_token_for_token(tok, history, thinkin
     from fused.text.render import render_tokens
 
     player = make_player(ModelConfig(), PlayerSettings(history=history, max_new_tokens=24,
-                                                       thinking=thinking), ENV)
+                                                       thinking=thinking), ENV, rows=1)
     obs = real_observations(3)
     layout = player.renderer.layout
     texts = [render_text(layout, o) for o in obs]
@@ -65,55 +65,107 @@ def test_conversation_is_the_chat_template_token_for_token(tok, history, thinkin
     assert ours == tok.encode(text)
 
 
-def test_reply_rule_on_the_device_equals_the_reference(tok):
-    """Hand-made replies (ids, names, thinking, bad ids, whole-word edge cases) and random ones
-    built from names, digits and filler: the device parser and the regular-expression rule give
-    the same action, invalid where the rule finds none (then NOOP)."""
+def reply_corpus(tok, names, rng) -> list[list[int]]:
+    """Replies as token ids: every action as an id (1-3 digits, zero-padded too), as NAME, as
+    both; ids followed by every class of byte; several `Action:` marks; `</think>` as its token
+    and spelt out of ordinary tokens, closed and unfinished; unicode (an Arabic-Indic digit
+    among it); empty; every token of over TOKEN_BYTES bytes beside names, ids and marks; and
+    random mixtures of all of these."""
+    from fused.text.reply import TOKEN_BYTES, token_bytes
+
+    enc = tok.encode
+    plain = [n.split(":", 1)[1] for n in names]
+    after = ["", "4", "42", "x", "Z", "_", " ", ",", ".", ":", ")", "\n", "`", "*", "-", "é",
+             "中", "\u0663", " DO", "NOOP", " 7", "Action: 2"]
+    texts = ["", " ", "nothing here", "\u0663", "Action:", "Action: ", "Action:\u0663",
+             "action: 3", "ACTION: 3", "Action: -1", "Action: 1234", "Action: 99", "Action: 1 23",
+             "Action: 3, 45", "Action: 5 Action: 7", "Action: 5\nAction: NOOP", "xDO DO_x  DO",
+             "**Action:** 16", "Action:`3`", "Action: ``*`` 4", "DOWNWARD DOWN",
+             "MAKE_WOOD_PICKAXE then Action: PLACE_TABLE", "<think>Action: 2</think>\n\nAction: 4",
+             "<think>\nLEFT is best</think>\n\nI go RIGHT", "<think>\nLEFT, then Action: 3",
+             "</think></think>DO", "Résumé: DO", "日本語 Action: 中 LEFT", "😀 Action: 😀 5"]
+    for i, name in enumerate(plain):
+        texts += [f"Action: {i}", f"Action: {i}:{name}", f"Action: {name}", name,
+                  f"Action: {i:03d}", f"I will {name.lower()} then {name}.", f"Action: {name}x"]
+    for digits in ("1", "7", "12", "16", "099", "123", "999"):
+        texts += [f"Action: {digits}{a}" for a in after]
+    ids = [enc(t) for t in texts]
+    spelt = [enc("</"), enc("think"), enc(">")]  # </think> out of ordinary tokens
+    assert tok.decode(sum(spelt, [])) == "</think>" and len(sum(spelt, [])) > 1
+    ids += [enc("LEFT") + sum(spelt, []) + enc("Action: 3"), enc("Action: 2") + sum(spelt, []),
+            sum(spelt, []) + enc(" UP")]
+    long = [i for i, b in enumerate(token_bytes(tok)) if len(b) > TOKEN_BYTES
+            and tok.tokenizer.id_to_token(i) is not None]
+    assert len(long) > 1000
+    for j, t in enumerate(long):
+        ids.append([enc("Action: 5"), enc("DO"), enc("Action:"), enc("LEFT")][j % 4] + [t]
+                   + [enc("DO"), enc(" 3"), enc("Action: 4"), enc("_UP")][j // 4 % 4])
+    pieces = ([enc(n) for n in plain] + [enc(x) for x in ("Action:", " ", "x", "7", "12", ":",
+                                                           "\n", "_", "do", "`", "é", "</think>")]
+              + spelt + [[t] for t in long[:50]])
+    for _ in range(600):
+        ids.append(sum((pieces[k] for k in rng.integers(0, len(pieces), rng.integers(1, 10))),
+                       []))
+    return ids
+
+
+@pytest.mark.parametrize("env", [ENV, "Craftax-Symbolic-v1"])
+def test_reply_rule_on_the_device_equals_the_reference(tok, env):
+    """The device parser and the plain-Python rule (`parse_text` on the decoded text) agree on
+    every reply of a generated corpus (`reply_corpus`), thinking off and on, with and without
+    the end-of-turn token after the reply: the same action, invalid where the rule finds none
+    (then NOOP), and unfinished thoughts counted. Fails with an id test on the 4th byte after
+    the mark ("Action: 1 23")."""
     from fused.envspec import spec
     from fused.text.reply import DEFAULT_ACTION, make_parser, parse_replies, parse_text
 
-    names = spec(ENV).action_names
-    parser = make_parser(tok, names)
-    texts = ["A tree is right. Action: 5:DO", "Action: 12:MAKE_STONE_PICKAXE", "I go LEFT now",
-             "nothing here", "Action:`3`", "Action: 99", "Action: MOVE", "Action: SLEEP please",
-             "DOWNWARD DOWN", "Action: 1234", "<think>Action: 2</think>\n\nAction: 4:DOWN",
-             "MAKE_WOOD_PICKAXE then Action: PLACE_TABLE", "Action: 5 Action: 7", "xDO DO_x  DO",
-             "**Action:** 16", "action: 3", "Action: -1", ""]
+    names = spec(env).action_names
+    end = tok.token_id("<|im_end|>")
     rng = np.random.default_rng(0)
-    parts = [n.split(":")[1] for n in names] + ["Action:", " ", "x", "7", "12", ":", "\n",
-                                                "_", "do", "`"]
-    texts += ["".join(rng.choice(parts, rng.integers(1, 8))) for _ in range(150)]
-    m = 64
-    tokens = np.zeros((len(texts), m), np.int32)
-    num = np.zeros(len(texts), np.int32)
-    for i, t in enumerate(texts):
-        ids = tok.encode(t)[:m]
-        assert tok.decode(ids) == t
-        tokens[i, :len(ids)], num[i] = ids, len(ids)
-    action, valid = jax.jit(lambda t, n: parse_replies(parser, t, n))(tokens, num)
-    for t, a, v in zip(texts, np.asarray(action), np.asarray(valid)):
-        want = parse_text(t, names)
-        assert (bool(v), int(a)) == ((want is not None),
-                                     DEFAULT_ACTION if want is None else want), t
+    corpus = reply_corpus(tok, names, rng)
+    m = max(map(len, corpus)) + 1
+    for thinking in (False, True):
+        parser = make_parser(tok, names, (end,), thinking)
+        run = jax.jit(lambda t, n: parse_replies(parser, t, n))
+        for start in range(0, len(corpus), 1024):
+            batch = corpus[start:start + 1024]
+            tokens = np.full((len(batch), m), tok.pad_id, np.int32)
+            num = np.zeros(len(batch), np.int32)
+            for i, ids in enumerate(batch):
+                stop = [end] if i % 2 else []  # half of them ended by the end-of-turn token
+                tokens[i, :len(ids) + len(stop)] = ids + stop
+                num[i] = len(ids) + len(stop)
+            got = run(tokens, num)
+            for i, ids in enumerate(batch):
+                text = tok.decode(ids)
+                want = parse_text(text, names, thinking)
+                assert (bool(got.valid[i]), int(got.action[i])) == (
+                    want is not None, DEFAULT_ACTION if want is None else want), (thinking, text)
+                cut = thinking and "</think>" not in text
+                assert bool(got.span.unfinished[i]) == cut, (thinking, text)
 
 
 def test_history_keeps_the_answer_without_thinking_or_stop(tok):
     """What a turn keeps of its reply: the answer after </think> and its blank line, without
-    the end-of-turn token; a reply cut by the token limit is kept whole."""
+    the end-of-turn token (the pad id after it); a reply cut by the token limit is kept whole."""
     from fused.llm.config import ModelConfig
     from fused.llm.player import PlayerSettings, answer, make_player
+    from fused.text.reply import answer_span
 
     player = make_player(ModelConfig(), PlayerSettings(history=1, max_new_tokens=16,
-                                                       thinking=True), ENV)
-    end = tok.tokenizer.token_to_id("<|im_end|>")
+                                                       thinking=True), ENV, rows=3)
+    end = tok.token_id("<|im_end|>")
     rows = [tok.encode("<think>\nhm</think>\n\nAction: 5:DO") + [end],
             tok.encode("Action: 1:LEFT") + [end], tok.encode("no stop here, cut")]
     reply = np.zeros((3, 16), np.int32)
     for i, r in enumerate(rows):
         reply[i, :len(r)] = r
-    kept, n = answer(player, jnp.asarray(reply), jnp.asarray([len(r) for r in rows]))
-    got = [tok.decode(np.asarray(kept[i, :int(n[i])])) for i in range(3)]
+    num = jnp.asarray([len(r) for r in rows])
+    kept, n = answer(player, jnp.asarray(reply), answer_span(player.parser, jnp.asarray(reply),
+                                                            num))
+    got = [tok.decode(np.asarray(kept[i, :int(n[i])]), keep_special=True) for i in range(3)]
     assert got == ["Action: 5:DO", "Action: 1:LEFT", "no stop here, cut"]
+    assert (np.asarray(kept[0, int(n[0]):]) == tok.pad_id).all()
 
 
 def play_cmd(*args):
@@ -146,7 +198,10 @@ def test_play_writes_eval_json_records_a_dataset_and_refuses_bad_input(tmp_path)
         assert k in out, k
     assert out["episodes"] == 3 and out["length_mean"] == 5 and out["censored"] == 3
     assert out["tokens_per_s"] > 0 and 0 <= out["invalid_action_rate"] <= 1
-    assert 1 <= out["tokens_per_step"] <= 6
+    assert 1 <= out["tokens_per_step"] <= 6 and out["unfinished_thought_rate"] == 0
+    assert out["useful_tokens"] == round(out["tokens_per_step"] * 15)
+    assert out["tokens_generated"] == out["useful_tokens"]  # every step counted: no cap crossed
+    assert out["llm"]["sampling"]["greedy"] and out["llm"]["dtype"] == "float32"
     assert len(out["videos"]) == 1
     replies = json.loads((tmp_path / "r" / "replies.json").read_text())["replies"]
     ds = Dataset(data)
@@ -169,6 +224,10 @@ def test_play_writes_eval_json_records_a_dataset_and_refuses_bad_input(tmp_path)
                         "--incomplete", "bootstrap"], env=env, capture_output=True, text=True,
                        timeout=300)
     assert b.returncode == 1 and b.stderr.count("\n") == 1 and "critic" in b.stderr
+    r = subprocess.run([sys.executable, str(ROOT / "label.py"), "returns", "--data", str(data)],
+                       env=env, capture_output=True, text=True, timeout=300)
+    warned = [x for x in r.stdout.splitlines() if x.startswith("warning:")]
+    assert r.returncode == 0 and len(warned) == 1 and "no row" in warned[0], r.stdout
 
     def error(*args):
         r = subprocess.run(play_cmd(*args, "--out-dir", str(tmp_path)), env=env,
@@ -177,7 +236,78 @@ def test_play_writes_eval_json_records_a_dataset_and_refuses_bad_input(tmp_path)
         assert r.stderr.count("\n") == 1, r.stderr
         return r.stderr
 
-    assert "--temperature" in error("--greedy", "--temperature", "0.3")
+    assert "--greedy with --temperature 0.3" in error("--greedy", "--temperature", "0.3")
     assert "context" in error("--history", "40", "--env.name", "Craftax-Symbolic-v1")
     assert "not empty" in error("--record", str(data), "--run-name", "r2")
-    assert "episodes" in error("--episodes", "1")
+    assert "--episodes 1" in error("--episodes", "1")
+    assert "already holds a play" in error("--run-name", "r")
+    # the whole memory (weights, every episode's KV cache, the prompt pass) before compiling
+    msg = error("--llm.random-model", "qwen3-4b", "--episodes", "64", "--run-name", "big")
+    assert "KV cache" in msg and "prompt KV copy" in msg and "--episodes" in msg, msg
+
+
+@pytest.mark.slow
+def test_play_interrupted_keeps_its_blocks_and_resumes_to_the_same_result(tmp_path):
+    """Ctrl-C after the second block: exit 130 at once, a partial eval.json (the finished
+    episodes, marked), replies.json and a partial recording; `--resume` goes on from the last
+    block to the eval.json, replies and recorded rows an uninterrupted play gives; resuming a
+    play that ended says so and changes nothing. With --thinking, cut thoughts are invalid and
+    counted."""
+    import signal
+    import time
+
+    from fused.data.store import Dataset
+
+    env = subprocess_env()
+    args = ["--episodes", "3", "--max-steps", "9", "--block-steps", "2", "--history", "1",
+            "--max-new-tokens", "6", "--temperature", "1.0", "--out-dir", str(tmp_path)]
+    full = subprocess.run(play_cmd(*args, "--run-name", "full", "--record",
+                                   str(tmp_path / "d-full")),
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert full.returncode == 0, full.stderr[-3000:]
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        proc = subprocess.Popen(play_cmd(*args, "--run-name", "cut", "--record",
+                                         str(tmp_path / "d-cut")),
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    lines = []
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:
+        lines.append(proc.stdout.readline())
+        if lines[-1].strip().startswith("4 steps"):
+            break
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, ("".join(lines) + stdout, stderr[-2000:])
+    assert "Traceback" not in stderr and "--resume" in stdout.strip().splitlines()[-1]
+    partial = json.loads((tmp_path / "cut" / "eval.json").read_text())
+    assert partial["partial"] and partial["steps_played"] >= 4 and partial["episodes"] == 0
+    assert json.loads((tmp_path / "cut" / "replies.json").read_text())["replies"][0]
+    assert Dataset(tmp_path / "d-cut").card()["partial"]
+    again = subprocess.run(play_cmd("--resume", str(tmp_path / "cut")), env=env,
+                           capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    a, b = (json.loads((tmp_path / r / "eval.json").read_text()) for r in ("full", "cut"))
+    timing = {"run", "seconds", "tokens_per_s", "useful_tokens_per_s", "record", "resumed",
+              "tokens_per_s_includes_compile", "command"}
+    assert {k: v for k, v in a.items() if k not in timing} == {
+        k: v for k, v in b.items() if k not in timing}
+    assert a["tokens_generated"] > a["useful_tokens"]  # the last block passed the cap
+    assert (json.loads((tmp_path / "full" / "replies.json").read_text())
+            == json.loads((tmp_path / "cut" / "replies.json").read_text()))
+    assert (Dataset(tmp_path / "d-full").manifest()["shards"]
+            == Dataset(tmp_path / "d-cut").manifest()["shards"])
+    assert not Dataset(tmp_path / "d-cut").card()["partial"]
+    done = subprocess.run(play_cmd("--resume", str(tmp_path / "cut")), env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "the play is complete" in done.stdout
+    think = subprocess.run(play_cmd("--episodes", "2", "--max-steps", "2", "--history", "0",
+                                    "--max-new-tokens", "4", "--thinking", "--out-dir",
+                                    str(tmp_path), "--run-name", "think"),
+                           env=env, capture_output=True, text=True, timeout=900)
+    assert think.returncode == 0, think.stderr[-3000:]
+    t = json.loads((tmp_path / "think" / "eval.json").read_text())
+    assert t["unfinished_thought_rate"] == t["invalid_action_rate"] == 1.0

@@ -2,22 +2,36 @@
 
     python play.py llm --llm.weights DIR --episodes 16 --seed 0 --history 2 --out-dir runs \\
         --run-name qwen-play [--max-steps 500] [--video 2] [--record data/qwen-play]
+    python play.py llm --resume runs/qwen-play      # goes on after Ctrl-C or a kill
 
 The player (`fused.llm.player`) is one more policy behind the shared acting step, and the
 episodes are evaluation's (`fused.rl.evaluate`): one whole episode per env from fixed seeds,
 every env in one jitted step. Writes R/config.json, R/eval.json (offline.py eval's keys, plus
-tokens/s, tokens per step and `invalid_action_rate`: the share of steps whose reply named no
-action and took NOOP), R/eval_achievements.png, R/replies.json (each episode's reply at the end of every block of
-steps, its first ones),
-R/videos/ with `--video N` (the reply beside each frame), and with `--record D` the episodes as
-a label.py dataset. Without --llm.weights the built-in tiny RANDOM Qwen3 plays, with a notice.
+the sampling used and where it came from, `tokens_generated` and `tokens_per_s` (every token
+generated, the envs whose episode ended or passed the cap included), `useful_tokens` and
+`useful_tokens_per_s` (those of running episodes), tokens per step,
+`invalid_action_rate`: the share of steps whose reply named no action and took NOOP, and
+`unfinished_thought_rate` with --thinking), R/eval_achievements.png, R/replies.json (each
+episode's reply at the end of every block of steps, its first ones), R/videos/ with `--video N`
+(the reply beside each frame), and with `--record D` the episodes as a label.py dataset.
+Without --llm.weights the built-in tiny RANDOM Qwen3 plays, with a notice.
+
+After every block the state of the evaluation is checkpointed in R/progress/ (with the recorded
+steps): Ctrl-C (or SIGTERM) at any moment ends the command at once (exit 130) keeping every
+block played: a partial eval.json (`"partial": true`, the episodes finished so far), replies.json
+and, with --record, the finished episodes as a dataset marked partial; `--resume R` continues
+the same evaluation to the same result an uninterrupted run gives.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import shlex
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -32,8 +46,11 @@ from fused.runs import config_io
 from fused.runs.files import atomic_write_json, require_writable
 from fused.runs.run_dir import default_name
 
-DESCRIPTION = "An LLM plays N whole Craftax episodes from fixed seeds; eval.json as offline.py eval."
+DESCRIPTION = ("An LLM plays N whole Craftax episodes from fixed seeds; eval.json as offline.py "
+               "eval. Ctrl-C keeps every block played; --resume RUN goes on.")
 REPLIES_KEPT = 20  # per episode, in replies.json
+# Flags that change no result: a resumed play may give them anew.
+RESUME_FREE = ("video", "video_max_steps", "plot", "resume")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,11 +70,14 @@ class PlayConfig(PlayerSettings):
     """Stop episodes still running after this many steps (reported as censored); None plays
     every episode to its end (long: Craftax episodes run to 10,000 steps)."""
     block_steps: int = 16
-    """Env steps per compiled block (the host reports between blocks)."""
+    """Env steps per compiled block (the host reports and checkpoints between blocks)."""
     out_dir: str = "runs"
     """Folder under which the run gets its folder."""
     run_name: str | None = None
     """Run folder name; default `play-<env>-s<seed>-<time>`."""
+    resume: str | None = None
+    """Go on with the play in this run folder (stopped by Ctrl-C or a kill) from its last
+    block; only --video, --video-max-steps and --plot may be given anew."""
     video: int = 0
     """Also write this many episodes as GIFs into R/videos/ with each step's reply beside."""
     video_max_steps: int = 200
@@ -75,23 +95,160 @@ def validate(c: PlayConfig) -> None:
     from fused.llm.player import check_settings
     from fused.rl.config import validate_env
 
-    validate_env(c.env, c.episodes, 1, "episodes")
+    validate_env(c.env, c.episodes, 1, "--episodes")
     if c.episodes <= 1:
-        raise ConfigError(f"episodes={c.episodes}: at least 2 for a confidence interval")
+        raise ConfigError(f"--episodes {c.episodes}: at least 2 for a confidence interval")
     if c.max_steps is not None and c.max_steps <= 0:
-        raise ConfigError(f"max_steps={c.max_steps} must be positive or None")
+        raise ConfigError(f"--max-steps {c.max_steps} must be positive (or None: no cap)")
     for name in ("block_steps", "video_max_steps", "shard_rows"):
         if getattr(c, name) <= 0:
-            raise ConfigError(f"{name}={getattr(c, name)} must be positive")
+            raise ConfigError(f"--{name.replace('_', '-')} {getattr(c, name)} must be positive")
     if not 0 <= c.video <= c.episodes:
-        raise ConfigError(f"video={c.video} must lie in 0..episodes ({c.episodes})")
+        raise ConfigError(f"--video {c.video} must lie in 0..--episodes ({c.episodes})")
     check_settings(c)
     model_config(c.llm)
     validate_model(c.llm)
 
 
+class Progress:
+    """What the blocks played so far left on the host, guarded by `lock` (the worker thread
+    plays and saves; the main thread reads it to write partial results on an interrupt)."""
+
+    def __init__(self, episodes: int, command: str):
+        self.lock = threading.Lock()
+        self.blocks = 0
+        self.times: list[float] = []  # seconds per block
+        self.tokens: list[float] = []  # every token generated in each block
+        self.useful: list[float] = []  # those of running episodes
+        self.replies: list[list[str]] = [[] for _ in range(episodes)]
+        self.state = None  # the host copy of the last block's EvalState
+        self.records: list = []  # per block (Record [T, N], live [T, N]) with --record
+        self.seconds_before = 0.0  # wall time of the runs before a resume
+        self.command = command  # the command that started the play
+        self.run = ""  # the run folder
+
+    def meta(self) -> dict:
+        return {"blocks": self.blocks, "times": self.times, "tokens": self.tokens,
+                "useful": self.useful, "replies": self.replies,
+                "seconds": self.seconds_before, "command": self.command}
+
+
+def _save_progress(path: Path, state, meta: dict) -> None:
+    """The evaluation's state after a block and its host figures, in one file replaced whole
+    (`atomic_path`), with the state's content digest."""
+    import jax
+    import numpy as np
+
+    from fused.runs.checkpoint import state_digest
+    from fused.runs.files import atomic_path
+
+    leaves = [np.asarray(x) for x in jax.device_get(jax.tree.leaves(state))]
+    meta = dict(meta, digest=state_digest(state))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        np.savez(tmp, *leaves, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
+
+
+def _load_progress(path: Path, like) -> tuple:
+    """(state shaped as `like`, meta) saved by `_save_progress`; ConfigError if damaged."""
+    import jax
+    import numpy as np
+
+    from fused.runs.checkpoint import state_digest
+
+    try:
+        with np.load(path) as z:
+            meta = json.loads(bytes(z["meta"]).decode())
+            leaves = [z[f"arr_{i}"] for i in range(len(z.files) - 1)]
+        state = jax.tree.unflatten(jax.tree.structure(like), leaves)
+    except Exception as e:  # a damaged file: numpy and zipfile raise many kinds
+        raise ConfigError(f"--resume: {path} does not read back ({type(e).__name__}); start the "
+                          "play again under another --run-name") from None
+    if state_digest(state) != meta.get("digest"):
+        raise ConfigError(f"--resume: {path} does not match its digest; start the play again "
+                          "under another --run-name")
+    return state, meta
+
+
+def _save_records(folder: Path, i: int, recs) -> None:
+    import jax
+    import numpy as np
+
+    from fused.runs.files import atomic_path
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with atomic_path(folder / f"block-{i:06d}.npz") as tmp:
+        np.savez(tmp, *jax.tree.leaves(recs))
+
+
+def _load_records(folder: Path, n: int, like) -> list:
+    import jax
+    import numpy as np
+
+    treedef = jax.tree.structure(like)
+    out = []
+    for i in range(n):
+        with np.load(folder / f"block-{i:06d}.npz") as z:
+            out.append(jax.tree.unflatten(treedef, [z[f"arr_{j}"] for j in range(len(z.files))]))
+    return out
+
+
+def results(c: PlayConfig, player, env, progress: Progress, run: Path, partial: bool) -> dict:
+    """eval.json's contents from what `progress` holds (partial: of the finished episodes)."""
+    import numpy as np
+
+    from fused.rl.evaluate import summarise
+
+    state = progress.state
+    done = np.asarray(state.done)
+    out = summarise(state, env.achievement_names, c.max_steps, only=done if partial else None)
+    steps = float(np.asarray(state.length).sum())
+    first_timed = 1 if len(progress.times) > 1 else 0  # the first block compiles
+    secs = sum(progress.times[first_timed:])
+    out.update(
+        run=str(run), seed=c.seed, env=c.env.name, seconds=progress.seconds_before
+        + sum(progress.times), policy="llm", command=progress.command,
+        llm={"weights": c.llm.weights, "random_model": None if c.llm.weights else
+             c.llm.random_model, "dtype": player.dtype, "history": c.history,
+             "max_new_tokens": c.max_new_tokens, "thinking": c.thinking,
+             "sampling": player.sampling.record()},
+        tokens_generated=int(np.asarray(state.spent["tokens"]).sum()),
+        useful_tokens=int(np.asarray(state.stats["tokens"]).sum()),
+        tokens_per_s=sum(progress.tokens[first_timed:]) / max(secs, 1e-9),
+        useful_tokens_per_s=sum(progress.useful[first_timed:]) / max(secs, 1e-9),
+        tokens_per_s_includes_compile=first_timed == 0,
+        tokens_per_step=float(np.asarray(state.stats["tokens"]).sum()) / max(steps, 1),
+        invalid_action_rate=float(np.asarray(state.stats["invalid"]).sum()) / max(steps, 1),
+        unfinished_thought_rate=float(np.asarray(state.stats["unfinished"]).sum())
+        / max(steps, 1))
+    if partial:
+        out.update(partial=True, steps_played=min(int(state.t), c.max_steps or 10 ** 9),
+                   episodes_total=c.episodes, episodes_running=int((~done).sum()),
+                   resume=f"python play.py llm --resume {run}")
+    return out
+
+
+def write_recording(c: PlayConfig, progress: Progress, partial: bool) -> dict:
+    """The recorded episodes as a dataset at --record (partial: the finished ones, marked)."""
+    import numpy as np
+
+    from fused.data.played import episodes_of, write_played
+
+    blocks = [r for r, _ in progress.records]
+    live = [a for _, a in progress.records]
+    episodes = episodes_of(blocks, live)
+    if partial:
+        done = np.asarray(progress.state.done)
+        episodes = [e for i, e in enumerate(episodes) if done[i]]
+    return write_played(Path(c.record).expanduser(), c.env.name, episodes,
+                        {"policy": "llm", "played": config_io.to_dict(
+                            dataclasses.replace(c, resume=None)), "command": progress.command,
+                         "partial": partial, "run": progress.run}, c.shard_rows)
+
+
 def play(c: PlayConfig, run: Path, console, command: str) -> dict:
-    """Plays the episodes and writes the run folder; returns eval.json's contents."""
+    """Plays the episodes (from the last checkpointed block with --resume) and writes the run
+    folder; returns eval.json's contents."""
     import jax
     import numpy as np
 
@@ -99,69 +256,107 @@ def play(c: PlayConfig, run: Path, console, command: str) -> dict:
     from fused.envspec import spec
     from fused.llm.player import make_player
     from fused.rl.envs import make_env
-    from fused.rl.evaluate import make_evaluate, summarise
+    from fused.rl.evaluate import make_evaluate
     from fused.rl.policy_input import Identity
 
     settings = PlayerSettings(**{f.name: getattr(c, f.name)
                                  for f in dataclasses.fields(PlayerSettings)})
-    player = make_player(c.llm, settings, c.env.name, c.seed)  # one-line errors before compiling
+    # one-line errors, memory among them, before compiling
+    player = make_player(c.llm, settings, c.env.name, c.episodes, c.seed)
     record = Path(c.record).expanduser() if c.record else None
     run.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(run / "config.json", config_io.to_dict(c))
+    if not c.resume:
+        atomic_write_json(run / "config.json", config_io.to_dict(c))
     env = make_env(c.env)
     s = spec(c.env.name)
     ev = make_evaluate(env, player.policy, Identity(), c.episodes, c.block_steps,
                        max_steps=c.max_steps, record=s if record is not None else None)
     console.print(f"[bold]craftax-fused play[/] {c.env.name}: {c.episodes} episodes, history "
-                  f"{c.history}, replies of up to {c.max_new_tokens} tokens "
-                  f"({'greedy' if c.greedy else f'temperature {c.temperature}'}"
-                  f"{', thinking' if c.thinking else ''}) -> {run}")
+                  f"{c.history}, replies of up to {c.max_new_tokens} tokens, "
+                  f"{player.sampling.describe()}{', thinking' if c.thinking else ''}, "
+                  f"{player.dtype} -> {run}")
     state = jax.jit(ev.init)(jax.random.PRNGKey(c.seed), None)
     block = jax.jit(ev.block, donate_argnums=0)
+    progress = Progress(c.episodes, command)
+    progress.run = str(run)
+    saved = run / "progress" / "state.npz"
+    records_dir = run / "progress" / "records"
+    if c.resume and saved.is_file():
+        host, meta = _load_progress(saved, state)
+        state = jax.device_put(host)
+        # the blocks' timings stay with the process that timed them (each one's first block
+        # compiles); the results are the state's
+        progress.blocks, progress.replies = meta["blocks"], meta["replies"]
+        progress.seconds_before = meta["seconds"] + sum(meta["times"])
+        progress.command = meta["command"]
+        if record is not None:
+            like = jax.eval_shape(ev.block, state, player.params, None)[1]
+            progress.records = _load_records(records_dir, progress.blocks, like)
+        console.print(f"resumed at step {int(state.t):,} ({progress.blocks} blocks played)")
+    elif c.resume:
+        console.print(f"--resume {run}: no block was played before it stopped; starting afresh")
+    progress.state = jax.device_get(state)
     cap = c.max_steps or 10 ** 9
-    blocks, live, replies = [], [], [[] for _ in range(c.episodes)]  # a reply per block
-    times, tokens = [], []
-    t_start = time.time()
-    while not bool(np.asarray(state.done).all()) and int(state.t) < cap:
-        before = np.asarray(state.stats["tokens"]).sum()
-        t0 = time.time()
-        out = block(state, player.params, None)
-        state, recs = out if record is not None else (out, None)
-        jax.block_until_ready(state.t)
-        times.append(time.time() - t0)
-        tokens.append(float(np.asarray(state.stats["tokens"]).sum() - before))
-        if recs is not None:
-            rec, alive = jax.device_get(recs)
-            blocks.append(rec)
-            live.append(alive)
-        for e, r in enumerate(np.asarray(state.carry.last_reply)):
-            if len(replies[e]) < REPLIES_KEPT and not bool(np.asarray(state.done)[e]):
-                replies[e].append(player.text(r[:int(np.asarray(state.carry.tokens)[e])]))
-        console.print(f"  {int(state.t):,} steps: {int(np.asarray(state.done).sum())}/"
-                      f"{c.episodes} episodes ended, {tokens[-1] / times[-1]:,.0f} tokens/s"
-                      + ("  (incl. compile)" if len(times) == 1 else ""))
-    out = summarise(state, env.achievement_names, c.max_steps)
-    steps = float(np.asarray(state.length).sum())
-    timed = slice(1, None) if len(times) > 1 else slice(None)  # the first block compiles
-    out.update(
-        run=str(run), seed=c.seed, env=c.env.name, seconds=time.time() - t_start,
-        policy="llm", command=command,
-        llm={"weights": c.llm.weights, "random_model": None if c.llm.weights else
-             c.llm.random_model, "history": c.history, "max_new_tokens": c.max_new_tokens,
-             "sampling": "greedy" if c.greedy else {"temperature": c.temperature,
-                                                    "top_k": c.top_k, "top_p": c.top_p},
-             "thinking": c.thinking},
-        tokens_per_s=sum(tokens[timed]) / sum(times[timed]),
-        tokens_per_s_includes_compile=len(times) == 1,
-        tokens_per_step=float(np.asarray(state.stats["tokens"]).sum()) / max(steps, 1),
-        invalid_action_rate=float(np.asarray(state.stats["invalid"]).sum()) / max(steps, 1))
-    atomic_write_json(run / "replies.json", {"every_steps": c.block_steps, "replies": replies})
-    if record is not None:
-        from fused.data.played import episodes_of, write_played
+    failure: list[BaseException] = []
 
-        counts = write_played(record, c.env.name, episodes_of(blocks, live),
-                              {"policy": "llm", "played": config_io.to_dict(c),
-                               "command": command}, c.shard_rows)
+    def loop():
+        nonlocal state
+        try:
+            while not bool(np.asarray(state.done).all()) and int(state.t) < cap:
+                before = np.asarray(state.spent["tokens"]).sum()
+                useful_before = np.asarray(state.stats["tokens"]).sum()
+                t0 = time.time()
+                out = block(state, player.params, None)
+                state, recs = out if record is not None else (out, None)
+                jax.block_until_ready(state.t)
+                took = time.time() - t0
+                host = jax.device_get(state)
+                replies = np.asarray(host.carry.last_reply)
+                with progress.lock:
+                    if recs is not None:
+                        recs = jax.device_get(recs)
+                        _save_records(records_dir, progress.blocks, recs)
+                        progress.records.append(recs)
+                    progress.times.append(took)
+                    progress.tokens.append(float(np.asarray(host.spent["tokens"]).sum() - before))
+                    progress.useful.append(float(np.asarray(host.stats["tokens"]).sum()
+                                                 - useful_before))
+                    for e, r in enumerate(replies):
+                        if len(progress.replies[e]) < REPLIES_KEPT and not bool(host.done[e]):
+                            progress.replies[e].append(
+                                player.text(r[:int(np.asarray(host.carry.tokens)[e])]))
+                    progress.blocks += 1
+                    progress.state = host
+                    _save_progress(saved, host, progress.meta())
+                console.print(f"  {min(int(host.t), cap):,} steps: "
+                              f"{int(np.asarray(host.done).sum())}/{c.episodes} episodes ended, "
+                              f"{progress.tokens[-1] / took:,.0f} tokens/s"
+                              + ("  (incl. compile)" if len(progress.times) == 1 else ""))
+        except BaseException as e:  # handed to the main thread
+            failure.append(e)
+
+    stop = threading.Event()
+    handlers = {sig: signal.signal(sig, lambda *_: stop.set())
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    worker = threading.Thread(target=loop, name="play", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.2)
+            if stop.is_set():
+                interrupted(c, player, env, progress, run, console)
+    finally:
+        for sig, h in handlers.items():
+            signal.signal(sig, h)
+    if failure:
+        raise failure[0]
+    out = results(c, player, env, progress, run, partial=False)
+    if c.resume:
+        out["resumed"] = f"python play.py llm --resume {run}"
+    atomic_write_json(run / "replies.json", {"every_steps": c.block_steps,
+                                             "replies": progress.replies})
+    if record is not None:
+        counts = write_recording(c, progress, partial=False)
         out["record"] = {"data": str(record), **counts}
         console.print(f"recorded {counts['episodes_kept']} episodes, {counts['rows']:,} rows "
                       f"-> {record}")
@@ -183,10 +378,51 @@ def play(c: PlayConfig, run: Path, console, command: str) -> dict:
     lo, hi = out["return_ci95"]
     console.print(f"return {out['return_mean']:.2f} (95% CI {lo:.2f}-{hi:.2f}) over "
                   f"{out['episodes']} episodes, length {out['length_mean']:.0f}, invalid "
-                  f"replies {out['invalid_action_rate']:.1%}, {out['tokens_per_s']:,.0f} "
-                  f"tokens/s" + (f", {out['censored']} censored at {c.max_steps} steps"
-                                 if out["censored"] else "") + f" -> {run / 'eval.json'}")
+                  f"replies {out['invalid_action_rate']:.1%}"
+                  + (f" ({out['unfinished_thought_rate']:.1%} unfinished thoughts)"
+                     if c.thinking else "")
+                  + f", {out['tokens_per_s']:,.0f} tokens/s ({out['useful_tokens_per_s']:,.0f} of "
+                  "running episodes)" + (f", {out['censored']} censored at {c.max_steps} steps"
+                                         if out["censored"] else "") + f" -> {run / 'eval.json'}")
     return out
+
+
+def interrupted(c: PlayConfig, player, env, progress: Progress, run: Path, console) -> None:
+    """Ctrl-C / SIGTERM: the blocks played so far as partial results, then exit 130 at once
+    (a block still computing is dropped: the checkpoint of the one before is its start)."""
+    with progress.lock:  # waits for a save in progress
+        if progress.blocks:
+            out = results(c, player, env, progress, run, partial=True)
+            atomic_write_json(run / "replies.json", {"every_steps": c.block_steps,
+                                                     "replies": progress.replies})
+            if c.record:
+                out["record"] = {"data": c.record, **write_recording(c, progress, partial=True)}
+            atomic_write_json(run / "eval.json", out)
+            line = (f"interrupted after {out['steps_played']:,} steps: {out['episodes']} of "
+                    f"{c.episodes} episodes finished, kept in {run / 'eval.json'} (partial); "
+                    f"go on with `python play.py llm --resume {run}`")
+        else:
+            line = (f"interrupted before the first block of {c.block_steps} steps ended: nothing "
+                    f"played yet; start again with `python play.py llm --resume {run}`")
+        console.print("\n" + line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # At once: XLA may be computing in the worker thread, and the interpreter's teardown
+        # beside a running computation crashed (SIGSEGV).
+        os._exit(130)
+
+
+def resume_config(argv: list[str]) -> PlayConfig:
+    """The saved config of the run named by --resume, with the flags that change no result."""
+    i = argv.index("--resume")
+    if i + 1 >= len(argv):
+        raise ConfigError("--resume needs a run folder written by play.py llm")
+    run = Path(argv[i + 1]).expanduser()
+    rest = argv[:i] + argv[i + 2:]
+    fields = [f.name for f in dataclasses.fields(PlayConfig)]
+    fixed = tuple(f for f in fields if f not in RESUME_FREE)
+    c, _ = config_io.resume(PlayConfig, run / "config.json", rest, {}, fixed)
+    return dataclasses.replace(c, resume=str(run))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -194,26 +430,42 @@ def main(argv: list[str] | None = None) -> dict:
     console = Console(soft_wrap=True)
     process.one_line_warnings()
     process.log_to(console)
+    prog = process.prog_name("python play.py")
+    if argv in (["-h"], ["--help"]):
+        print(f"usage: {prog} llm [--flags]\n\n{DESCRIPTION}\n\ncommands:\n  llm   an LLM plays "
+              f"(`{prog} llm --help` lists its flags)")
+        sys.exit(0)
     if not argv or argv[0] != "llm":
-        sys.exit("usage: python play.py llm [--flags] (python play.py llm --help for each)")
+        sys.exit(f"usage: {prog} llm [--flags] ({prog} llm --help for each)")
     try:
-        c = config_io.cli(PlayConfig, argv[1:], DESCRIPTION, "play.py llm")
+        if "--resume" in argv[1:]:
+            c = resume_config(argv[1:])
+            run = Path(c.resume)
+            done = run / "eval.json"
+            if done.is_file() and '"partial": true' not in done.read_text():
+                console.print(f"{run}: the play is complete ({done}); nothing to resume")
+                return json.loads(done.read_text())
+        else:
+            c = config_io.cli(PlayConfig, argv[1:], DESCRIPTION, f"{prog} llm")
+            run = Path(c.out_dir).expanduser() / (c.run_name or default_name(
+                "play", c.env.name, f"s{c.seed}"))
+            if (run / "config.json").exists():
+                raise ConfigError(f"run folder {run} already holds a play; pick another "
+                                  f"--run-name, or go on with --resume {run}")
         validate(c)
-        require_writable(c.out_dir, "--out-dir")
+        require_writable(run.parent if not c.resume else run, "--out-dir")
         if c.record:
             from fused.data.played import check_new_dataset
 
             require_writable(Path(c.record).expanduser().parent, "--record")
-            check_new_dataset(c.record)
-        run = Path(c.out_dir).expanduser() / (c.run_name or default_name(
-            "play", c.env.name, f"s{c.seed}"))
-        if (run / "eval.json").exists():
-            raise ConfigError(f"run folder {run} already holds a play's results; pick another "
-                              "--run-name")
+            check_new_dataset(c.record, partial_of=str(run) if c.resume else None)
         process.setup_compilation_cache()
-        return play(c, run, console, "python play.py " + shlex.join(argv))
+        return play(c, run, console, f"{prog} " + shlex.join(argv))
     except ConfigError as e:
         sys.exit(f"error: {e}")
-    except KeyboardInterrupt:
-        sys.exit("interrupted: nothing of this play was kept but what it had written; run the "
-                 "same command again")
+    except KeyboardInterrupt:  # before the play began (loading, compiling its first steps)
+        console.print("\ninterrupted before the first block: nothing played yet; run the same "
+                      "command again" + (" (with --resume)" if "--resume" in argv else ""))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)  # a compilation may still run in another thread

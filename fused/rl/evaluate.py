@@ -39,6 +39,8 @@ class EvalState:
     t: jax.Array  # [] int32 steps taken
     rng: jax.Array
     stats: dict  # {name: [N]} the policy's per-step figures (`Policy.stats`) summed per episode
+    spent: dict  # the same figures summed over every step computed, the envs whose episode has
+    #              ended (or passed the step cap) included: what the device did
 
     @property
     def obs(self) -> jax.Array:
@@ -82,9 +84,11 @@ def make_evaluate(env: Env, policy: Policy, inputs: PolicyInput, num_episodes: i
         carry = policy.carry(num_episodes)
         stats = {} if policy.stats is None else jax.tree.map(jnp.zeros_like,
                                                               policy.stats(carry))
-        return EvalState(env_state, istate, carry, z.astype(bool), z.astype(jnp.float32),
-                         z.astype(jnp.int32), jnp.zeros((num_episodes, n_ach), bool),
-                         z.astype(bool), jnp.int32(0), k_run, stats)
+        return EvalState(env=env_state, inputs=istate, carry=carry, done=z.astype(bool),
+                         ret=z.astype(jnp.float32), length=z.astype(jnp.int32),
+                         achievements=jnp.zeros((num_episodes, n_ach), bool),
+                         terminated=z.astype(bool), t=jnp.int32(0), rng=k_run, stats=stats,
+                         spent=stats)
 
     codec = None if record is None else ObsCodec(record)
 
@@ -108,8 +112,8 @@ def make_evaluate(env: Env, policy: Policy, inputs: PolicyInput, num_episodes: i
             achievements=jnp.where(live[:, None], res.achievements.astype(bool),
                                    s.achievements),
             terminated=s.terminated | (live & res.terminated), t=s.t + 1,
-            stats={k: v + jnp.where(live, a.policy_stats[k], 0) for k, v in s.stats.items()}
-        ), rec
+            stats={k: v + jnp.where(live, a.policy_stats[k], 0) for k, v in s.stats.items()},
+            spent={k: v + a.policy_stats[k] for k, v in s.spent.items()}), rec
 
     def block(s: EvalState, params, frozen):
         rng, k = jax.random.split(s.rng)
@@ -133,17 +137,27 @@ def mean_ci95(x: np.ndarray) -> tuple[float, float, float]:
     return m, m - half, m + half
 
 
-def summarise(s: EvalState, achievement_names, max_steps: int | None) -> dict:
-    """eval.json's figures from the final state (host numpy)."""
-    ret, length = np.asarray(s.ret), np.asarray(s.length)
-    done = np.asarray(s.done)
+def summarise(s: EvalState, achievement_names, max_steps: int | None,
+              only: np.ndarray | None = None) -> dict:
+    """eval.json's figures from the final state (host numpy); `only` [N] bool: of those
+    episodes alone (an interrupted evaluation's finished ones). Figures of no episode are None."""
+    keep = np.ones(np.shape(s.ret), bool) if only is None else np.asarray(only, bool)
+    ret, length = np.asarray(s.ret)[keep], np.asarray(s.length)[keep]
+    done = np.asarray(s.done)[keep]
+    ach = np.asarray(s.achievements)[keep]
+    if not len(ret):
+        return {"episodes": 0, "return_mean": None, "return_ci95": [None, None],
+                "return_std": None, "length_mean": None, "length_max": None, "censored": 0,
+                "step_cap": max_steps, "terminated": 0,
+                "achievements": {n: None for n in achievement_names}, "returns": [],
+                "lengths": []}
     m, lo, hi = mean_ci95(ret)
-    ach = np.asarray(s.achievements)
+    nan_free = lambda x: None if np.isnan(x) else x  # noqa: E731  (JSON has no NaN)
     return {
-        "episodes": len(ret), "return_mean": m, "return_ci95": [lo, hi],
+        "episodes": len(ret), "return_mean": m, "return_ci95": [nan_free(lo), nan_free(hi)],
         "return_std": float(ret.std(ddof=1)) if len(ret) > 1 else 0.0,
         "length_mean": float(length.mean()), "length_max": int(length.max()),
         "censored": int((~done).sum()), "step_cap": max_steps,
-        "terminated": int(np.asarray(s.terminated).sum()),
+        "terminated": int(np.asarray(s.terminated)[keep].sum()),
         "achievements": {n: float(ach[:, i].mean()) for i, n in enumerate(achievement_names)},
         "returns": ret.tolist(), "lengths": length.tolist()}
