@@ -9,6 +9,7 @@ import re
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -142,7 +143,7 @@ def test_help_lists_every_flag_as_paragraphs(words, flags, absent):
     preset's values; usage names the subcommand; docstrings read as sentences (tyro kept the
     source's line breaks); flags a command ignores are not offered."""
     text = help_text(*words)
-    assert f"usage: {' '.join(words)}" in text
+    assert f"usage: python {' '.join(words)}" in text
     for flag in flags:
         assert flag in text, flag
     for flag in absent:
@@ -157,3 +158,43 @@ def test_help_lists_every_flag_as_paragraphs(words, flags, absent):
              if x and nxt and not x.startswith("-") and len(x) < 40 and nxt[0].islower()
              and not x.endswith((".", ":"))]
     assert not short, short[:3]
+
+
+@pytest.mark.parametrize("script, commands", [
+    ("craftax-label", ["generate", "label", "returns", "verify"]),
+    ("craftax-offline", ["awr", "bc", "eval", "study", "probe"]), ("craftax-play", ["llm"])])
+def test_console_scripts_list_their_commands_under_their_own_name(script, commands):
+    """`craftax-X --help` exits 0 listing the subcommands as `craftax-X`, and a subcommand's
+    usage names the console script too (not `python label.py`)."""
+    exe = Path(sys.executable).parent / script
+    assert exe.is_file(), f"{exe}: `pip install -e .` puts the console scripts beside python"
+    p = subprocess.run([str(exe), "--help"], env=subprocess_env(), capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.startswith(f"usage: {script} ") and all(c in p.stdout for c in commands)
+    sub = subprocess.run([str(exe), commands[0], "--help"], env=subprocess_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert sub.returncode == 0 and f"usage: {script} {commands[0]}" in " ".join(
+        sub.stdout.split()), sub.stdout[:500]
+    none = subprocess.run([str(exe)], env=subprocess_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert none.returncode == 1 and none.stderr.startswith(f"usage: {script} ")
+
+
+def test_wandb_follows_its_own_variables_unless_the_flag_is_given(monkeypatch):
+    """The default preset names no wandb mode: WANDB_MODE / WANDB_DISABLED decide as wandb
+    defines them, offline where unset; --wandb.mode wins over both."""
+    from fused.commands.train import DEFAULT_PRESET, PRESETS
+    from fused.runs.settings import WandbConfig
+
+    assert PRESETS[DEFAULT_PRESET][1].wandb.mode is None
+    for var in ("WANDB_MODE", "WANDB_DISABLED"):
+        monkeypatch.delenv(var, raising=False)
+    assert WandbConfig().resolved_mode == "offline"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert WandbConfig().resolved_mode == "disabled"
+    assert WandbConfig(mode="offline").resolved_mode == "offline"
+    monkeypatch.setenv("WANDB_MODE", "online")
+    assert WandbConfig().resolved_mode == "online"
+    monkeypatch.setenv("WANDB_DISABLED", "true")
+    assert WandbConfig().resolved_mode == "disabled"

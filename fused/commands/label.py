@@ -42,19 +42,18 @@ class VerifyConfig:
 
 
 def parse(argv: list[str]):
-    if not argv or argv[0] not in DESCRIPTIONS:
-        sys.exit("usage: python label.py generate|label|returns|verify [--flags] (--help for "
-                 "each)")
+    prog = process.prog_name("python label.py")
+    process.subcommands(prog, DESCRIPTIONS, argv)
     cmd, rest = argv[0], argv[1:]
     if cmd == "generate":
         cfg = config_io.parse(GenerateConfig, GENERATE_PRESETS, "cpu", rest, DESCRIPTIONS[cmd],
-                              "label.py generate")
+                              f"{prog} generate")
         if not cfg.out:
             policy = "random" if cfg.policy == "random" else cfg.policy.rstrip("/").split("/")[-1]
             cfg = dataclasses.replace(cfg, out=f"datasets/{cfg.env.name}-{policy}-s{cfg.seed}")
         return cmd, cfg
     cls = {"label": LabelConfig, "returns": ReturnsConfig, "verify": VerifyConfig}[cmd]
-    return cmd, config_io.cli(cls, rest, DESCRIPTIONS[cmd], f"label.py {cmd}")
+    return cmd, config_io.cli(cls, rest, DESCRIPTIONS[cmd], f"{prog} {cmd}")
 
 
 def main(argv: list[str] | None = None):

@@ -50,7 +50,7 @@ def parse_train(cmd: str, argv: list[str]):
     resume = resume_arg(argv)
     if resume is None:
         cfg = config_io.parse(OfflineConfig, PRESETS, "cpu", argv, DESCRIPTIONS[cmd],
-                              f"offline.py {cmd}")
+                              f"{process.prog_name('python offline.py')} {cmd}")
         return dataclasses.replace(cfg, algo=cmd), {}
     cfg, changed = config_io.resume(OfflineConfig, RunDir.reopen(resume).config_path, argv,
                                     PRESETS, RESUME_FIXED)
@@ -65,26 +65,26 @@ def main(argv: list[str] | None = None):
     console = Console(soft_wrap=True)
     process.one_line_warnings()
     process.log_to(console)
-    if not argv or argv[0] not in DESCRIPTIONS:
-        sys.exit("usage: python offline.py awr|bc|eval|study|probe [--flags] (--help for each)")
+    prog = process.prog_name("python offline.py")
+    process.subcommands(prog, DESCRIPTIONS, argv)
     cmd, rest = argv[0], argv[1:]
     try:
         if cmd == "eval":
             from fused.commands.offline_eval import EvalConfig, evaluate
 
-            cfg = config_io.cli(EvalConfig, rest, DESCRIPTIONS[cmd], "offline.py eval")
+            cfg = config_io.cli(EvalConfig, rest, DESCRIPTIONS[cmd], f"{prog} eval")
             process.setup_compilation_cache()
             return evaluate(cfg, console)
         if cmd == "probe":
             from fused.commands.offline_probe import ProbeConfig, run_probe
 
-            cfg = config_io.cli(ProbeConfig, rest, DESCRIPTIONS[cmd], "offline.py probe")
+            cfg = config_io.cli(ProbeConfig, rest, DESCRIPTIONS[cmd], f"{prog} probe")
             process.setup_compilation_cache()
             return run_probe(cfg, console)
         if cmd == "study":
             from fused.commands.offline_study import StudyConfig, run_study
 
-            cfg = config_io.cli(StudyConfig, rest, DESCRIPTIONS[cmd], "offline.py study")
+            cfg = config_io.cli(StudyConfig, rest, DESCRIPTIONS[cmd], f"{prog} study")
             process.setup_compilation_cache()
             return run_study(cfg, console)
         cfg, changed = parse_train(cmd, rest)

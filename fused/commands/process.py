@@ -9,10 +9,33 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 from rich.console import Console
 
 from fused.runs.files import DEFAULT_CACHE
+
+
+def prog_name(script: str) -> str:
+    """How the user started the command: its console script's name (`craftax-label`) when run
+    as one, else `script` (`python label.py`)."""
+    name = os.path.basename(sys.argv[0] or "")
+    return name if name.startswith("craftax-") else script
+
+
+def subcommands(prog: str, descriptions: dict[str, str], argv: list[str]) -> None:
+    """The top level of a command with subcommands: `--help` lists them under the command's
+    own name (exit 0); no subcommand or an unknown one is one usage line (exit 1)."""
+    names = "|".join(descriptions)
+    if argv and argv[0] in ("-h", "--help"):
+        width = max(map(len, descriptions))
+        print(f"usage: {prog} {{{names}}} [--flags]\n\ncommands:\n" + "".join(
+            f"  {k:<{width}}  {v}\n" for k, v in descriptions.items())
+            + f"\n`{prog} COMMAND --help` lists a command's flags.")
+        sys.exit(0)
+    if not argv or argv[0] not in descriptions:
+        got = f"unknown command {argv[0]!r}; " if argv else ""
+        sys.exit(f"usage: {prog} {names} [--flags] ({got}{prog} --help lists them)")
 
 def one_line_warnings() -> None:
     """Warnings as one `warning: ...` line each (entry points call this once): a skipped

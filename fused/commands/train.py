@@ -226,7 +226,8 @@ def shardings(online: Online, state: RunnerState):
 
 def load_config(argv: list[str]) -> tuple[TrainConfig, dict]:
     """The config to run and, when resuming, the fields the flags changed."""
-    cfg = config_io.parse(TrainConfig, PRESETS, DEFAULT_PRESET, argv, DESCRIPTION, "train.py")
+    cfg = config_io.parse(TrainConfig, PRESETS, DEFAULT_PRESET, argv, DESCRIPTION,
+                          process.prog_name("python train.py"))
     if cfg.resume is None:
         return cfg, {}
     return config_io.resume(TrainConfig, RunDir.reopen(cfg.resume).config_path, argv, PRESETS,

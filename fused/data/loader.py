@@ -185,12 +185,11 @@ class WindowStream:
 def no_return_error(ds: Dataset, names: list[str]) -> DatasetError:
     """The error for data without one valid return-to-go, naming the fix that applies:
     bootstrapping needs the behaviour critic's values, which random and LLM play lack."""
+    from fused.data.returns import no_return_fix
+
     critic = any(np.isfinite(ds.read(n, ["value"])["value"]).any() for n in names)
-    fix = ("use `label.py returns --incomplete bootstrap`" if critic else
-           "generate more --steps (or shorter episodes, --env.max-episode-steps); its policy "
-           "had no critic to bootstrap from")
     return DatasetError(f"{ds.root}: no row has a valid return-to-go (every episode cut by the "
-                        f"end of the data?); {fix}")
+                        f"end of the data?); {no_return_fix(critic)}")
 
 
 def load_training_data(root: str, returns: str | None = None, labels: str | None = None,

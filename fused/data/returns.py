@@ -70,6 +70,14 @@ def _linear_recurrence(a, b):
     return x
 
 
+def no_return_fix(critic: bool) -> str:
+    """What to do about data where no row has a valid return-to-go: bootstrapping needs the
+    behaviour critic's values, which random and LLM play lack."""
+    return ("use `label.py returns --incomplete bootstrap`" if critic else
+            "generate more --steps (or shorter episodes, --env.max-episode-steps); its policy "
+            "had no critic to bootstrap from")
+
+
 def compute_returns(c: ReturnsConfig, console) -> Dataset:
     ds = Dataset(c.data)
     card, manifest = ds.card(), ds.manifest()
@@ -121,4 +129,8 @@ def compute_returns(c: ReturnsConfig, console) -> Dataset:
         console.print(f"done: returns {name!r} (gamma {c.gamma}) for {len(rtg):,} rows, "
                       f"{episodes:,} episodes ({entry['episodes_incomplete']} incomplete: "
                       f"{c.incomplete}) in {time.time() - t0:.1f}s")
+        if not valid.any():  # nothing an offline run could train on: say so now, not later
+            critic = bool(np.isfinite(cols["value"]).any())
+            console.print(f"warning: no row of {ds.root} has a valid return-to-go (every "
+                          f"episode cut by the end of the data); {no_return_fix(critic)}")
     return ds

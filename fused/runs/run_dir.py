@@ -88,12 +88,13 @@ class RunDir:
 
     def start_wandb(self, w: WandbConfig, cfg):
         """An offline (default), online or no wandb run in `wandb/`, resumed with the folder."""
-        if w.mode == "disabled":
+        mode = w.resolved_mode
+        if mode == "disabled":
             return None
         import wandb
 
         os.environ.setdefault("WANDB_SILENT", "true")
-        return wandb.init(project=w.project, entity=w.entity, mode=w.mode, dir=str(self.path),
+        return wandb.init(project=w.project, entity=w.entity, mode=mode, dir=str(self.path),
                           config=to_dict(cfg), name=self.path.name,
                           id=self.path.name.replace("/", "_")[:120], resume="allow")
 

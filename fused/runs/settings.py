@@ -13,8 +13,23 @@ from fused.errors import ConfigError
 
 @dataclasses.dataclass(frozen=True)
 class WandbConfig:
-    mode: Literal["offline", "online", "disabled"] = "offline"
-    """wandb mode: offline by default (sync later with `wandb sync`), online, or disabled."""
+    mode: Literal["offline", "online", "disabled"] | None = None
+    """wandb mode: offline (sync later with `wandb sync`), online, or disabled. Unset: wandb's
+    own variables decide (WANDB_MODE; WANDB_DISABLED=true is disabled), offline where they are
+    unset."""
+
+    @property
+    def resolved_mode(self) -> str:
+        """The mode used: --wandb.mode, else wandb's environment variables, else offline."""
+        import os
+
+        if self.mode is not None:
+            return self.mode
+        if os.environ.get("WANDB_DISABLED", "").strip().lower() in ("true", "1", "yes"):
+            return "disabled"
+        mode = os.environ.get("WANDB_MODE", "").strip().lower()
+        return {"dryrun": "offline", "run": "online"}.get(mode, mode) if mode in (
+            "online", "offline", "disabled", "dryrun", "run") else "offline"
     project: str = "craftax-fused"
     """wandb project."""
     entity: str | None = None
