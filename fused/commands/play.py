@@ -464,8 +464,11 @@ def main(argv: list[str] | None = None) -> dict:
     except ConfigError as e:
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:  # before the play began (loading, compiling its first steps)
-        console.print("\ninterrupted before the first block: nothing played yet; run the same "
-                      "command again" + (" (with --resume)" if "--resume" in argv else ""))
+        folder = locals().get("run")
+        again = (f"start again with `python play.py llm --resume {folder}`"
+                 if folder is not None and (folder / "config.json").is_file()
+                 else "run the same command again")
+        console.print(f"\ninterrupted before the first block: nothing played yet; {again}")
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(130)  # a compilation may still run in another thread
