@@ -256,7 +256,7 @@ def run_generate(a: Generate) -> Path:
     check_memory(cfg, dtype, cfg.num_layers, len(rows), max(map(len, rows)), len(prefix),
                  a.max_new_tokens, layer_flag=None)  # decoding reads every layer
     print(f"sampling: {resolved.describe()}; {dtype} ({dtype_why})", flush=True)
-    _, params = load_params(folder, jnp.dtype(dtype))
+    _, params = load_params(folder, jnp.dtype(dtype), per_layer=True)  # the decode loop's layout
     attn = AttentionConfig(form=a.attention)
     cache = (jax.jit(lambda p, t: prefill(p, cfg, t, attn=attn))(params, jnp.asarray(prefix))
              if prefix else None)

@@ -8,10 +8,19 @@ own tokens are its prompt (`lengths[b]` tokens, right-padded to T) and then its 
 own token j sits at position P + j, so the i-th generated token at P + lengths[b] + i, exactly
 as if HF transformers ran prefix + prompt + generated tokens as one sequence.
 
-KV cache (`KVCache`). k, v `[L, B, S, K, D]` with S = T + max_new_tokens: slot j of row b holds
-the key/value of the row's own token j (after k-norm and RoPE); `lengths[b]` slots are filled.
-The prompt fills slots 0..lengths[b]-1 (its padding slots are overwritten by the first generated
-tokens and never attended to: a query sees only filled slots). The prefix is not in it.
+KV cache (`KVCache`). One buffer per layer, k and v `[B, S, K, D]` with S = T + max_new_tokens:
+slot j of row b holds the key/value of the row's own token j (after k-norm and RoPE);
+`lengths[b]` slots are filled. The prompt fills slots 0..lengths[b]-1 (its padding slots are
+overwritten by the first generated tokens and never attended to: a query sees only filled
+slots). The prefix is not in it.
+
+The decode loop. Layers run unrolled, each on its own weight arrays (`llm_jax.weights
+.layer_blocks`: the per-layer layout's, or static slices of the stacks taken once, before the
+loop) and its own cache buffers, written in place at each row's slot: nothing inside the
+`while_loop` slices a stack of layers or copies a cache (the scan over stacked layers did both
+every step; `tests/test_decode.py` reads the compiled loop). `steps_per_check` decode steps run
+per check of the loop's condition (stopped rows change nothing; fewer condition reads, which a
+GPU makes the host wait for).
 
 Hidden states of generated tokens (`hidden_layer`): HF's convention (0 = embeddings, i = the
 residual after block i, pre-final-norm; `post_norm` applies the final RMSNorm, which at the last
@@ -40,16 +49,17 @@ import jax.numpy as jnp
 from einops import rearrange
 
 from llm_jax.config import Qwen3Config
-from llm_jax.model import (AttentionConfig, PrefixCache, hidden_states, lm_logits, mlp_block,
-                           project_qkv, rms_norm, rope_tables, scan_layers)
+from llm_jax.model import (AttentionConfig, PrefixCache, hidden_states, layer_blocks, lm_logits,
+                           mlp_block, project_qkv, rms_norm, rope_tables, scan_layers)
 from llm_jax.sampling import GREEDY, GenerateError, Sampling, sample_tokens
 
 
 class KVCache(NamedTuple):
-    """Keys/values of every row's own tokens (prompt, then generated), after the shared prefix."""
+    """Keys/values of every row's own tokens (prompt, then generated), after the shared prefix,
+    one buffer per layer."""
 
-    k: jax.Array  # [L, B, S, K, D]: slot j = the row's own token j, at position P + j
-    v: jax.Array  # [L, B, S, K, D]
+    k: tuple[jax.Array, ...]  # L x [B, S, K, D]: slot j = the row's own token j, at P + j
+    v: tuple[jax.Array, ...]  # L x [B, S, K, D]
     lengths: jax.Array  # [B] filled slots per row
 
 
@@ -72,6 +82,7 @@ class DecodeStatic(NamedTuple):
     post_norm: bool
     attn: AttentionConfig
     pad_id: int
+    steps_per_check: int
 
 
 class DecodeState(NamedTuple):
@@ -137,7 +148,8 @@ def decode_attention(q, k, v, cache_k, cache_v, visible, prefix_k=None, prefix_v
 
 def _layer_step(cfg: Qwen3Config, rot, visible, moe_form, x, lp, xs):
     """One block for one token per row (the `scan_layers` step). x: [B, 1, H]; lp: the
-    block's weights, its MLP (dense or experts) among them, for `mlp_block`."""
+    block's weights, its MLP (dense or experts) among them, for `mlp_block`; xs: its cache
+    and prefix buffers."""
     ck, cv, pk, pv = xs
     q, k, v = project_qkv(cfg, lp, x, rot)  # [B, 1, N, D], [B, 1, K, D]
     a = decode_attention(q[:, 0], k[:, 0], v[:, 0], ck, cv, visible, pk, pv)  # [B, N, D]
@@ -146,18 +158,21 @@ def _layer_step(cfg: Qwen3Config, rot, visible, moe_form, x, lp, xs):
     return x, (x[:, 0], k[:, 0], v[:, 0])
 
 
-def forward_one(params, cfg: Qwen3Config, tokens, cache: KVCache, prefix: PrefixCache | None,
+def forward_one(blocks, cfg: Qwen3Config, tokens, cache: KVCache, prefix,
                 attn: AttentionConfig = AttentionConfig()):
     """Feed one token per row, at each row's slot `cache.lengths` (position P + lengths).
+    blocks: {"embed", "blocks"} (the per-layer layout); prefix: (k, v) per layer, or None.
     tokens: [B]. Returns (states [L + 1, B, H]: embeddings, then the residual after each block,
     pre-norm; new keys, values [L, B, K, D]). The cache is read, not written."""
-    x = params["embed"][tokens][:, None]  # [B, 1, H]
-    p = 0 if prefix is None else prefix.k.shape[1]
+    x = blocks["embed"][tokens][:, None]  # [B, 1, H]
+    p = 0 if prefix is None else prefix[0][0].shape[0]
     rot = rope_tables((p + cache.lengths)[:, None], cfg.head_dim, cfg.rope_theta, x.dtype)
-    visible = jnp.arange(cache.k.shape[2])[None] < cache.lengths[:, None]  # [B, S]
-    pk, pv = (None, None) if prefix is None else (prefix.k, prefix.v)
+    visible = jnp.arange(cache.k[0].shape[1])[None] < cache.lengths[:, None]  # [B, S]
+    n = cfg.num_layers
+    pk, pv = ((None,) * n, (None,) * n) if prefix is None else prefix
     step = functools.partial(_layer_step, cfg, rot, visible, attn.moe_form)
-    _, (xs, k, v) = scan_layers(cfg, params, cfg.num_layers, step, x, (cache.k, cache.v, pk, pv))
+    _, (xs, k, v) = scan_layers(cfg, blocks, n, step, x,
+                                [(cache.k[i], cache.v[i], pk[i], pv[i]) for i in range(n)])
     return jnp.concatenate([x[None, :, 0], xs]), k, v
 
 
@@ -176,7 +191,7 @@ def _stops(tokens, num, stop_ids: tuple[int, ...], max_new_tokens: int):
     return hit | (num >= max_new_tokens)
 
 
-def _decode_step(params, cfg: Qwen3Config, prefix, row_keys, static: DecodeStatic,
+def _decode_step(blocks, cfg: Qwen3Config, prefix, row_keys, static: DecodeStatic,
                  state: DecodeState):
     """Feed each active row's next unfed token, record its state, and (rows not stopped) sample
     the following token. Rows with nothing to feed compute too (batched) but change nothing:
@@ -187,22 +202,24 @@ def _decode_step(params, cfg: Qwen3Config, prefix, row_keys, static: DecodeStati
     rows = jnp.arange(b)
     active = state.fed < state.num if hidden_layer is not None else ~state.stopped
     last = state.tokens[rows, jnp.minimum(state.fed, n_new - 1)]
-    states, k, v = forward_one(params, cfg, last, state.cache, prefix, attn)
-    slot = jnp.where(active, state.cache.lengths, state.cache.k.shape[2])
-    cache = KVCache(state.cache.k.at[:, rows, slot].set(k, mode="drop"),
-                    state.cache.v.at[:, rows, slot].set(v, mode="drop"),
+    states, k, v = forward_one(blocks, cfg, last, state.cache, prefix, attn)
+    slot = jnp.where(active, state.cache.lengths, state.cache.k[0].shape[1])
+    cache = KVCache(tuple(c.at[rows, slot].set(k[i], mode="drop")
+                          for i, c in enumerate(state.cache.k)),
+                    tuple(c.at[rows, slot].set(v[i], mode="drop")
+                          for i, c in enumerate(state.cache.v)),
                     state.cache.lengths + active)
     hidden = state.hidden
     if hidden_layer is not None:
-        h = _state_at(params, cfg, states, hidden_layer, static.post_norm)
+        h = _state_at(blocks, cfg, states, hidden_layer, static.post_norm)
         hidden = hidden.at[rows, jnp.where(active, state.fed, n_new)].set(h, mode="drop")
     grow = active & ~state.stopped
     if sampling.greedy:
         keys = row_keys
     else:
         keys = _token_keys(row_keys, state.num)
-    final = rms_norm(states[-1], params["final_norm"], cfg.rms_norm_eps)
-    nxt = sample_tokens(lm_logits(params, cfg, final), keys, sampling)
+    final = rms_norm(states[-1], blocks["final_norm"], cfg.rms_norm_eps)
+    nxt = sample_tokens(lm_logits(blocks, cfg, final), keys, sampling)
     tokens = state.tokens.at[rows, jnp.where(grow, state.num, n_new)].set(nxt, mode="drop")
     num = state.num + grow
     stopped = state.stopped | (grow & _stops(nxt, num, stop_ids, n_new))
@@ -213,7 +230,7 @@ def generate(params, cfg: Qwen3Config, tokens, lengths, key, *, max_new_tokens: 
              pad_id: int, sampling: Sampling = GREEDY, stop_ids: tuple[int, ...] = (),
              prefix: PrefixCache | None = None, hidden_layer: int | None = None,
              post_norm: bool = False, attn: AttentionConfig = AttentionConfig(),
-             row_keys=None) -> Generated:
+             row_keys=None, steps_per_check: int = 1) -> Generated:
     """Generate up to `max_new_tokens` tokens per row, pure and jittable (close over the
     keyword arguments, which are static; params, tokens, lengths, key and prefix are traced).
 
@@ -227,18 +244,30 @@ def generate(params, cfg: Qwen3Config, tokens, lengths, key, *, max_new_tokens: 
     `row_keys` [B], when given, are the rows' keys instead of fold_in(key, b) (`key` unused): a
     caller whose rows have identities of their own (envs, dataset rows) keeps each row's draws
     whatever batch it lands in. `pad_id` (the tokenizer's padding token) fills `tokens` past
-    each row's end. Logits in float32 from `lm_head` (untied) or the embedding
-    (tied)."""
+    each row's end. Logits in float32 from `lm_head` (untied) or the embedding (tied).
+    params: stacked or per-layer (`llm_jax.weights.per_layer`, which spares the copy of each
+    layer's weights taken before the loop); `steps_per_check`: module docstring."""
     b, t = tokens.shape
     p = 0 if prefix is None else prefix.k.shape[1]
     check_generate(cfg, [t], max_new_tokens, p, hidden_layer)  # static shapes: at trace time
     if prefix is not None and prefix.k.shape[0] != cfg.num_layers:
         raise GenerateError(f"the prefix cache holds {prefix.k.shape[0]} layers; decoding needs "
                             f"all {cfg.num_layers} (prefill with num_layers=None)")
+    if steps_per_check < 1:
+        raise GenerateError(f"steps_per_check={steps_per_check}; use 1 or more")
     lengths = lengths.astype(jnp.int32)
     x, (k, v), _ = hidden_states(params, cfg, tokens, lengths, cfg.num_layers, prefix, attn)
-    pad = jnp.zeros((*k.shape[:2], max_new_tokens, *k.shape[3:]), k.dtype)
-    cache = KVCache(jnp.concatenate([k, pad], 2), jnp.concatenate([v, pad], 2), lengths)
+    n = cfg.num_layers
+    pad = jnp.zeros((b, max_new_tokens, *k.shape[3:]), k.dtype)
+    cache = KVCache(tuple(jnp.concatenate([k[i], pad], 1) for i in range(n)),
+                    tuple(jnp.concatenate([v[i], pad], 1) for i in range(n)), lengths)
+    # each layer's arrays taken once, outside the loop (no-ops for the per-layer layout)
+    blocks = {"embed": params["embed"], "final_norm": params["final_norm"],
+              "blocks": layer_blocks(params, cfg)}
+    if "lm_head" in params:
+        blocks["lm_head"] = params["lm_head"]
+    per_layer_prefix = None if prefix is None else (
+        tuple(prefix.k[i] for i in range(n)), tuple(prefix.v[i] for i in range(n)))
     last = rms_norm(x[jnp.arange(b), lengths - 1], params["final_norm"], cfg.rms_norm_eps)
     if row_keys is None:
         row_keys = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(b))
@@ -251,11 +280,17 @@ def generate(params, cfg: Qwen3Config, tokens, lengths, key, *, max_new_tokens: 
     state = DecodeState(cache, out, num, zero, _stops(first, num, stop_ids, max_new_tokens),
                         hidden)
     static = DecodeStatic(sampling, tuple(stop_ids), max_new_tokens, hidden_layer, post_norm,
-                          attn, pad_id)
+                          attn, pad_id, steps_per_check)
 
     def more(s: DecodeState):
         return jnp.any(s.fed < s.num) if hidden_layer is not None else jnp.any(~s.stopped)
 
-    state = jax.lax.while_loop(
-        more, functools.partial(_decode_step, params, cfg, prefix, row_keys, static), state)
+    step = functools.partial(_decode_step, blocks, cfg, per_layer_prefix, row_keys, static)
+    if steps_per_check > 1:
+        one = step
+
+        def step(s):
+            return jax.lax.fori_loop(0, steps_per_check, lambda _, s: one(s), s)
+
+    state = jax.lax.while_loop(more, step, state)
     return Generated(state.tokens, state.num, state.hidden)

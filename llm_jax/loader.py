@@ -96,11 +96,12 @@ def expected_tensors(cfg: Qwen3Config, layers: int | None = None) -> dict[str, t
 STACKED_EXPERTS = re.compile(r"model\.layers\.\d+\.mlp\.experts\.(gate_up_proj|down_proj)")
 
 
-def load_params(folder: str | Path, dtype=jnp.float32,
-                layers: int | None = None) -> tuple[Qwen3Config, dict]:
+def load_params(folder: str | Path, dtype=jnp.float32, layers: int | None = None,
+                per_layer: bool = False) -> tuple[Qwen3Config, dict]:
     """(config, params) of a model folder; with `layers`, only the first `layers` layers'
     tensors are read (`first_layers` of the whole; every tensor's name and shape is checked
-    all the same)."""
+    all the same). `per_layer`: the per-layer layout (`llm_jax.weights.per_layer`), each
+    layer's arrays put on the device as read, never stacked."""
     folder = resolve_folder(folder)
     if not folder.is_dir():
         raise WeightsError(f"{folder} is not a folder; pass a HuggingFace Qwen3 model folder or "
@@ -144,6 +145,18 @@ def load_params(folder: str | Path, dtype=jnp.float32,
 
     params = {k: jnp.asarray(s.convert(read, cfg).astype(dtype))
               for k, s in present_weights(cfg).items()}
+    if per_layer:
+        blocks = [{} for _ in range(cfg.num_layers if layers is None else layers)]
+        for group, (specs, idx) in layer_groups(cfg, layers).items():
+            for i in idx:
+                arrays = {k: jnp.asarray(s.convert(read, cfg, i).astype(dtype))
+                          for k, s in specs.items()}
+                if group == "layers":
+                    blocks[i].update(arrays)
+                else:
+                    blocks[i]["mlp"] = arrays
+        params["blocks"] = tuple(blocks)
+        return cfg, params
     for group, (specs, idx) in layer_groups(cfg, layers).items():
         stacks = {}
         for k, s in specs.items():

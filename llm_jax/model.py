@@ -37,7 +37,7 @@ from llm_jax.config import Qwen3Config
 from llm_jax.moe import MoEForm, moe_mlp
 from llm_jax.weights import (IGNORED, LAYER_GROUPS, LAYER_WEIGHTS, MLP_WEIGHTS,  # noqa: F401
                              MOE_WEIGHTS, WEIGHTS, WeightSpec, first_layers, init_params,
-                             layer_groups, present_weights)
+                             layer_blocks, layer_groups, per_layer, present_weights)
 
 
 def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
@@ -362,11 +362,21 @@ def decoder_layer(cfg: Qwen3Config, lp: dict, x, rot, mask, lengths, prefix_kv=N
 
 
 def scan_layers(cfg: Qwen3Config, params: dict, n: int, step: Callable, carry, xs=None):
-    """The one loop over blocks: `lax.scan` of step(carry, lp, x) -> (carry, y) over the first
-    n blocks, lp a block's weights (its `params["layers"]` entries, and under "mlp" its MLP for
-    `mlp_block`), x the block's slice of xs (leading axis n, or None).
-    Same-kind blocks scan their group's stack alongside; mixed ones carry (sparse?, index in its
-    group) and close over both stacks (`MixedMLP`)."""
+    """The one loop over blocks: step(carry, lp, x) -> (carry, y) over the first n blocks, lp a
+    block's weights (its `params["layers"]` entries, and under "mlp" its MLP for `mlp_block`),
+    x the block's part of xs (a leading axis n, or None); returns (carry, ys stacked).
+    Stacked params run under `lax.scan`: same-kind blocks scan their group's stack alongside;
+    mixed ones carry (sparse?, index in its group) and close over both stacks (`MixedMLP`).
+    The per-layer layout (`params["blocks"]`, `per_layer`) runs unrolled, each block on its own
+    arrays; there xs may also be a list of n per-block items (a cache kept per layer)."""
+    if "blocks" in params:
+        ys = []
+        for i, lp in enumerate(layer_blocks(params, cfg, n)):
+            x = (None if xs is None else xs[i] if isinstance(xs, list)
+                 else jax.tree.map(lambda a: a[i], xs))
+            carry, y = step(carry, lp, x)
+            ys.append(y)
+        return carry, jax.tree.map(_stack_blocks, *ys, is_leaf=lambda a: a is None)
     sparse = cfg.sparse_layers[:n]
     layers = jax.tree.map(lambda a: a[:n], params["layers"])
     if all(sparse) or not any(sparse):
@@ -386,6 +396,16 @@ def scan_layers(cfg: Qwen3Config, params: dict, n: int, step: Callable, carry, x
 
     return jax.lax.scan(mixed, carry, ((layers, jnp.asarray(sparse), jnp.asarray(index, jnp.int32)),
                                        xs))
+
+
+def _stack_blocks(*ys):
+    """The unrolled blocks' outputs of one kind stacked, as a scan stacks them; a block with
+    none where others have one (a dense block's expert load among sparse ones) gives zeros,
+    as the scan's `MixedMLP` does."""
+    like = next((y for y in ys if y is not None), None)
+    if like is None:
+        return None
+    return jnp.stack([jnp.zeros_like(like) if y is None else y for y in ys])
 
 
 def lm_logits(params: dict, cfg: Qwen3Config, x) -> jax.Array:

@@ -111,10 +111,13 @@ def tile_rows(assignments: int, num_experts: int) -> int:
 
 def grouped_tiled(xs, sizes, gate_up, down, tile: int | None = None):
     """As `grouped_ragged`, by tiles: each expert's rows are padded to whole tiles of `tile`
-    rows and a `fori_loop` runs tile by tile (in row order) over the tiles in use. A tile
-    computes `tile` rows from its expert's first row on; rows past the expert's end are
-    garbage written onto the next expert's rows, which that expert's own tiles (later in the
-    loop) overwrite, so no mask is needed."""
+    rows and a `fori_loop` runs tile by tile (in row order). A tile computes `tile` rows from
+    its expert's first row on; rows past the expert's end are garbage written onto the next
+    expert's rows, which that expert's own tiles (later in the loop) overwrite, so no mask is
+    needed. The loop's trip count is static, the most tiles any routing needs (R / tile + E):
+    tiles past the last one in use compute on the zero rows past the end and write there
+    (dropped). A loop with a traced trip count makes a GPU's host read its condition back every
+    tile; a known one runs without."""
     r, h = xs.shape
     e = sizes.shape[0]
     tile = tile or tile_rows(r, e)
@@ -126,13 +129,15 @@ def grouped_tiled(xs, sizes, gate_up, down, tile: int | None = None):
     first = (jnp.cumsum(sizes) - sizes)[owner] + (t - (end - per)[owner]) * tile  # first row
     xp = jnp.concatenate([xs, jnp.zeros((tile, h), xs.dtype)])  # room for the last tile
 
+    first = jnp.where(t < end[-1], first, r)  # unused tiles: the zero rows past the end
+
     def one_tile(i, y):
         row, ex = first[i], owner[i]
         x = jax.lax.dynamic_slice(xp, (row, 0), (tile, h))
         act = _swiglu(x @ gate_up[ex])
         return jax.lax.dynamic_update_slice(y, act @ down[ex], (row, 0))
 
-    return jax.lax.fori_loop(0, end[-1], one_tile, jnp.zeros_like(xp))[:r]
+    return jax.lax.fori_loop(0, max_tiles, one_tile, jnp.zeros_like(xp))[:r]
 
 
 def dense_reference(cfg: Qwen3Config, mp: dict, h, routing: Routing):

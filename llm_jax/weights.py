@@ -4,7 +4,9 @@ the conversion to our layout. The loader, random init, shape checks, `first_laye
 
 Our layout: top-level `embed`, `final_norm`, `lm_head` (untied only); per-layer groups
 (`LAYER_GROUPS`) each stacked on a leading layer axis: `layers` (attention and norms, every
-block), `mlp` (dense SwiGLU blocks), `moe` (router and experts of sparse blocks).
+block), `mlp` (dense SwiGLU blocks), `moe` (router and experts of sparse blocks). The
+per-layer layout (`per_layer`) holds the same arrays as `blocks`, one dict per layer (its MLP,
+dense or sparse, under "mlp"), for the unrolled decode loop: no slice of a stack inside it.
 """
 
 from __future__ import annotations
@@ -163,10 +165,41 @@ def init_params(cfg: Qwen3Config, key: jax.Array, dtype=jnp.float32,
     return params
 
 
+def layer_blocks(params: dict, cfg: Qwen3Config, n: int | None = None) -> tuple[dict, ...]:
+    """The first n layers' weights (default all), one dict per layer with its MLP (dense or
+    sparse) under "mlp": the per-layer layout's own, else static slices of the stacks."""
+    n = cfg.num_layers if n is None else n
+    if "blocks" in params:
+        return tuple(params["blocks"][:n])
+    index = {}
+    for group, (_, idx) in layer_groups(cfg, n).items():
+        index.update({i: (group, j) for j, i in enumerate(idx)} if group != "layers" else {})
+    out = []
+    for i in range(n):
+        group, j = index[i]
+        out.append(dict({k: v[i] for k, v in params["layers"].items()},
+                        mlp={k: v[j] for k, v in params[group].items()}))
+    return tuple(out)
+
+
+def per_layer(params: dict, cfg: Qwen3Config) -> dict:
+    """The per-layer layout of `params` (the layers it holds): the top-level weights and
+    `blocks` (`layer_blocks`) in place of the stacked groups. Jit it, or load the weights so
+    (`load_params(..., per_layer=True)` never holds the stacks)."""
+    if "blocks" in params:
+        return params
+    n = next(iter(params["layers"].values())).shape[0]
+    return dict({k: v for k, v in params.items() if k not in LAYER_GROUPS},
+                blocks=layer_blocks(params, cfg, n))
+
+
 def first_layers(params: dict, cfg: Qwen3Config, n: int) -> dict:
     """The params of a model cut after its first n layers (the top-level weights kept): each
     per-layer group sliced to the layers it has among the first n, groups with none dropped.
     `hidden_states(..., layer=n)` on the result equals it on the whole model."""
+    if "blocks" in params:
+        return dict({k: v for k, v in params.items() if k != "blocks"},
+                    blocks=tuple(params["blocks"][:n]))
     out = {k: v for k, v in params.items() if k not in LAYER_GROUPS}
     for group, (_, idx) in layer_groups(cfg, n).items():
         out[group] = jax.tree.map(lambda a, m=len(idx): a[:m], params[group])

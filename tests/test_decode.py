@@ -3,6 +3,8 @@ greedy tokens, hidden states of the generated tokens, a shared prefix, per-row s
 checked statistically against softmax(logits / T) restricted by hand (numpy), and its keys.
 The real-vLLM comparison is in test_decode_vllm.py, the CLI in test_decode_cli.py."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -312,3 +314,63 @@ def test_sampling_defaults_are_the_checkpoints_as_hf_reads_them(tmp_path):
         resolve_sampling(SamplingFlags(temperature=0.0, top_k=3), None)
     with pytest.raises(GenerateError, match="llm.imagine.top_p=1.5"):
         resolve_sampling(SamplingFlags(top_p=1.5), None, "llm.imagine.")
+
+
+def hlo_computations(text: str) -> dict[str, str]:
+    """{computation name: its body} of an HLO module's text."""
+    out, name = {}, None
+    for line in text.splitlines():
+        head = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
+        if head and not line.startswith(" "):
+            name = head.group(1)
+            out[name] = ""
+        elif name is not None:
+            out[name] += line + "\n"
+    return out
+
+
+def loop_text(text: str, carried: str) -> str:
+    """The text of the `while` whose state holds an array of type `carried` (e.g. the decode
+    loop's tokens, s32[B,N]) and the most else (loops inside it, such as XLA:CPU's scatter
+    loops, carry less): its state's types, its body and condition and every computation they
+    call, recursively."""
+    comps = hlo_computations(text)
+    line = max((x for c in comps.values() for x in c.splitlines()
+                if " while(" in x and carried in x.split(" while(")[0]),
+               key=lambda x: len(x.split(" while(")[0]))
+    seen, todo, out = set(), re.findall(r"(?:condition|body)=%?([\w.\-]+)", line), [line]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in comps:
+            continue
+        seen.add(name)
+        out.append(comps[name])
+        todo += re.findall(r"(?:calls|to_apply|body|condition|branch_computations)=\{?%?"
+                           r"([\w.\-]+(?:, %?[\w.\-]+)*)", comps[name])
+        todo = [n.strip("% ") for t in todo for n in t.split(",")]
+    return "\n".join(out)
+
+
+@pytest.mark.parametrize("layout", ["stacked", "per-layer"])
+def test_the_decode_loop_slices_no_stack_of_layers(tiny, layout):
+    """The compiled decode loop (read from XLA's HLO) holds each layer's weights and cache as
+    arrays of their own: no array with the stacks' leading layer axis anywhere in the loop, its
+    body or what it calls (the scan over stacked layers sliced every weight and cache every
+    step). The per-layer layout gives the same tokens and states as the stacked one."""
+    from llm_jax.weights import per_layer
+
+    _, cfg, params, _, prompts = tiny
+    tokens, lengths = padded(prompts)
+    p = params if layout == "stacked" else jax.jit(lambda q: per_layer(q, cfg))(params)
+    fn = jax.jit(lambda q, t, n: generate(q, cfg, t, n, jax.random.PRNGKey(0), pad_id=PAD,
+                                          max_new_tokens=6, hidden_layer=1))
+    text = fn.lower(p, tokens, lengths).compile().as_text()
+    body = loop_text(text, f"s32[{len(prompts)},6]")
+    stacked = {f"[{','.join(map(str, a.shape))}]" for a in jax.tree.leaves(params["layers"])}
+    stacked |= {f"[{cfg.num_layers},{len(prompts)},"}  # a cache of every layer
+    assert not [s for s in stacked if s in body], [s for s in stacked if s in body]
+    if layout == "per-layer":
+        want = fn(params, tokens, lengths)
+        got = fn(p, tokens, lengths)
+        np.testing.assert_array_equal(got.tokens, want.tokens)
+        np.testing.assert_allclose(got.hidden, want.hidden, atol=1e-5)

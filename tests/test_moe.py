@@ -8,6 +8,8 @@ check. The CLI, label.py, train.py and vLLM checks are in test_moe_commands.py."
 
 import json
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -272,6 +274,27 @@ def test_first_layers_compute_only_the_first_layers(tiny):
             np.testing.assert_array_equal(a, b)
 
 
+def test_per_layer_layout_loads_as_it_converts_and_encodes_as_hf(tiny):
+    """`load_params(per_layer=True)` (each layer's arrays as read) equals `per_layer` of the
+    stacked params, its first layers equal `first_layers`, and the unrolled blocks' states are
+    HF's (dense and sparse MLPs in each pattern, with no `lax.cond` between them)."""
+    from llm_jax.weights import per_layer
+
+    folder, _, tokens, ref, _ = tiny
+    cfg, params = load_params(folder)
+    _, direct = load_params(folder, per_layer=True)
+    converted = per_layer(params, cfg)
+    assert jax.tree.structure(direct) == jax.tree.structure(converted)
+    for a, b in zip(jax.tree.leaves(direct), jax.tree.leaves(converted)):
+        np.testing.assert_array_equal(a, b)
+    _, two = load_params(folder, layers=2, per_layer=True)
+    assert jax.tree.structure(two) == jax.tree.structure(first_layers(direct, cfg, 2))
+    out = np.asarray(encode(direct, cfg, jnp.asarray(tokens), jnp.asarray(LENGTHS),
+                            cfg.num_layers, pool="none", post_norm=True))
+    for a, b in zip(valid_rows(out), valid_rows(ref[-1])):
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
+
+
 BASE = {"model_type": "qwen3_moe", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
         "num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 1,
         "head_dim": 64, "rope_theta": 1e6, "num_experts": 8, "num_experts_per_tok": 2,
@@ -361,3 +384,20 @@ def test_memory_estimate_of_the_released_shape_by_hand():
     assert weight_bytes(cfg, jnp.bfloat16) == 2 * total
     assert weight_bytes(cfg, jnp.float32, layers=24) == 4 * (2 * vocab * h + 24 * (attn + moe)
                                                              + h)
+
+
+def test_the_tile_loop_has_a_static_trip_count():
+    """XLA knows the tiled form's loop count when compiling (R / tile + E, whatever the
+    routing), so a GPU need not read the loop's condition back every tile; the output is the
+    ragged form's. Fails with the loop bounded by the tiles in use (a traced count)."""
+    rng = np.random.default_rng(0)
+    xs = jnp.asarray(rng.normal(size=(100, 16)), jnp.float32)
+    sizes = jnp.array([30, 0, 50, 20])
+    gu = jnp.asarray(rng.normal(size=(4, 16, 8)), jnp.float32)
+    dn = jnp.asarray(rng.normal(size=(4, 4, 16)), jnp.float32)
+    fn = jax.jit(lambda a, b: grouped_tiled(a, b, gu, dn, tile=8))
+    text = fn.lower(xs, sizes).compile().as_text()
+    counts = [int(n) for n in re.findall(r'"known_trip_count":\{"n":"(\d+)"\}', text)]
+    assert -(-100 // 8) + 4 in counts, counts
+    np.testing.assert_allclose(fn(xs, sizes), grouped_ragged(xs, sizes, gu, dn), rtol=1e-5,
+                               atol=1e-5)

@@ -34,6 +34,7 @@ from llm_jax.loader import WeightsError, load_params
 from llm_jax.memory import generation_need
 from llm_jax.model import (AttentionConfig, PrefixCache, encode, first_layers, init_params,
                            prefill)
+from llm_jax.weights import per_layer as to_per_layer
 from llm_jax.sampling import GREEDY, Resolved
 from llm_jax.tokenizer import load_tokenizer
 
@@ -101,20 +102,27 @@ def load_llm_params(model: ModelConfig, qcfg: Qwen3Config, need: dict[str, int],
     the job: `llm_jax.memory.generation_need`) is checked against the device's memory: a
     ConfigError naming the figures and the fix when they do not fit."""
     check_llm_memory(model, need, generates)
-    return _make_or_read(model, qcfg, seed, layers)
+    return _make_or_read(model, qcfg, seed, layers, per_layer=generates)
 
 
-def _make_or_read(model: ModelConfig, qcfg: Qwen3Config, seed: int, layers: int | None) -> dict:
+def _make_or_read(model: ModelConfig, qcfg: Qwen3Config, seed: int, layers: int | None,
+                  per_layer: bool = False) -> dict:
+    """The weights, stacked by layer (`lax.scan` over them: encoding), or with `per_layer` one
+    set of arrays per layer (`llm_jax.weights.per_layer`: the decode loop's layout)."""
     dtype = jnp.dtype(model.compute_dtype)
     if model.weights is None:
         log.info(f"notice: --llm.weights not given: using a RANDOM Qwen3 ({model.random_model}: "
                  f"{qcfg.num_layers} layers, hidden {qcfg.hidden_size}); its outputs carry no "
                  "meaning (for tests and speed only)")
+
+        def make(key):
+            p = init_params(qcfg, key, dtype=dtype, layers=layers)
+            return to_per_layer(p, qcfg) if per_layer else p
+
         # jitted: a released shape's weights are made on the device without float32 copies
-        return jax.jit(partial(init_params, qcfg, dtype=dtype, layers=layers))(
-            jax.random.PRNGKey(seed))
+        return jax.jit(make)(jax.random.PRNGKey(seed))
     try:
-        return load_params(model.weights, dtype, layers)[1]
+        return load_params(model.weights, dtype, layers, per_layer=per_layer)[1]
     except WeightsError as e:
         raise ConfigError(f"llm.weights={model.weights!r}: {e}") from None
 
@@ -168,7 +176,7 @@ def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0, weights_of: LLM | Non
             need = generation_need(qcfg, dtype, computed, rows, total, im.tokens,
                                    len(prefix_ids))
             room = check_llm_memory(cfg, need, im.tokens > 0) + need["activations"]
-            params = _make_or_read(cfg, qcfg, seed, computed)
+            params = _make_or_read(cfg, qcfg, seed, computed, per_layer=im.tokens > 0)
         if not im.tokens:  # layers past the hidden state's are never computed, nor logits
             params = {k: v for k, v in first_layers(params, qcfg, layer).items()
                       if k != "lm_head"}
