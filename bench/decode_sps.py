@@ -14,12 +14,16 @@ Ours and HF are timed in alternating rounds (`interleaved` below); `vs_hf` is th
 over rounds of HF's seconds / ours. vLLM afterwards, once HF's rows are done (an idle server
 still takes cycles), in alternating rounds with ours again (`ours_vs_vllm`).
 
-`--shapes qwen3-4b` (GPU sessions): ours only, random bf16 weights of a released shape, at each
-of `--batches`, decode steps/s beside the memory-bandwidth bound: bytes a step must read (every
-weight once: the tied embedding is the LM head; the embedding lookup reads B rows only) plus the
-KV cache of the context, over `--bandwidth` bytes/s (H100 SXM: 3.35e12), and over a
-device-to-device copy's rate measured in the same process. Without a GPU the bound is still
-written (`name: bandwidth_bound`), the measurement marked "not measured".
+`--shapes qwen3-4b` (GPU sessions): ours only, random bf16 weights of a released shape in the
+decode loop's per-layer layout, at each of `--batches` and `--steps-per-check`, decode steps/s
+beside the memory-bandwidth bound: bytes a step must read (every weight once: the tied embedding
+is the LM head; the embedding lookup reads B rows only) plus the KV cache of the context, over
+`--bandwidth` bytes/s (H100 SXM: 3.35e12, H200: 4.8e12), and over a device-to-device copy's rate
+measured in the same process. `--trace F` also writes a `jax.profiler` trace of one
+`--trace-tokens` burst at the first batch (profiler on only then: the timings are taken
+without it) to F, for `bench/trace_report.py`. `--shapes qwen3-tiny` runs the same path on a CPU
+(`scripts/gpu_check.sh --cpu-smoke`). Without a GPU the bound is still written
+(`name: bandwidth_bound`), the measurement marked "not measured".
 """
 
 from __future__ import annotations
@@ -67,6 +71,16 @@ class Args:
     bandwidth bound; replaces --models when given (GPU sessions)."""
     bandwidth: float = 3.35e12
     """Memory bandwidth of the GPU the bound is computed for, bytes/s (H100 SXM)."""
+    steps_per_check: tuple[int, ...] = (1,)
+    """Decode steps per read of the loop's condition (`llm_jax.decode.generate`), each timed
+    (with --shapes)."""
+    copy_gb: float = 4.0
+    """Size of the device-to-device copy timed for the practical bandwidth (with --shapes)."""
+    trace: str | None = None
+    """With --shapes: write a profiler trace (Chrome trace JSON, gzipped) of one decode burst
+    at the first batch here."""
+    trace_tokens: int = 16
+    """Tokens of the traced burst."""
     bound_shape: str = "qwen3-4b"
     """Shape whose bandwidth bound is written on every run."""
     out: str | None = None
@@ -114,14 +128,14 @@ def bound_row(args: Args, name: str, batch: int = 1) -> dict:
                 bound_steps_per_s=args.bandwidth / b["bytes_per_step"])
 
 
-def our_fn(cfg, n_new):
+def our_fn(cfg, n_new, steps_per_check: int = 1):
     import jax
 
     from llm_jax.decode import generate
 
     return jax.jit(lambda p, c, t, n: generate(p, cfg, t, n, jax.random.PRNGKey(0),
-                                               max_new_tokens=n_new, prefix=c,
-                                               pad_id=0).tokens)
+                                               max_new_tokens=n_new, prefix=c, pad_id=0,
+                                               steps_per_check=steps_per_check).tokens)
 
 
 def cpu_rows(args: Args, emit) -> None:
@@ -241,42 +255,76 @@ def copy_bandwidth(gb: float = 4.0, repeats: int = 10) -> float:
 
 
 def shape_rows(args: Args, emit) -> None:
-    """Released shapes, random bf16 weights made on the device: decode steps/s at each batch vs
-    the bandwidth bound of that batch (the weights once, every row's KV cache)."""
+    """Released shapes, random bf16 weights made on the device in the per-layer layout: decode
+    steps/s at each batch and steps_per_check vs the bandwidth bound of that batch (the weights
+    once, every row's KV cache)."""
     import jax
     import jax.numpy as jnp
 
     from llm_jax.config import Qwen3Config
-    from llm_jax.model import init_params, prefill
+    from llm_jax.model import init_params, per_layer, prefill
 
     rng = np.random.default_rng(0)
     n = args.new_tokens
-    copy = copy_bandwidth()
-    emit({"name": "machine", "devices": str(jax.devices()), "copy_bytes_per_s": copy})
+    copy = copy_bandwidth(args.copy_gb)
+    emit({"name": "machine", "devices": str(jax.devices()), "copy_bytes_per_s": copy,
+          "jax": jax.__version__})
     for name in args.shapes:
         cfg = Qwen3Config.shape(name)
-        params = jax.jit(lambda k: init_params(cfg, k, jnp.bfloat16))(jax.random.PRNGKey(0))
+        params = jax.jit(lambda k: per_layer(init_params(cfg, k, jnp.bfloat16), cfg))(
+            jax.random.PRNGKey(0))
         prefix = jnp.asarray(rng.integers(0, 150_000, args.prefix_len).astype(np.int32))
         cache = jax.jit(lambda p, x: prefill(p, cfg, x))(params, prefix)
-        fns = {k: our_fn(cfg, k) for k in (1, n)}
-        for batch in args.batches:
-            prompts = rng.integers(0, 150_000, (batch, args.prompt_len)).astype(np.int32)
-            lengths = np.full(batch, args.prompt_len, np.int32)
-            t0 = time.perf_counter()
-            for f in fns.values():
-                jax.block_until_ready(f(params, cache, prompts, lengths))
-            compile_s = time.perf_counter() - t0
-            t1, tn = (statistics.median(t) for t in interleaved(
-                [lambda f=f: jax.block_until_ready(f(params, cache, prompts, lengths))
-                 for f in fns.values()], args.repeats))
-            steps = (n - 1) / (tn - t1)
-            bound = bound_row(args, name, batch)
-            emit(dict(bound, name="jax_gpu", devices=str(jax.devices()[0]), seconds=tn,
-                      decode_steps_per_s=steps, decode_tokens_per_s=batch * steps,
-                      tokens_per_s=batch * n / tn, compile_s=compile_s,
-                      fraction_of_bound=steps / bound["bound_steps_per_s"],
-                      fraction_of_copy_bound=steps * bound["bytes_per_step"] / copy))
+        for k_check in args.steps_per_check:
+            fns = {k: our_fn(cfg, k, k_check) for k in (1, n)}
+            for batch in args.batches:
+                prompts = rng.integers(0, 150_000, (batch, args.prompt_len)).astype(np.int32)
+                lengths = np.full(batch, args.prompt_len, np.int32)
+                t0 = time.perf_counter()
+                for f in fns.values():
+                    jax.block_until_ready(f(params, cache, prompts, lengths))
+                compile_s = time.perf_counter() - t0
+                t1, tn = (statistics.median(t) for t in interleaved(
+                    [lambda f=f: jax.block_until_ready(f(params, cache, prompts, lengths))
+                     for f in fns.values()], args.repeats))
+                steps = (n - 1) / (tn - t1)
+                bound = bound_row(args, name, batch)
+                emit(dict(bound, name="jax_gpu", devices=str(jax.devices()[0]), seconds=tn,
+                          steps_per_check=k_check, decode_steps_per_s=steps,
+                          decode_tokens_per_s=batch * steps, tokens_per_s=batch * n / tn,
+                          compile_s=compile_s,
+                          fraction_of_bound=steps / bound["bound_steps_per_s"],
+                          fraction_of_copy_bound=steps * bound["bytes_per_step"] / copy))
+        if args.trace:
+            write_trace(args, cfg, name, params, cache, rng, emit)
         del params, cache
+
+
+def write_trace(args: Args, cfg, name: str, params, cache, rng, emit) -> None:
+    """A profiler trace of one `--trace-tokens` burst at the first batch (compiled before the
+    profiler starts), copied to `--trace`; its row names the bytes a step must move."""
+    import shutil
+
+    import jax
+
+    batch = args.batches[0]
+    fn = our_fn(cfg, args.trace_tokens, args.steps_per_check[0])
+    prompts = rng.integers(0, 150_000, (batch, args.prompt_len)).astype(np.int32)
+    lengths = np.full(batch, args.prompt_len, np.int32)
+    jax.block_until_ready(fn(params, cache, prompts, lengths))
+    with tempfile.TemporaryDirectory() as tmp:
+        jax.profiler.start_trace(tmp, create_perfetto_trace=True)
+        try:
+            jax.block_until_ready(fn(params, cache, prompts, lengths))
+        finally:
+            jax.profiler.stop_trace()
+        found = sorted(Path(tmp).rglob("perfetto_trace.json.gz"))
+        if not found:
+            emit({"name": "trace", "model": name, "error": "the profiler wrote no trace"})
+            return
+        shutil.copy(found[-1], args.trace)
+    emit(dict(bound_row(args, name, batch), name="trace", path=args.trace,
+              steps=args.trace_tokens - 1, bytes=Path(args.trace).stat().st_size))
 
 
 def run(args: Args, emit) -> None:

@@ -83,6 +83,10 @@ class Args:
     """Attention forms of the fused rows, each timed in turn (--llm.attention): auto (what
     training uses: row on CPU, the Pallas kernel on an NVIDIA GPU in bf16) or one of row /
     blocked / cudnn / pallas."""
+    trace: str | None = None
+    """Write a profiler trace (Chrome trace JSON, gzipped) of one more chunk of the first fused
+    row with LLM calls here, after its timed chunks (`bench/trace_report.py` groups its device
+    time by llm / env / update)."""
 
 
 def build_checkpoint(folder: Path) -> None:
@@ -137,6 +141,27 @@ class Timed:
         self.times.append(time.perf_counter() - t)
         self.metrics.append(jax.device_get(m))
 
+    def trace(self, path: str) -> dict:
+        """One more chunk under the profiler, its trace copied to `path`."""
+        import shutil
+
+        import jax
+
+        with tempfile.TemporaryDirectory() as tmp:
+            jax.profiler.start_trace(tmp, create_perfetto_trace=True)
+            try:
+                self.state, _ = jax.block_until_ready(self.compiled(self.state,
+                                                                    self.online.frozen))
+            finally:
+                jax.profiler.stop_trace()
+            found = sorted(Path(tmp).rglob("perfetto_trace.json.gz"))
+            if not found:
+                return {"trace_error": "the profiler wrote no trace"}
+            shutil.copy(found[-1], path)
+        return {"trace": path,
+                "trace_steps": self.cfg.steps_per_update * self.cfg.updates_per_chunk,
+                "trace_bytes": Path(path).stat().st_size}
+
     def row(self, a: Args, name: str, skip_n: int | None, **extra) -> dict:
         """Rates are totals over the timed chunks."""
         dt = sum(self.times)
@@ -149,11 +174,11 @@ class Timed:
                 row[f"llm_{k}"] = float(sum(x["ppo"][f"llm/{k}"].sum() for x in self.metrics))
             if self.llm.host is not None:
                 row["llm_host_share"] = (self.host_seconds() - self.host0) / dt
-        print(json.dumps(row), flush=True)
         return row
 
 
-def time_config(a: Args, cfg, name: str, skip_n: int | None = None, **extra) -> dict:
+def time_config(a: Args, cfg, name: str, skip_n: int | None = None, trace: str | None = None,
+                **extra) -> dict:
     # Up to `repeats` chunks (fewer once `min_seconds` have been spent), always a whole number of
     # LLM-call periods (lcm(skip_n, steps per chunk) env steps), so that the timed chunks hold
     # exactly the average number of periodic calls.
@@ -163,6 +188,8 @@ def time_config(a: Args, cfg, name: str, skip_n: int | None = None, **extra) -> 
     while (not run.times or len(run.times) % period
            or (len(run.times) < a.repeats and sum(run.times) < a.min_seconds)):
         run.chunk()
+    if trace:
+        extra = dict(extra, **run.trace(trace))
     return run.row(a, name, skip_n, **extra)
 
 
@@ -269,9 +296,11 @@ def main(a: Args) -> list[dict]:
                                          a.pair_rounds)
         timing = {"timing": "chunks alternating with the other of plain PPO / fused never"}
         rows.append(plain_run.row(a, "ppo", None, backend="none", **timing))
+        print(json.dumps(rows[-1]), flush=True)
         never = never_run.row(a, "fused", 0, **fused_extra(), **timing)
     elif a.plain:
         rows.append(time_config(a, train_cfg(a), "ppo", skip_n=None, backend="none"))
+        print(json.dumps(rows[-1]), flush=True)
     base = rows[-1]["steps_per_s"] if a.plain else None
     peak = matmul_flops(a.dtype)
     parts = prompt_parts(load_tokenizer(weights), a.env)
@@ -279,14 +308,17 @@ def main(a: Args) -> list[dict]:
     per_token = qcfg.flops_per_token(layer, len(parts.prefix), seq)
     per_seq = seq * per_token
     # Without calls no attention runs: skip_n 0 once, whatever the forms.
+    traced = False
     for skip, form, rb in [(s, f, r) for s in a.skip_n
                            for f in (a.attention if s else a.attention[:1])
                            for r in (a.refresh_batch if s else a.refresh_batch[:1])]:
         if skip == 0 and never is not None:  # timed above, in turn with plain PPO
             row = never
         else:
+            trace = a.trace if skip and not traced else None
+            traced |= trace is not None
             row = time_config(a, train_cfg(a, llm_cfg(skip, form, rb)), "fused", skip_n=skip,
-                              **fused_extra(form, rb))
+                              trace=trace, **fused_extra(form, rb))
         if base:
             row["vs_ppo"] = row["steps_per_s"] / base
         if skip:
@@ -296,6 +328,7 @@ def main(a: Args) -> list[dict]:
             # LLM FLOPs actually executed (full calls + refreshes, from the token count) / time.
             row["llm_mfu"] = row["llm_tokens"] * per_token / row["seconds"] / peak
         rows.append(row)
+        print(json.dumps(row), flush=True)  # each row once whole (bench/gpu_check.py reads them)
         if a.out:  # after every row: a run cut short keeps what it measured
             atomic_write_json(a.out, rows)
     if a.vllm:
@@ -313,12 +346,14 @@ def main(a: Args) -> list[dict]:
                 if fused:
                     fused[0]["vs_vllm"] = fused[0]["steps_per_s"] / row["steps_per_s"]
                 rows.append(row)
+                print(json.dumps(row), flush=True)
         finally:
             os.killpg(proc.pid, 15)
     rows.append({"name": "machine", "matmul_flops_per_s": peak, "matmul_dtype": a.dtype,
                  "devices": str(jax.devices()),
                  "cpu_count": os.cpu_count(), "prefix_tokens": len(parts.prefix),
                  "tail_tokens": len(parts.tail), "model": qcfg.__dict__})
+    print(json.dumps(rows[-1]), flush=True)
     if a.out:
         atomic_write_json(a.out, rows)
         print(f"wrote {a.out}")

@@ -167,6 +167,7 @@ def shape_rows(args: Args, emit) -> None:
                              "XLA_PYTHON_CLIENT_MEM_FRACTION (JAX takes 75% of a GPU by default)")
         emit({"name": "memory", "model": name, "estimate": line})
         params = jax.jit(lambda k: init_params(cfg, k, jnp.bfloat16))(jax.random.PRNGKey(0))
+        emit(parity_row(cfg, name, params, args.forms))
         for form in args.forms:
             attn = AttentionConfig(moe_form=form)
             base = {"model": name, "params": cfg.num_params(),
@@ -204,6 +205,28 @@ def shape_rows(args: Args, emit) -> None:
                               prefix_len=args.prefix_len, seconds=dt, tokens_per_s=b * s / dt,
                               mfu=flops / dt / peak))
         del params
+
+
+def parity_row(cfg, name: str, params, forms, tokens: int = 256) -> dict:
+    """The first sparse layer's MLP in each expert form vs the dense oracle (every expert on
+    every token, float32) on `tokens` random bf16 states: max |difference| over the oracle's
+    scale (bf16 rounds at ~4e-3)."""
+    import jax
+    import jax.numpy as jnp
+
+    from llm_jax.moe import dense_reference, moe_mlp, resolve_moe_form, route
+
+    mp = {k: v[0] for k, v in params["moe"].items()}
+    h = jax.random.normal(jax.random.PRNGKey(1), (1, tokens, cfg.hidden_size), jnp.bfloat16)
+    want = jax.jit(lambda m, x: dense_reference(cfg, m, x[0], route(cfg, m["router"], x[0])))(
+        mp, h).astype(jnp.float32)
+    scale = float(jnp.abs(want).max())
+    out = {"name": "parity", "model": name, "tokens": tokens, "oracle": "dense_reference"}
+    for form in forms:
+        got = jax.jit(lambda m, x, form=form: moe_mlp(cfg, m, x, form=form)[0])(mp, h)
+        out[f"max_rel_diff_{resolve_moe_form(form)}"] = float(
+            jnp.abs(got[0].astype(jnp.float32) - want).max()) / scale
+    return out
 
 
 def main(args: Args):

@@ -235,6 +235,16 @@ SHAPES: dict[str, Qwen3Config] = {
         tie_word_embeddings=False, max_position_embeddings=40960, num_experts=128,
         num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True),
 }
+# Tiny shapes with the real vocabulary (real prompt tokens embed), for smoke runs of the
+# benchmarks and the built-in random models (`--llm.random-model tiny | tiny-moe`): no meaning.
+SHAPES["qwen3-tiny"] = Qwen3Config(
+    vocab_size=151_936, hidden_size=128, intermediate_size=384, num_layers=2, num_heads=2,
+    num_kv_heads=1, head_dim=64, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+    tie_word_embeddings=True)
+# a dense layer, then a layer of 8 experts, top 2
+SHAPES["qwen3-tiny-moe"] = dataclasses.replace(
+    SHAPES["qwen3-tiny"], tie_word_embeddings=False, num_experts=8, num_experts_per_tok=2,
+    moe_intermediate_size=96, norm_topk_prob=True, mlp_only_layers=(0,))
 
 
 DTYPES = ("float32", "bfloat16")

@@ -17,14 +17,10 @@ from llm_jax.sampling import GenerateError, Resolved, SamplingFlags, check_flags
 
 log = logging.getLogger(__name__)
 
-# The built-in tiny random Qwen3 (real vocabulary so real prompt tokens embed): no meaning.
-TINY = Qwen3Config(vocab_size=151_936, hidden_size=128, intermediate_size=384, num_layers=2,
-                   num_heads=2, num_kv_heads=1, head_dim=64, rope_theta=1_000_000.0,
-                   rms_norm_eps=1e-6, tie_word_embeddings=True)
-# Its mixture-of-experts sibling: layer 0 dense (mlp_only_layers), layer 1 8 experts, top 2.
-TINY_MOE = dataclasses.replace(TINY, tie_word_embeddings=False, num_experts=8,
-                               num_experts_per_tok=2, moe_intermediate_size=96,
-                               norm_topk_prob=True, mlp_only_layers=(0,))
+# The built-in tiny random Qwen3 (real vocabulary so real prompt tokens embed): no meaning;
+# its mixture-of-experts sibling: layer 0 dense (mlp_only_layers), layer 1 8 experts, top 2.
+TINY = Qwen3Config.shape("qwen3-tiny")
+TINY_MOE = Qwen3Config.shape("qwen3-tiny-moe")
 RANDOM_MODELS = {"tiny": TINY, "tiny-moe": TINY_MOE}
 
 

@@ -259,6 +259,11 @@ def encode_observations(llm: LLM, frozen: FrozenLLM | None, obs, microbatch: int
     if with_load and not llm.reports_load:
         raise ValueError("router load asked of an LLM that reports none (dense, vllm backend "
                          "or imagination)")
+    with jax.named_scope("llm"):  # in profiles: `bench/trace_report.py` groups device time by it
+        return _encode_observations(llm, frozen, obs, microbatch, keys, with_load)
+
+
+def _encode_observations(llm: LLM, frozen: FrozenLLM | None, obs, microbatch, keys, with_load):
     if llm.backend == "vllm":
         return llm.host.callback(obs)
     if llm.imagines:

@@ -233,7 +233,8 @@ def act(player: Player, params: PlayerParams, carry: PlayerCarry, obs, keys):
                             prefix=params.prefix, attn=player.attn, row_keys=keys)
         return run
 
-    out = at_smallest_fit(player.buckets, lengths.max(), at, prompt, lengths, keys)
+    with jax.named_scope("llm"):
+        out = at_smallest_fit(player.buckets, lengths.max(), at, prompt, lengths, keys)
     reply, num = out.tokens, out.num_tokens
     parsed = parse_replies(player.parser, reply, num)
     kept, kept_len = answer(player, reply, parsed.span)

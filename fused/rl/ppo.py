@@ -235,9 +235,10 @@ def update_step(ctx: Ctx, rs: RunnerState, frozen=None) -> tuple[RunnerState, di
         batch = {"obs": jax.tree.map(flat, traj.obs), "action": flat(traj.action),
                  "log_prob": flat(traj.log_prob), "value": flat(traj.value),
                  "advantage": flat(adv), "target": flat(target)}
-    (params, opt_state), metrics = jax.lax.scan(
-        lambda c, k: epoch_step(ctx, batch, c, k), (rs.params, rs.opt_state),
-        jax.random.split(k_epochs, cfg.update_epochs))
+    with jax.named_scope("update"):  # in profiles (`bench/trace_report.py`)
+        (params, opt_state), metrics = jax.lax.scan(
+            lambda c, k: epoch_step(ctx, batch, c, k), (rs.params, rs.opt_state),
+            jax.random.split(k_epochs, cfg.update_epochs))
     metrics = _pmean(jax.tree.map(jnp.mean, metrics), ctx.axis_name)
     ep = EpisodeStats(*[_psum(x.sum(0), ctx.axis_name) for x in stats])
     metrics["value_mean"] = _pmean(traj.value.mean(), ctx.axis_name)

@@ -91,7 +91,12 @@ class VecEnv:
 
     def step(self, keys: jax.Array, pool_key: jax.Array, vstate: VecEnvState,
              action: jax.Array) -> tuple[VecEnvState, VecStep]:
-        """keys: [N, 2] per-env step keys (a reset key is derived from each); action: [N]."""
+        """keys: [N, 2] per-env step keys (a reset key is derived from each); action: [N].
+        Named `env` in profiles (`bench/trace_report.py` groups device time by it)."""
+        with jax.named_scope("env"):
+            return self._step(keys, pool_key, vstate, action)
+
+    def _step(self, keys, pool_key, vstate: VecEnvState, action):
         step_keys, reset_keys = jnp.moveaxis(jax.vmap(jax.random.split)(keys), 1, 0)
         res = jax.vmap(self.env.step)(step_keys, vstate.state, action)
         done = res.terminated | res.truncated

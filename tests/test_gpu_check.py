@@ -1,0 +1,116 @@
+"""The GPU check's CPU side: `bench/trace_report.py` on a hand-made GPU trace (figures computed
+by hand) and on a real CPU trace, and `scripts/gpu_check.sh --cpu-smoke` (every step of the GPU
+check at tiny shapes), so neither rots between GPU sessions."""
+
+import gzip
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, subprocess_env
+
+sys.path.insert(0, str(ROOT / "bench"))
+
+from trace_report import main as trace_report_main, report  # noqa: E402
+
+
+def gpu_trace() -> list[dict]:
+    """One GPU, a compute stream with four kernels (llm, env, update, llm) and the lanes a
+    kernel must not be counted from twice: XLA Ops (the same ops again) and XLA Modules (a
+    program spanning all)."""
+    meta = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+            {"ph": "M", "pid": 1, "tid": 7, "name": "thread_name",
+             "args": {"name": "Stream #7(Compute)"}},
+            {"ph": "M", "pid": 1, "tid": 8, "name": "thread_name", "args": {"name": "XLA Ops"}},
+            {"ph": "M", "pid": 1, "tid": 9, "name": "thread_name",
+             "args": {"name": "XLA Modules"}},
+            {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "/host:CPU"}}]
+
+    def k(ts, dur, op, scope, tid=7):
+        return {"ph": "X", "pid": 1, "tid": tid, "ts": ts, "dur": dur, "name": f"kernel_{op}",
+                "args": {"hlo_op": op, "tf_op": f"jit(chunk)/while/body/{scope}/dot_general"}}
+
+    kernels = [k(0, 10, "fusion.1", "llm"), k(15, 5, "fusion.2", "env"),
+               k(20, 20, "gemm.3", "update"), k(50, 10, "fusion.1", "llm")]
+    return (meta + kernels + [dict(e, tid=8) for e in kernels]
+            + [{"ph": "X", "pid": 1, "tid": 9, "ts": 0, "dur": 60, "name": "jit_chunk"},
+               {"ph": "X", "pid": 2, "tid": 3, "ts": 0, "dur": 99, "name": "host work"}])
+
+
+def test_trace_report_figures_by_hand():
+    """Kernels of the stream lane only; busy 45 us of a 60 us span; gaps 5 (fusion.1 ->
+    fusion.2) and 10 (gemm.3 -> fusion.1); per step over 2 steps: 2 kernels, 30 us, against a
+    1 us bound (1e6 bytes at 1e12 B/s); by scope llm 20, update 20, env 5; top op fusion.1
+    (2 x 10 us)."""
+    r = report(gpu_trace(), steps=2, bytes_per_step=1e6, bandwidth=1e12)
+    assert (r["device_events"], r["lanes"], r["busy_us"], r["span_us"]) == (4, 1, 45, 60)
+    assert r["kernels_per_step"] == 2 and r["step_us"] == 30
+    assert (r["idle_gaps"], r["idle_gaps_us"]) == (2, 15)
+    assert r["largest_gaps"][0] == {"us": 10, "after": "gemm.3", "before": "fusion.1"}
+    assert r["fraction_of_bandwidth_bound"] == pytest.approx(1 / 30)
+    assert {k: v["us"] for k, v in r["by_scope"].items()} == {"llm": 20, "update": 20, "env": 5}
+    assert r["top_ops"][0] == {"op": "fusion.1", "count": 2, "total_us": 20, "mean_us": 10,
+                               "share_of_busy": pytest.approx(20 / 45)}
+
+
+def test_trace_report_reads_a_cpu_trace_folder(tmp_path, capsys):
+    """A real trace of a jitted function on this CPU (the folder jax.profiler writes): XLA's op
+    events are found, the bookkeeping is not; --json writes the figures."""
+    import jax
+    import jax.numpy as jnp
+
+    f = jax.jit(lambda x: jnp.tanh(x @ x).sum())
+    x = jnp.ones((128, 128))
+    f(x).block_until_ready()
+    jax.profiler.start_trace(str(tmp_path / "prof"), create_perfetto_trace=True)
+    for _ in range(3):
+        f(x).block_until_ready()
+    jax.profiler.stop_trace()
+    r = trace_report_main([str(tmp_path / "prof"), "--steps", "3", "--json",
+                           str(tmp_path / "r.json")])
+    assert r["device_events"] >= 3 and r["kernels_per_step"] >= 1
+    assert not any(o["op"].startswith(("Thunk", "ThreadpoolListener")) for o in r["top_ops"])
+    assert json.loads((tmp_path / "r.json").read_text())["device_events"] == r["device_events"]
+    assert "top ops" in capsys.readouterr().out
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="no \\*.trace.json.gz"):
+        trace_report_main([str(tmp_path / "empty")])  # a folder without a trace: one line
+
+
+@pytest.mark.slow
+def test_gpu_check_cpu_smoke_runs_every_step(tmp_path):
+    """`scripts/gpu_check.sh --cpu-smoke OUT`: every step of the GPU check at tiny shapes ends
+    ok (the public PPO: ok, or skipped where its code or distrax is absent); rows carry the
+    figures the GPU run reports; at most 8 files of at most 16 MB come back; both traces are
+    read by the report."""
+    out = tmp_path / "out"
+    p = subprocess.run(["bash", str(ROOT / "scripts/gpu_check.sh"), "--cpu-smoke", str(out)],
+                       env=subprocess_env(), capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
+    files = list(out.iterdir())
+    assert len(files) <= 8 and all(f.stat().st_size <= 16 * 2**20 for f in files), files
+    rows = [json.loads(x) for x in (out / "rows.jsonl").read_text().splitlines()]
+    status = {r["step"]: r["status"] for r in rows if r["name"] == "step"}
+    public = status.pop("ppo_public_1024")
+    assert public in ("ok", "skipped") and set(status.values()) == {"ok"}, status
+    assert {"decode_4b", "fused_0.6b_1024", "moe_30b_encode", "moe_30b_decode", "kernel",
+            "ppo_ours_1024"} <= set(status)
+    by = {}
+    for r in rows:
+        by.setdefault((r.get("step"), r["name"]), []).append(r)
+    decode = by[("decode_4b", "jax_gpu")]
+    assert {r["steps_per_check"] for r in decode} == {1, 4}
+    assert all(0 < r["fraction_of_bound"] and r["decode_steps_per_s"] > 0 for r in decode)
+    fused = by[("fused_0.6b_1024", "fused")][0]
+    assert fused["steps_per_s"] > 0 and 0 < fused["fraction_of_flop_bound"]
+    parity = by[("moe_30b_encode", "parity")][0]
+    assert parity["max_rel_diff_tiled"] < 0.02 and parity["max_rel_diff_ragged"] < 0.02
+    assert all(r["rel_err"] < 0.02 and r["finite"] for r in by[("kernel", "kernel")])
+    assert by[("ppo_ours_1024", "ppo")][0]["steps_per_s"] > 0
+    report_ = json.loads((out / "report.json").read_text())
+    assert report_["decode"]["device_events"] > 0 and report_["fused"]["device_events"] > 0
+    assert "fraction_of_bandwidth_bound" in report_["decode"]
+    with gzip.open(out / "trace_decode.json.gz") as f:
+        assert json.load(f)["traceEvents"]
