@@ -262,7 +262,7 @@ def shape_rows(args: Args, emit) -> None:
     import jax.numpy as jnp
 
     from llm_jax.config import Qwen3Config
-    from llm_jax.model import init_params, per_layer, prefill
+    from llm_jax.model import init_params, prefill
 
     rng = np.random.default_rng(0)
     n = args.new_tokens
@@ -271,7 +271,7 @@ def shape_rows(args: Args, emit) -> None:
           "jax": jax.__version__})
     for name in args.shapes:
         cfg = Qwen3Config.shape(name)
-        params = jax.jit(lambda k: per_layer(init_params(cfg, k, jnp.bfloat16), cfg))(
+        params = jax.jit(lambda k: init_params(cfg, k, jnp.bfloat16, per_layer=True))(
             jax.random.PRNGKey(0))
         prefix = jnp.asarray(rng.integers(0, 150_000, args.prefix_len).astype(np.int32))
         cache = jax.jit(lambda p, x: prefill(p, cfg, x))(params, prefix)

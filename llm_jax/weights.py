@@ -138,10 +138,13 @@ def layer_groups(cfg: Qwen3Config, layers: int | None = None
 
 
 def init_params(cfg: Qwen3Config, key: jax.Array, dtype=jnp.float32,
-                layers: int | None = None) -> dict:
+                layers: int | None = None, per_layer: bool = False) -> dict:
     """Random weights (normal, std 0.02; norms near 1) for benchmarks and shape tests; with
     `layers`, only the first `layers` layers are made, equal to `first_layers` of the whole
-    model's (random bits depend on each element's index, `jax_threefry_partitionable`)."""
+    model's (random bits depend on each element's index, `jax_threefry_partitionable`).
+    `per_layer`: the per-layer layout, each layer's arrays drawn on their own (never a stack
+    and its copy: a 61 GB model fits where twice that would not), other values than the
+    stacked layout's."""
     def one(spec, k, lead=()):
         shape = spec.shape(cfg)
         if len(shape) == 1:
@@ -155,11 +158,20 @@ def init_params(cfg: Qwen3Config, key: jax.Array, dtype=jnp.float32,
     keys = iter(jax.random.split(key, n_keys))
     # lm_head's key comes last, so a tied model gets the same weights as before it existed.
     params = {name: one(s, next(keys)) for name, s in top.items() if name != "lm_head"}
+    blocks: dict[int, dict] = {}
     for group, (specs, _) in groups.items():
         group_keys = {name: next(keys) for name in specs}
-        if group in kept:
+        if group in kept and per_layer:
+            for i in kept[group][1]:
+                arrays = {name: one(s, jax.random.fold_in(group_keys[name], i))
+                          for name, s in specs.items()}
+                block = blocks.setdefault(i, {})
+                block.update(arrays) if group == "layers" else block.update(mlp=arrays)
+        elif group in kept:
             lead = (len(kept[group][1]),)
             params[group] = {name: one(s, group_keys[name], lead) for name, s in specs.items()}
+    if per_layer:
+        params["blocks"] = tuple(blocks[i] for i in sorted(blocks))
     if "lm_head" in top:
         params["lm_head"] = one(top["lm_head"], next(keys))
     return params

@@ -289,6 +289,10 @@ def test_per_layer_layout_loads_as_it_converts_and_encodes_as_hf(tiny):
         np.testing.assert_array_equal(a, b)
     _, two = load_params(folder, layers=2, per_layer=True)
     assert jax.tree.structure(two) == jax.tree.structure(first_layers(direct, cfg, 2))
+    drawn = init_params(cfg, jax.random.PRNGKey(0), per_layer=True)  # layer by layer
+    assert jax.tree.structure(drawn) == jax.tree.structure(converted)
+    assert [a.shape for a in jax.tree.leaves(drawn)] == [
+        a.shape for a in jax.tree.leaves(converted)]
     out = np.asarray(encode(direct, cfg, jnp.asarray(tokens), jnp.asarray(LENGTHS),
                             cfg.num_layers, pool="none", post_norm=True))
     for a, b in zip(valid_rows(out), valid_rows(ref[-1])):

@@ -34,7 +34,6 @@ from llm_jax.loader import WeightsError, load_params
 from llm_jax.memory import generation_need
 from llm_jax.model import (AttentionConfig, PrefixCache, encode, first_layers, init_params,
                            prefill)
-from llm_jax.weights import per_layer as to_per_layer
 from llm_jax.sampling import GREEDY, Resolved
 from llm_jax.tokenizer import load_tokenizer
 
@@ -115,12 +114,9 @@ def _make_or_read(model: ModelConfig, qcfg: Qwen3Config, seed: int, layers: int 
                  f"{qcfg.num_layers} layers, hidden {qcfg.hidden_size}); its outputs carry no "
                  "meaning (for tests and speed only)")
 
-        def make(key):
-            p = init_params(qcfg, key, dtype=dtype, layers=layers)
-            return to_per_layer(p, qcfg) if per_layer else p
-
         # jitted: a released shape's weights are made on the device without float32 copies
-        return jax.jit(make)(jax.random.PRNGKey(seed))
+        return jax.jit(partial(init_params, qcfg, dtype=dtype, layers=layers,
+                               per_layer=per_layer))(jax.random.PRNGKey(seed))
     try:
         return load_params(model.weights, dtype, layers, per_layer=per_layer)[1]
     except WeightsError as e:
