@@ -3,7 +3,7 @@
     bash scripts/gpu_check.sh OUT              # a lent GPU machine (wheels carried in .whl/)
     bash scripts/gpu_check.sh --cpu-smoke OUT  # the same steps at tiny shapes, on a CPU
 
-Steps, in order of what matters most (`STEPS`): decode of the Qwen3-4B shape at batch 1 / 8 /
+Steps, in order of what matters most (`steps`): decode of the Qwen3-4B shape at batch 1 / 8 /
 64 against the bandwidth bound (with a profiler trace of one burst), fused LLM-PPO at the 0.6B
 and 4B (layer 24) shapes and 1,024 envs and the 4B (layer 24) at 128 envs (with a trace of one
 chunk), Qwen3-30B-A3B encode (32 x 256 after a 1,024-token prefix, MFU, its experts against the
@@ -11,7 +11,10 @@ dense oracle) and its batch-1 decode against the bound, the Pallas kernel agains
 reference, and our PPO beside the public Craftax PPO (Craftax-Symbolic, 1,024 envs; the
 public code from `.peers/craftax_baselines`, prepared by `scripts/gpu_prepare.sh`, never
 committed). Each step runs in its own process under a time box, so a slow one cannot starve the
-rest; its JSON rows are appended to OUT/rows.jsonl as it prints them (a step cut by its box
+rest, and the whole check within `--budget` seconds (470 on a GPU: 8 minutes with the wheels'
+install; a step is given what is left if less than its box, and skipped when under 20 s are);
+the PPO pair rarely fits after the rest: `--only ppo_ours_1024 ppo_public_1024` in a second
+call. Its JSON rows are appended to OUT/rows.jsonl as it prints them (a step cut by its box
 keeps what it printed), with one `step` row each: status (ok, failed, timeout, skipped),
 seconds, return code. Its output goes to OUT/check.log. The traces land as
 OUT/trace_decode.json.gz and OUT/trace_fused.json.gz (dropped if over 16 MB: the device tool
@@ -64,27 +67,27 @@ def steps(out: Path, bandwidth: float) -> list[Step]:
         Step("decode_4b", decode + ["--shapes", "qwen3-4b", "--batches", "1", "8", "64",
                                     "--steps-per-check", "1", "8", "--trace", d],
              small + ["--shapes", "qwen3-tiny", "--batches", "1", "2", "--steps-per-check", "1",
-                      "4", "--trace", d, "--trace-tokens", "6"], (110, 90)),
+                      "4", "--trace", d, "--trace-tokens", "6"], (100, 90)),
         Step("fused_0.6b_1024", fused + ["--model", "qwen3-0.6b", "--num-envs", "1024",
                                          "--trace", f],
-             tiny_fused + ["--trace", f], (100, 120)),
-        Step("fused_4b_l24_1024", fused + ["--model", "qwen3-4b", "--layer", "24",
-                                           "--num-envs", "1024"], None, (80, 0)),
-        Step("fused_4b_l24_128", fused + ["--model", "qwen3-4b", "--layer", "24",
-                                          "--num-envs", "128"], None, (60, 0)),
+             tiny_fused + ["--trace", f], (90, 120)),
         Step("moe_30b_encode", ["bench/moe_encode.py", "--shapes", "qwen3-30b-a3b", "--batches",
                                 "32", "--lengths", "256", "--suffix-lengths", "256",
                                 "--prefix-len", "1024", "--forms", "tiled", "ragged"],
              ["bench/moe_encode.py", "--shapes", "qwen3-tiny-moe", "--batches", "2",
               "--lengths", "16", "--suffix-lengths", "8", "--prefix-len", "16", "--repeats", "1",
-              "--forms", "tiled", "ragged"], (80, 60)),
+              "--forms", "tiled", "ragged"], (70, 60)),
+        Step("fused_4b_l24_1024", fused + ["--model", "qwen3-4b", "--layer", "24",
+                                           "--num-envs", "1024"], None, (60, 0)),
+        Step("fused_4b_l24_128", fused + ["--model", "qwen3-4b", "--layer", "24",
+                                          "--num-envs", "128"], None, (45, 0)),
         Step("moe_30b_decode", decode + ["--shapes", "qwen3-30b-a3b", "--batches", "1"],
-             small + ["--shapes", "qwen3-tiny-moe", "--batches", "1"], (60, 60)),
+             small + ["--shapes", "qwen3-tiny-moe", "--batches", "1"], (45, 60)),
         Step("kernel", ["bench/prefix_kernel.py", "--rows", "32", "--suffixes", "256",
                         "--blocks", "32x64", "--forms", "reference", "cudnn", "--repeats", "5"],
              ["bench/prefix_kernel.py", "--interpret", "--rows", "2", "--suffixes", "8",
               "--prefix", "16", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
-              "--blocks", "8x8", "--forms", "reference", "--repeats", "1"], (30, 60)),
+              "--blocks", "8x8", "--forms", "reference", "--repeats", "1"], (20, 60)),
         Step("ppo_ours_1024", ppo + ["--ppo-env-counts", "1024"],
              ppo + ["--env", "Craftax-Classic-Symbolic-v1", "--ppo-env-counts", "8",
                     "--repeats", "1"], (110, 120)),
@@ -191,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on a CPU")
     ap.add_argument("--only", nargs="*", help="step names to run (default: all)")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds for the whole check (default 470 on a GPU, 600 smoke)")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     bandwidth, kind = (BANDWIDTH["H200"], "cpu smoke") if a.cpu_smoke else device_bandwidth()
@@ -212,12 +217,19 @@ def main(argv: list[str] | None = None) -> int:
                                "python": platform.python_version(), "commit": commit(),
                                "date": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
         rows.flush()
+        budget = a.budget or (600 if a.cpu_smoke else 470)
         for step in steps(a.out, bandwidth):
             argv_ = step.smoke if a.cpu_smoke else step.gpu
             if argv_ is None or (a.only and step.name not in a.only):
                 continue
-            box = step.box_s[1] if a.cpu_smoke else step.box_s[0]
-            result = run_step(step, argv_, box, rows, log, env)
+            box = min(step.box_s[1] if a.cpu_smoke else step.box_s[0],
+                      int(budget - (time.time() - t0)))
+            if box < 20:
+                result = {"name": "step", "step": step.name, "status": "skipped",
+                          "why": f"the check's {budget:.0f} s budget is spent; run it with "
+                                 f"--only {step.name}"}
+            else:
+                result = run_step(step, argv_, box, rows, log, env)
             rows.write(json.dumps(result) + "\n")
             rows.flush()
             print(f"{step.name}: {result['status']} ({result.get('seconds', 0)} s)", flush=True)

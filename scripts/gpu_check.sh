@@ -5,11 +5,13 @@
 #                                              jax 0.11, CUDA 13) plus the wheels carried in
 #                                              .whl/ and the peer in .peers/ (gpu_prepare.sh)
 #   bash scripts/gpu_check.sh --cpu-smoke OUT  the same steps at tiny shapes on this CPU
+# Flags after OUT go to bench/gpu_check.py (--only STEP ..., --budget SECONDS).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SMOKE=""
 if [ "${1:-}" = "--cpu-smoke" ]; then SMOKE="--cpu-smoke"; shift; fi
-OUT=${1:?usage: bash scripts/gpu_check.sh [--cpu-smoke] OUT}
+OUT=${1:?usage: bash scripts/gpu_check.sh [--cpu-smoke] OUT [--only STEP ...]}
+shift
 mkdir -p "$OUT"
 if [ -z "$SMOKE" ]; then
     # shellcheck source=gpu_setup.sh
@@ -17,4 +19,4 @@ if [ -z "$SMOKE" ]; then
 fi
 PY=${PYTHON:-python3}
 [ -n "$SMOKE" ] && [ -x .venv/bin/python ] && PY=.venv/bin/python
-exec "$PY" bench/gpu_check.py $SMOKE "$OUT"
+exec "$PY" bench/gpu_check.py $SMOKE "$OUT" "$@"
