@@ -59,7 +59,8 @@ def steps(out: Path, bandwidth: float) -> list[Step]:
              "8", "--repeats", "1", "--copy-gb", "0.01"]
     fused = ["bench/fused_sps.py", "--dtype", "bfloat16", "--skip-n", "25", "--no-plain",
              "--render-states", "64", "--updates", "1", "--repeats", "3", "--min-seconds", "5"]
-    tiny_fused = ["bench/fused_sps.py", "--model", "tiny", "--num-envs", "8", "--num-steps", "8",
+    tiny_fused = ["bench/fused_sps.py", "--model", "qwen3-tiny", "--num-envs", "8",
+                  "--num-steps", "8",
                   "--skip-n", "4", "--updates", "1", "--repeats", "1", "--min-seconds", "0",
                   "--no-plain", "--render-states", "16"]
     ppo = ["bench/ppo_sps.py", "--skip-env", "--no-reference", "--ppo-updates", "2"]
@@ -67,7 +68,8 @@ def steps(out: Path, bandwidth: float) -> list[Step]:
         Step("decode_4b", decode + ["--shapes", "qwen3-4b", "--batches", "1", "8", "64",
                                     "--steps-per-check", "1", "8", "--trace", d],
              small + ["--shapes", "qwen3-tiny", "--batches", "1", "2", "--steps-per-check", "1",
-                      "4", "--trace", d, "--trace-tokens", "6"], (100, 90)),
+                      "4", "--trace", d, "--trace-tokens", "6", "--bound-shape", "qwen3-tiny"],
+             (100, 90)),
         Step("fused_0.6b_1024", fused + ["--model", "qwen3-0.6b", "--num-envs", "1024",
                                          "--trace", f],
              tiny_fused + ["--trace", f], (90, 120)),
@@ -81,8 +83,10 @@ def steps(out: Path, bandwidth: float) -> list[Step]:
                                            "--num-envs", "1024"], None, (60, 0)),
         Step("fused_4b_l24_128", fused + ["--model", "qwen3-4b", "--layer", "24",
                                           "--num-envs", "128"], None, (45, 0)),
-        Step("moe_30b_decode", decode + ["--shapes", "qwen3-30b-a3b", "--batches", "1"],
-             small + ["--shapes", "qwen3-tiny-moe", "--batches", "1"], (45, 60)),
+        Step("moe_30b_decode", decode + ["--shapes", "qwen3-30b-a3b", "--batches", "1",
+                                         "--bound-shape", "qwen3-30b-a3b"],
+             small + ["--shapes", "qwen3-tiny-moe", "--batches", "1", "--bound-shape",
+                      "qwen3-tiny-moe"], (45, 60)),
         Step("kernel", ["bench/prefix_kernel.py", "--rows", "32", "--suffixes", "256",
                         "--blocks", "32x64", "--forms", "reference", "cudnn", "--repeats", "5"],
              ["bench/prefix_kernel.py", "--interpret", "--rows", "2", "--suffixes", "8",
@@ -218,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                                "date": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
         rows.flush()
         budget = a.budget or (600 if a.cpu_smoke else 470)
+        results = []
         for step in steps(a.out, bandwidth):
             argv_ = step.smoke if a.cpu_smoke else step.gpu
             if argv_ is None or (a.only and step.name not in a.only):
@@ -232,13 +237,19 @@ def main(argv: list[str] | None = None) -> int:
                 result = run_step(step, argv_, box, rows, log, env)
             rows.write(json.dumps(result) + "\n")
             rows.flush()
-            print(f"{step.name}: {result['status']} ({result.get('seconds', 0)} s)", flush=True)
+            results.append(result)
+            print(f"{step.name}: {result['status']} ({result.get('seconds', 0)} s)"
+                  + (f": {result['why']}" if "why" in result else "")
+                  + (f" (its output: {a.out / 'check.log'})" if result["status"] == "failed"
+                     else ""), flush=True)
         summary = reports(a.out, rows_path)
         (a.out / "report.json").write_text(json.dumps(summary, indent=1) + "\n")
         rows.write(json.dumps({"name": "check_done", "seconds": round(time.time() - t0, 1)})
                    + "\n")
-    print(f"done in {time.time() - t0:.0f} s -> {a.out}")
-    return 0
+    failed = [r["step"] for r in results if r["status"] == "failed"]
+    print(f"done in {time.time() - t0:.0f} s -> {a.out}"
+          + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
 
 
 def commit() -> str | None:

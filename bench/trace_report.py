@@ -155,8 +155,8 @@ def print_report(r: dict, source: str) -> None:
         return
     print(f"  {r['device_events']:,} device events on {r['lanes']} lane(s), "
           f"{r['kernels_per_step']:.1f} per step over {r['steps']} step(s)")
-    print(f"  span {r['span_us'] / 1e3:.3f} ms, busy {r['busy_us'] / 1e3:.3f} ms "
-          f"({r['busy_fraction_of_span']:.1%} of the span), idle gaps "
+    print(f"  span {r['span_us'] / 1e3:.3f} ms, busy {r['busy_us'] / 1e3:.3f} ms summed over "
+          f"the lanes ({r['busy_fraction_of_span']:.1%} of the span x lanes), idle gaps "
           f"{r['idle_gaps_us'] / 1e3:.3f} ms in {r['idle_gaps']:,}; "
           f"{r['step_us'] / 1e3:.3f} ms a step")
     if "fraction_of_bandwidth_bound" in r:

@@ -19,6 +19,12 @@ import tyro
 from llm_jax.sampling import SamplingFlags
 
 
+ENCODE = "Hidden states of a text (a chat turn with --chat), after an optional cached prefix."
+GENERATE = ("Text generated for prompts, sampled as the checkpoint's generation_config.json says "
+            "unless flags say otherwise (greedy where there is none).")
+TRUNCATE = "A copy of a checkpoint cut after its first L layers (a vLLM server's last layer)."
+
+
 @dataclasses.dataclass(frozen=True)
 class Encode:
     weights: str
@@ -73,7 +79,7 @@ class Generate(SamplingFlags):
     """Shared prefix, computed once for all prompts: the system message in the chat template,
     or (with --raw) text whose tokens come before each prompt's."""
     seed: int | None = None
-    """PRNG seed of the sampling (default 0); not with --greedy."""
+    """PRNG seed of the sampling (unset: 0); not with --greedy."""
     ignore_eos: bool = False
     """Generate max_new_tokens for every prompt, past EOS."""
     keep_special: bool = False
@@ -340,9 +346,15 @@ def main(argv=None):
     from llm_jax.loader import WeightsError
     from llm_jax.tokenizer import TokenizerError
 
-    cmd = tyro.cli(Annotated[Encode, tyro.conf.subcommand("encode")]
-                   | Annotated[Generate, tyro.conf.subcommand("generate")]
-                   | Annotated[Truncate, tyro.conf.subcommand("truncate")], args=argv)
+    try:
+        cmd = tyro.cli(
+            Annotated[Encode, tyro.conf.subcommand("encode", description=ENCODE)]
+            | Annotated[Generate, tyro.conf.subcommand("generate", description=GENERATE)]
+            | Annotated[Truncate, tyro.conf.subcommand("truncate", description=TRUNCATE)],
+            args=argv, prog="python -m llm_jax")
+    except BrokenPipeError:  # `--help | head`: end quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
     run = {Encode: run_encode, Generate: run_generate, Truncate: run_truncate}[type(cmd)]
     try:
         return run(cmd)

@@ -96,8 +96,8 @@ class Qwen3Config:
     def from_folder(cls, folder: str | Path) -> "Qwen3Config":
         path = Path(folder).expanduser() / "config.json"
         if not path.is_file():
-            raise Qwen3ConfigError(f"{path} not found: --weights must be a HuggingFace model "
-                                   "folder (config.json + *.safetensors)")
+            raise Qwen3ConfigError(f"{path} not found: the weights must be a HuggingFace Qwen3 "
+                                   "model folder (config.json + *.safetensors) or a hub id")
         try:
             d = json.loads(path.read_text())
         except json.JSONDecodeError as e:

@@ -101,9 +101,11 @@ class SamplingFlags:
     """Sampling temperature (0: greedy). Unset: the checkpoint's generation_config.json (Qwen3:
     0.6), greedy where there is none."""
     top_k: int | None = None
-    """Sample among the k most likely tokens (0: all). Unset: generation_config.json's."""
+    """Sample among the k most likely tokens (0: all). Unset: generation_config.json's (with
+    none, or where it says do_sample false: greedy, or all tokens under a sampling flag)."""
     top_p: float | None = None
-    """Nucleus sampling threshold in (0, 1] (1: off). Unset: generation_config.json's."""
+    """Nucleus sampling threshold in (0, 1] (1: off). Unset: generation_config.json's (with
+    none: greedy, or off under a sampling flag)."""
 
 
 class Resolved(NamedTuple):

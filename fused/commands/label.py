@@ -56,6 +56,7 @@ def parse(argv: list[str]):
     return cmd, config_io.cli(cls, rest, DESCRIPTIONS[cmd], f"{prog} {cmd}")
 
 
+@process.quiet_broken_pipe
 def main(argv: list[str] | None = None):
     console = Console(soft_wrap=True)
     argv = sys.argv[1:] if argv is None else argv

@@ -60,6 +60,7 @@ def parse_train(cmd: str, argv: list[str]):
     return cfg, changed
 
 
+@process.quiet_broken_pipe
 def main(argv: list[str] | None = None):
     argv = sys.argv[1:] if argv is None else argv
     console = Console(soft_wrap=True)

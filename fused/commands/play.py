@@ -41,6 +41,7 @@ from fused.commands import process
 from fused.errors import ConfigError
 from fused.llm.config import ModelConfig
 from fused.llm.player import PlayerSettings
+from fused.envspec import EnvName
 from fused.rl.config import EnvSettings
 from fused.runs import config_io
 from fused.runs.files import atomic_write_json, require_writable
@@ -54,15 +55,30 @@ RESUME_FREE = ("video", "video_max_steps", "plot", "resume")
 
 
 @dataclasses.dataclass(frozen=True)
+class PlayEnv:
+    """The env the LLM plays (its episodes never reset: no reset settings)."""
+
+    name: EnvName = "Craftax-Classic-Symbolic-v1"
+    """Craftax-Classic-Symbolic-v1 or Craftax-Symbolic-v1."""
+    max_episode_steps: int | None = None
+    """Override the env's episode limit (truncation); None keeps the env default."""
+
+    @property
+    def settings(self) -> EnvSettings:
+        return EnvSettings(name=self.name, max_episode_steps=self.max_episode_steps)
+
+
+@dataclasses.dataclass(frozen=True)
 class PlayConfig(PlayerSettings):
     """How the LLM plays (`PlayerSettings`), then what it plays and where the results go."""
 
     llm: ModelConfig = ModelConfig()
     """The Qwen3 that plays."""
-    env: EnvSettings = EnvSettings(name="Craftax-Classic-Symbolic-v1")
+    env: PlayEnv = PlayEnv()
     """The env (Craftax-Classic-Symbolic-v1 or Craftax-Symbolic-v1)."""
     episodes: int = 8
-    """Episodes, one per seed, played at once; each to its end or --max-steps."""
+    """Episodes, one per seed, played at once; each to its end or --max-steps (at least 2:
+    eval.json gives a confidence interval)."""
     seed: int = 0
     """Seed of the episodes' worlds (offline.py eval's: the same worlds for the same seed) and
     of the replies' sampling."""
@@ -95,7 +111,7 @@ def validate(c: PlayConfig) -> None:
     from fused.llm.player import check_settings
     from fused.rl.config import validate_env
 
-    validate_env(c.env, c.episodes, 1, "--episodes")
+    validate_env(c.env.settings, c.episodes, 1, "--episodes")
     if c.episodes <= 1:
         raise ConfigError(f"--episodes {c.episodes}: at least 2 for a confidence interval")
     if c.max_steps is not None and c.max_steps <= 0:
@@ -267,7 +283,7 @@ def play(c: PlayConfig, run: Path, console, command: str) -> dict:
     run.mkdir(parents=True, exist_ok=True)
     if not c.resume:
         atomic_write_json(run / "config.json", config_io.to_dict(c))
-    env = make_env(c.env)
+    env = make_env(c.env.settings)
     s = spec(c.env.name)
     ev = make_evaluate(env, player.policy, Identity(), c.episodes, c.block_steps,
                        max_steps=c.max_steps, record=s if record is not None else None)
@@ -370,7 +386,7 @@ def play(c: PlayConfig, run: Path, console, command: str) -> dict:
             n = int(np.asarray(after.carry.tokens)[e])
             return player.text(np.asarray(after.carry.last_reply)[e][:n])
 
-        frames = play_frames(c.env, player.policy, Identity(), player.params, None, c.video,
+        frames = play_frames(c.env.settings, player.policy, Identity(), player.params, None, c.video,
                              c.seed, c.video_max_steps, False, text)
         out["videos"] = [str(p) for p in write_gifs(frames, run / "videos")]
         atomic_write_json(run / "eval.json", out)
@@ -425,6 +441,7 @@ def resume_config(argv: list[str]) -> PlayConfig:
     return dataclasses.replace(c, resume=str(run))
 
 
+@process.quiet_broken_pipe
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     console = Console(soft_wrap=True)

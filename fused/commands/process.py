@@ -7,6 +7,7 @@ SLURM job of several tasks (JAX reads its variables itself); CPU processes use g
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -14,6 +15,19 @@ import sys
 from rich.console import Console
 
 from fused.runs.files import DEFAULT_CACHE
+
+
+def quiet_broken_pipe(main):
+    """A command's `main` that ends quietly (exit 1) when its reader goes away, as in
+    `craftax-label generate --help | head`, instead of a traceback."""
+    @functools.wraps(main)
+    def run(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except BrokenPipeError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error
+            sys.exit(1)                                                       # at exit's flush
+    return run
 
 
 def prog_name(script: str) -> str:

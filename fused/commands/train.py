@@ -234,6 +234,7 @@ def load_config(argv: list[str]) -> tuple[TrainConfig, dict]:
                             RESUME_FIXED, RESUME_FREE)
 
 
+@process.quiet_broken_pipe
 def main(argv: list[str] | None = None) -> Path:
     process.one_line_warnings()
     try:
@@ -318,7 +319,8 @@ def train(online: Online, run: RunDir, console: Console) -> Path:
     console.print(f"done: {done.update}/{cfg.num_updates} updates in {time.time() - t0:.0f}s. "
                   f"Outputs in {run.path}: config.json, metrics.jsonl"
                   f"{', curve.png' if done.curve else ''}, checkpoints/ (steps "
-                  f"{done.checkpoints})")
+                  f"{done.checkpoints})"
+                  + (", wandb/" if (run.path / "wandb").is_dir() else ""))
     return run.path
 
 

@@ -124,8 +124,9 @@ def validate_env(e: EnvSettings, num_envs: int, num_devices: int = 1,
         raise ConfigError(f"env.name={e.name!r} is unknown; choose one of {', '.join(SPECS)}")
     for name, value in {num_envs_field: num_envs, "env.reset_pool": e.reset_pool,
                         "env.worlds_per_step": e.worlds_per_step}.items():
-        if value <= 0:
-            raise ConfigError(f"{name}={value} must be positive")
+        if value <= 0:  # (a flag, --episodes, named as flags are: `--episodes 0`)
+            said = f"{name} {value}" if name.startswith("--") else f"{name}={value}"
+            raise ConfigError(f"{said} must be positive")
     if e.max_episode_steps is not None and e.max_episode_steps <= 0:
         raise ConfigError(f"env.max_episode_steps={e.max_episode_steps} must be positive or None")
     if e.worlds_per_step > e.reset_pool:
