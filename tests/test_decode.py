@@ -24,7 +24,8 @@ PREFIX = 9
 PAD = 5  # a pad id unlike the old fill (0): rows past their end must hold it
 
 
-@pytest.fixture(scope="session", params=["tied", "untied"])
+# the fast lane decodes the tied model; the untied one (its own lm_head) in the slow lane
+@pytest.fixture(scope="session", params=["tied", pytest.param("untied", marks=pytest.mark.slow)])
 def tiny(request, tmp_path_factory):
     """(HF model, our config, our params, prefix ids, per-row prompt ids)."""
     tied = request.param == "tied"

@@ -60,7 +60,12 @@ def run_hf(model, tokens, lengths=LENGTHS):
     return [h.numpy() for h in out.hidden_states], logits
 
 
-@pytest.fixture(scope="session", params=list(MODELS))
+# the fast lane runs one pattern (every layer sparse); the slow lane all four
+FAST_MODELS = ("e8-k2-norm",)
+
+
+@pytest.fixture(scope="session", params=[
+    m if m in FAST_MODELS else pytest.param(m, marks=pytest.mark.slow) for m in MODELS])
 def tiny(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     model = build_tiny_qwen3_moe(folder, **MODELS[request.param])

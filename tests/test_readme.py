@@ -133,10 +133,12 @@ def help_text(*words) -> str:
 @pytest.mark.parametrize("words, flags, absent", [
     (("train.py",), ["--ppo.num-steps INT", "--env.num-envs INT", "--resume"], []),
     (("label.py", "generate"), ["--shard-rows INT", "(default: 8192)", "--min-return"], []),
-    (("offline.py", "awr"), ["--data STR", "(required)", "--labels", "--device-rows"],
-     ["--algo"]),
-    (("offline.py", "eval"), ["--run STR", "(required)", "--video INT"], []),
-    (("play.py", "llm"), ["--history INT", "--llm.weights", "--record", "--greedy"], []),
+    pytest.param(("offline.py", "awr"), ["--data STR", "(required)", "--labels",
+                                         "--device-rows"], ["--algo"], marks=pytest.mark.slow),
+    pytest.param(("offline.py", "eval"), ["--run STR", "(required)", "--video INT"], [],
+                 marks=pytest.mark.slow),
+    pytest.param(("play.py", "llm"), ["--history INT", "--llm.weights", "--record", "--greedy"],
+                 [], marks=pytest.mark.slow),
 ])
 def test_help_lists_every_flag_as_paragraphs(words, flags, absent):
     """Without a preset, --help names the presets and lists every flag with the default
@@ -162,7 +164,9 @@ def test_help_lists_every_flag_as_paragraphs(words, flags, absent):
 
 @pytest.mark.parametrize("script, commands", [
     ("craftax-label", ["generate", "label", "returns", "verify"]),
-    ("craftax-offline", ["awr", "bc", "eval", "study", "probe"]), ("craftax-play", ["llm"])])
+    pytest.param("craftax-offline", ["awr", "bc", "eval", "study", "probe"],
+                 marks=pytest.mark.slow),
+    pytest.param("craftax-play", ["llm"], marks=pytest.mark.slow)])
 def test_console_scripts_list_their_commands_under_their_own_name(script, commands):
     """`craftax-X --help` exits 0 listing the subcommands as `craftax-X`, and a subcommand's
     usage names the console script too (not `python label.py`)."""
