@@ -15,7 +15,8 @@ from fused.llm.config import LLMConfig
 from fused.llm import batching
 from fused.llm.encoder import make_llm
 from fused.llm.policy_input import LLMInput
-from fused.rl.networks import ActorCritic, AugmentedActorCritic, RecurrentActorCritic
+from fused.rl.networks import (ActorCritic, AugmentedActorCritic, ConvActorCritic,
+                               RecurrentActorCritic)
 from fused.rl.config import EnvSettings, PolicyConfig
 from fused.rl.policy_input import Identity, PolicyInput
 
@@ -66,14 +67,24 @@ def make_agent(cfg: AgentConfig, num_envs: int, num_devices: int = 1,
     return Agent(network, LLMInput(llm, sizes.microbatch, sizes.refresh, num_envs))
 
 
+def network_kind(cfg: AgentConfig) -> str:
+    """mlp, cnn or gru: `--policy.kind`, `auto` being cnn on frames (pixel envs), mlp else."""
+    if cfg.policy.kind != "auto":
+        return cfg.policy.kind
+    return "cnn" if spec(cfg.env.name).is_pixels else "mlp"
+
+
 def policy_network(cfg: AgentConfig) -> nn.Module:
-    """The network of `cfg`'s policy (feed-forward or GRU, plain or with an LLM state), built
-    without loading the LLM (offline training reads hidden states from label sets)."""
+    """The network of `cfg`'s policy (feed-forward, CNN or GRU, plain or with an LLM state),
+    built without loading the LLM (offline training reads hidden states from label sets)."""
     s, p = spec(cfg.env.name), cfg.policy
-    gru = cfg.policy.kind == "gru"
+    kind = network_kind(cfg)
+    gru = kind == "gru"
     if cfg.llm.active_backend == "none":
-        return (RecurrentActorCritic(s.num_actions, p.layer_width, p.num_layers) if gru
-                else ActorCritic(s.num_actions, p.layer_width, p.num_layers))
+        if kind == "cnn":
+            return ConvActorCritic(s.num_actions, s.image, p.layer_width)
+        return (RecurrentActorCritic(s.num_actions, p.layer_width, p.num_layers, image=s.image)
+                if gru else ActorCritic(s.num_actions, p.layer_width, p.num_layers))
     kind = RecurrentActorCritic if gru else AugmentedActorCritic
     return kind(s.num_actions, p.layer_width, p.num_layers, cfg.llm.projection == "layernorm",
                 cfg.llm.constant_hidden)

@@ -15,6 +15,8 @@ from typing import Literal, get_args
 EnvName = Literal[
     "Craftax-Symbolic-v1",
     "Craftax-Classic-Symbolic-v1",
+    "Craftax-Pixels-v1",
+    "Craftax-Classic-Pixels-v1",
     "probe-constant",
     "probe-obs-reward",
     "probe-delayed",
@@ -26,6 +28,7 @@ EnvName = Literal[
 ]
 
 TextEnvName = Literal["Craftax-Symbolic-v1", "Craftax-Classic-Symbolic-v1"]  # with a text format
+PixelEnvName = Literal["Craftax-Pixels-v1", "Craftax-Classic-Pixels-v1"]  # frames as observations
 MAX_VALUE = 999  # counts above this (never reached in Craftax) would not render on the device
 
 
@@ -227,10 +230,16 @@ class EnvSpec:
     title: str = ""  # the game's name in the prompt
     floors: int = 1  # dungeon floors generated per world
     constants: str | None = None  # craftax module holding the Achievement and Action enums
+    image: tuple[int, int, int] | None = None  # a frame's (height, width, 3): a pixel env, its
+    #                                            observation the frame flattened (obs_dim)
 
     @property
     def has_text(self) -> bool:
         return self.layout is not None
+
+    @property
+    def is_pixels(self) -> bool:
+        return self.image is not None
 
     def _enum(self, name: str):
         return getattr(importlib.import_module(self.constants), name)
@@ -251,11 +260,19 @@ SPECS: dict[str, EnvSpec] = {
     "Craftax-Classic-Symbolic-v1": EnvSpec(
         "Craftax-Classic-Symbolic-v1", "craftax", CLASSIC_LAYOUT.obs_dim, 17, CLASSIC_LAYOUT,
         "Craftax Classic", 1, "craftax.craftax_classic.constants"),
+    # 9 x 11 blocks of 10 px above a 40-row inventory; Classic: 7 x 9 blocks of 7 px
+    "Craftax-Pixels-v1": EnvSpec("Craftax-Pixels-v1", "craftax", 130 * 110 * 3, 43, None,
+                                 "Craftax", 9, "craftax.craftax.constants", (130, 110, 3)),
+    "Craftax-Classic-Pixels-v1": EnvSpec(
+        "Craftax-Classic-Pixels-v1", "craftax", 63 * 63 * 3, 17, None, "Craftax Classic", 1,
+        "craftax.craftax_classic.constants", (63, 63, 3)),
 }
 SPECS.update({n: EnvSpec(n, "probe", 2, 2) for n in get_args(EnvName) if n.startswith("probe-")})
 TEXT_ENVS = get_args(TextEnvName)
+PIXEL_ENVS = get_args(PixelEnvName)
 assert tuple(SPECS) == get_args(EnvName)
 assert TEXT_ENVS == tuple(n for n, s in SPECS.items() if s.has_text)
+assert PIXEL_ENVS == tuple(n for n, s in SPECS.items() if s.is_pixels)
 
 
 def spec(name: str) -> EnvSpec:

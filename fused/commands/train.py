@@ -21,7 +21,7 @@ from fused.agent import Agent, AgentConfig, make_agent
 from fused.errors import ConfigError
 from fused.llm.config import LLMConfig, validate_llm
 from fused.rl.config import (EnvConfig, ExploreConfig, PolicyConfig, PPOConfig, env_settings,
-                             validate_env)
+                             validate_env, validate_policy)
 from fused.commands import process
 from fused.rl.env_api import Env
 from fused.rl.envs import make_env
@@ -87,10 +87,10 @@ def validate(cfg: TrainConfig, num_devices: int = 1) -> None:
     """Reject values that cannot work, with one line naming the field and the fix."""
     e, p = cfg.env, cfg.ppo
     validate_env(e, e.num_envs, num_devices)
+    validate_policy(cfg.policy, e.name)
     positive = {
         "ppo.num_steps": p.num_steps,
         "ppo.update_epochs": p.update_epochs, "ppo.num_minibatches": p.num_minibatches,
-        "policy.layer_width": cfg.policy.layer_width, "policy.num_layers": cfg.policy.num_layers,
         "total_timesteps": cfg.total_timesteps,
     }
     for name, value in positive.items():
@@ -178,6 +178,15 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
                 dataclasses.replace(CPU, policy=dataclasses.replace(CPU.policy, kind="gru"))),
     "cpu-rnd": ("The cpu preset with the RND bonus (the baselines' RND sizes, coef 1).",
                 dataclasses.replace(CPU, explore=ExploreConfig("rnd"))),
+    "gpu-pixels": (
+        "Accelerator: Craftax-Pixels (130 x 110 frames), the public pixel PPO (CNN 512, 1024 "
+        "envs, 64 steps, 4 x 8 minibatches, lr 2e-4, lambda 0.8), 1B steps.",
+        _preset(
+            env=EnvConfig(name="Craftax-Pixels-v1", num_envs=1024, reset_pool=64,
+                          worlds_per_step=8),
+            total_timesteps=1_000_000_000, updates_per_chunk=20, checkpoint_every_updates=500,
+        ),
+    ),
     "symbolic": (
         "The prior system's Craftax-Symbolic PPO (its published defaults) at 128 envs.",
         _preset(env=EnvConfig(num_envs=128), total_timesteps=100_000_000, updates_per_chunk=10),

@@ -17,7 +17,8 @@ class EnvSettings:
     """Which env and how it resets (everything but how many copies run)."""
 
     name: EnvName = "Craftax-Symbolic-v1"
-    """Environment: Craftax-Symbolic-v1, Craftax-Classic-Symbolic-v1, or a probe-* test env."""
+    """Environment: Craftax-Symbolic-v1, Craftax-Classic-Symbolic-v1, their frames
+    (Craftax-Pixels-v1, Craftax-Classic-Pixels-v1), or a probe-* test env."""
     reset: Literal["optimistic", "auto"] = "optimistic"
     """`optimistic`: finished envs take worlds from a small pool refilled a few worlds per step
     (Craftax baselines' idea, amortised further); `auto`: every finished episode gets a freshly
@@ -36,6 +37,19 @@ class EnvSettings:
 class EnvConfig(EnvSettings):
     num_envs: int = 128
     """Parallel environments (global, across all devices)."""
+
+
+def validate_policy(p: "PolicyConfig", env_name: str, field: str = "policy") -> None:
+    """The network fits the env: a CNN reads frames."""
+    from fused.envspec import PIXEL_ENVS, spec
+
+    if p.kind == "cnn" and not spec(env_name).is_pixels:
+        raise ConfigError(f"{field}.kind=cnn reads frames but env.name={env_name!r} gives "
+                          f"vectors; use mlp or gru (or auto), or a pixel env "
+                          f"({', '.join(PIXEL_ENVS)})")
+    for name in ("layer_width", "num_layers"):
+        if getattr(p, name) <= 0:
+            raise ConfigError(f"{field}.{name}={getattr(p, name)} must be positive")
 
 
 def env_settings(env: EnvSettings) -> EnvSettings:
@@ -77,12 +91,15 @@ class PPOConfig:
 class PolicyConfig:
     """The policy network (what every command that trains or acts builds alike)."""
 
-    kind: Literal["mlp", "gru"] = "mlp"
+    kind: Literal["auto", "mlp", "cnn", "gru"] = "auto"
     """`mlp`: separate feed-forward actor and critic (tanh, --policy.num-layers x
-    --policy.layer-width). `gru`: the public baselines' PPO-RNN: Dense+relu embedding, a GRU of
-    --policy.layer-width whose carry restarts at episode starts, then relu actor and critic
-    heads of --policy.num-layers - 1 layers; PPO epochs replay whole env sequences from the
-    rollout's first carry."""
+    --policy.layer-width). `cnn` (frames: the pixel envs): the public baselines'
+    ActorCriticConv, three conv + max-pool layers shared by a relu actor and critic of
+    --policy.layer-width. `gru`: the public baselines' PPO-RNN: Dense+relu embedding (of the
+    CNN's features on frames), a GRU of --policy.layer-width whose carry restarts at episode
+    starts, then relu actor and critic heads of --policy.num-layers - 1 layers; PPO epochs
+    replay whole env sequences from the rollout's first carry. `auto`: cnn on pixel envs, mlp
+    on the others."""
     layer_width: int = 512
     """Hidden width of the actor and critic (the GRU's width)."""
     num_layers: int = 3

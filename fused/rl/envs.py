@@ -19,7 +19,9 @@ from fused.rl.diagnostic_envs import make_probe
 
 
 class CraftaxEnv:
-    """One Craftax env, no auto-reset. Methods are pure and vmappable."""
+    """One Craftax env, no auto-reset. Methods are pure and vmappable. A pixel env's frame
+    [H, W, 3] is its observation flattened ([H * W * 3]: every env's is a vector; the CNN
+    policy reshapes it)."""
 
     def __init__(self, env_spec: EnvSpec, max_episode_steps: int | None = None):
         from craftax.craftax_env import make_craftax_env_from_name
@@ -32,19 +34,21 @@ class CraftaxEnv:
         self.params = params
         self.achievement_names = env_spec.achievement_names
         self.num_actions = self._env.action_space(params).n
-        self.obs_dim = self._env.observation_space(params).shape[0]
+        self.obs_dim = int(np.prod(self._env.observation_space(params).shape))
         assert (self.num_actions, self.obs_dim) == (env_spec.num_actions, env_spec.obs_dim), \
             f"fused.envspec disagrees with craftax about {env_spec.name}"
 
     def reset(self, key: jax.Array) -> tuple[jax.Array, Any]:
-        return self._env.reset_env(key, self.params)
+        obs, state = self._env.reset_env(key, self.params)
+        return obs.reshape(-1), state
 
     def observe(self, state: Any) -> jax.Array:
-        """The symbolic observation of a state (after editing it, say)."""
-        return self._env.get_obs(state)
+        """The observation of a state (after editing it, say)."""
+        return self._env.get_obs(state).reshape(-1)
 
     def step(self, key: jax.Array, state: Any, action: jax.Array) -> StepResult:
         obs, next_state, reward, done, _ = self._env.step_env(key, state, action, self.params)
+        obs = obs.reshape(-1)
         # Time-limit ends are truncations unless the player also died (or won) on that step.
         timed_out = next_state.timestep >= self.params.max_timesteps
         truncated = done & timed_out & (next_state.player_health > 0)

@@ -14,6 +14,9 @@ optimiser after the PPO epochs. Explorers see the raw observation (never the LLM
   restarted at each episode; the bonus is the elliptical norm `phi^T C phi` of the current
   state's features before they are added.
 
+On frames (pixel envs) each explorer network reads a CNN's features (`ConvTorso`, of its own:
+RND's target and predictor, ICM's encoder), not the raw pixels.
+
 Bonuses are zero on the step where an episode ends (as published); transitions that end an
 episode are left out of the explorers' training.
 """
@@ -29,17 +32,22 @@ import optax
 from flax import struct
 
 from fused.rl.config import ExploreConfig
+from fused.rl.networks import ConvTorso
 
 
 class Net(nn.Module):
-    """`num_layers` relu layers of `width`, then `out` linear units (the baselines' explorers)."""
+    """`num_layers` relu layers of `width`, then `out` linear units (the baselines' explorers);
+    with `image`, over a frame's CNN features."""
 
     width: int
     num_layers: int
     out: int
+    image: tuple[int, int, int] | None = None
 
     @nn.compact
     def __call__(self, x):
+        if self.image is not None:
+            x = ConvTorso(self.image)(x)
         for _ in range(self.num_layers):
             x = nn.relu(nn.Dense(self.width)(x))
         return nn.Dense(self.out)(x)
@@ -67,15 +75,16 @@ def _pmean(x, axis_name):
 
 
 class Explorer:
-    def __init__(self, cfg: ExploreConfig, obs_dim: int, num_actions: int, local_envs: int):
+    def __init__(self, cfg: ExploreConfig, obs_dim: int, num_actions: int, local_envs: int,
+                 image: tuple[int, int, int] | None = None):
         self.cfg, self.obs_dim, self.num_actions = cfg, obs_dim, num_actions
         self.local_envs = local_envs
         c = cfg
         if c.kind == "rnd":
-            self.nets = {"predictor": Net(c.layer_width, c.num_layers, c.rnd_output)}
-            self.target_net = Net(c.layer_width, c.num_layers, c.rnd_output)
+            self.nets = {"predictor": Net(c.layer_width, c.num_layers, c.rnd_output, image)}
+            self.target_net = Net(c.layer_width, c.num_layers, c.rnd_output, image)
         else:
-            self.nets = {"encoder": Net(c.layer_width, c.num_layers, c.latent),
+            self.nets = {"encoder": Net(c.layer_width, c.num_layers, c.latent, image),
                          "forward": Net(c.layer_width, c.num_layers, c.latent),
                          "inverse": Net(c.layer_width, c.num_layers, num_actions)}
         self.tx = optax.adam(c.lr, eps=1e-5)
@@ -170,6 +179,8 @@ class Explorer:
         return s.replace(params=params, opt_state=opt_state), metrics
 
 
-def make_explorer(cfg: ExploreConfig, obs_dim: int, num_actions: int,
-                  local_envs: int) -> Explorer | None:
-    return None if cfg.kind == "none" else Explorer(cfg, obs_dim, num_actions, local_envs)
+def make_explorer(cfg: ExploreConfig, obs_dim: int, num_actions: int, local_envs: int,
+                  image: tuple[int, int, int] | None = None) -> Explorer | None:
+    """The explorer of `cfg` (None for none); `image`: observations are frames of that shape."""
+    return None if cfg.kind == "none" else Explorer(cfg, obs_dim, num_actions, local_envs,
+                                                    image)

@@ -1,4 +1,6 @@
-"""Actor-critic networks (the prior system's: separate tanh MLPs, orthogonal init)."""
+"""Actor-critic networks: the prior system's separate tanh MLPs (orthogonal init), the public
+Craftax baselines' CNN for frames (`ConvActorCritic`) and their PPO-RNN (`RecurrentActorCritic`,
+over a CNN's features for frames)."""
 
 from __future__ import annotations
 
@@ -53,6 +55,62 @@ class ActorCritic(nn.Module):
 
     def critic(self, obs: jax.Array) -> jax.Array:
         return self.critic_mlp(obs)[:, 0]
+
+
+class ConvTorso(nn.Module):
+    """A frame's features, as the public baselines' `ActorCriticConv` computes them: three times
+    [Conv 32 filters 5 x 5 (same padding), ReLU, max-pool 3 x 3 stride 3], flattened (512
+    features at 130 x 110, 128 at 63 x 63). x: [B, H * W * C] (frames flattened, as every env
+    observation is a vector) -> [B, F]."""
+
+    image: tuple[int, int, int]
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x.reshape(x.shape[0], *self.image)
+        for i in range(3):
+            x = nn.relu(nn.Conv(32, (5, 5), name=f"conv_{i}")(x))
+            x = nn.max_pool(x, (3, 3), strides=(3, 3))
+        return x.reshape(x.shape[0], -1)
+
+
+def conv_features(image: tuple[int, int, int]) -> int:
+    """Features `ConvTorso` gives for frames of `image` (H, W, C)."""
+    h, w = image[0], image[1]
+    for _ in range(3):
+        h, w = h // 3, w // 3
+    return 32 * h * w
+
+
+class ConvActorCritic(nn.Module):
+    """The public baselines' `ActorCriticConv`: one CNN torso (`ConvTorso`) shared by the actor
+    (Dense(width) -> ReLU -> Dense(A) -> ReLU -> Dense(A)) and the critic (Dense(width) -> ReLU
+    -> Dense(1)), orthogonal init (gain 2, 0.01 on the action heads, 1 on the value). The
+    rollout runs `actor` alone and the critic on the whole rollout in one batch, as for the
+    MLP."""
+
+    num_actions: int
+    image: tuple[int, int, int]
+    width: int = 512
+
+    def setup(self):
+        self.torso = ConvTorso(self.image)
+        self.actor_hidden = dense(self.width, 2.0)
+        self.actor_mid = dense(self.num_actions, 0.01)
+        self.actor_head = dense(self.num_actions, 0.01)
+        self.critic_hidden = dense(self.width, 2.0)
+        self.critic_head = dense(1, 1.0)
+
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """obs: [B, H * W * C] -> (logits [B, A], value [B])."""
+        return self.actor(obs), self.critic(obs)
+
+    def actor(self, obs: jax.Array) -> jax.Array:
+        x = nn.relu(self.actor_hidden(self.torso(obs)))
+        return self.actor_head(nn.relu(self.actor_mid(x)))
+
+    def critic(self, obs: jax.Array) -> jax.Array:
+        return self.critic_head(nn.relu(self.critic_hidden(self.torso(obs))))[:, 0]
 
 
 class ConcatDense(nn.Module):
@@ -133,17 +191,21 @@ class AugmentedActorCritic(nn.Module):
 
 
 class Embed(nn.Module):
-    """A recurrent policy's first layer: Dense+relu of the observation, or for inputs
-    {"obs", "hidden"} (an LLM state beside it) the augmented network's two projections joined
-    by one Dense+relu, so a GRU takes the LLM state as the MLP does."""
+    """A recurrent policy's first layer: Dense+relu of the observation (of a frame's CNN
+    features, `ConvTorso`, with `image`), or for inputs {"obs", "hidden"} (an LLM state beside
+    it) the augmented network's two projections joined by one Dense+relu, so a GRU takes the
+    LLM state as the MLP does."""
 
     width: int
     layernorm: bool = False
     constant_hidden: bool = False
+    image: tuple[int, int, int] | None = None
 
     @nn.compact
     def __call__(self, x) -> jax.Array:
         if not isinstance(x, dict):
+            if self.image is not None:
+                x = ConvTorso(self.image, name="torso")(x)
             return nn.relu(dense(self.width, np.sqrt(2), "embed")(x))
         o = nn.relu(dense(self.width, np.sqrt(2), "obs_proj")(x["obs"]))
         h = x["hidden"][:1] if self.constant_hidden else x["hidden"]
@@ -176,12 +238,14 @@ class RecurrentActorCritic(nn.Module):
     num_layers: int = 3
     layernorm: bool = False
     constant_hidden: bool = False
+    image: tuple[int, int, int] | None = None  # frames: the GRU runs over their CNN features
 
     @nn.compact
     def __call__(self, carry, x, resets):
         t, b = resets.shape
         flat = jax.tree.map(lambda a: a.reshape((t * b,) + a.shape[2:]), x)
-        e = Embed(self.width, self.layernorm, self.constant_hidden, name="embed")(flat)
+        e = Embed(self.width, self.layernorm, self.constant_hidden, self.image,
+                  name="embed")(flat)
         scan = nn.scan(ResetGRU, variable_broadcast="params", split_rngs={"params": False},
                        in_axes=0, out_axes=0)
         carry, y = scan(self.width, name="gru")(carry, (e.reshape(t, b, -1), resets))

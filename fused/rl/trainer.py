@@ -63,7 +63,8 @@ def make_train(cfg: PPORun, env: Env, network: nn.Module, inputs: PolicyInput,
     local_envs = cfg.env.num_envs // num_shards
     rollout = Rollout(network_policy(network), inputs, VecEnv(env, cfg.env), cfg.env.num_envs,
                       local_envs, axis_name)
-    explorer = make_explorer(cfg.explore, env.obs_dim, env.num_actions, local_envs)
+    explorer = make_explorer(cfg.explore, env.obs_dim, env.num_actions, local_envs,
+                             getattr(getattr(env, "spec", None), "image", None))
     ctx = Ctx(rollout, tx, cfg.ppo, explorer)
 
     def init(key, frozen):
