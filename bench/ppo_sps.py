@@ -44,10 +44,20 @@ class Args:
     """Env-only: untimed 64-step scans first, so episodes are under way and ending."""
     ppo_updates: int = 2
     """Updates per timed PPO chunk."""
+    num_steps: int = 64
+    """PPO rows: steps per update per env."""
+    update_epochs: int = 4
+    """PPO rows: epochs per update."""
+    num_minibatches: int = 8
+    """PPO rows: minibatches per epoch."""
+    width: int = 512
+    """PPO rows: the network's layer width."""
     variants: tuple[str, ...] = ("mlp",)
-    """Variants timed at each PPO env count: a policy kind (mlp, gru), optionally with an
-    exploration bonus (`gru`, `mlp+rnd`, `mlp+icm`, `gru+e3b`). Rows after the first carry
-    their ratio to it (`vs_<first>`), all from this one run."""
+    """Variants timed at each PPO env count: a policy kind (mlp, gru, cnn on pixel envs),
+    optionally with an exploration bonus (`gru`, `mlp+rnd`, `mlp+icm`, `gru+e3b`), and for a CNN
+    the convolutions' form (`cnn@lax`: lax.conv, `cnn@im2col`: shifted copies and a matmul,
+    what XLA:CPU runs by default). Rows after the first carry their ratio to it
+    (`vs_<first>`), all from this one run."""
     reference: bool = True
     """Also time the prior system's PPO structure (bench/reference_ppo.py) for a same-run ratio."""
     skip_env: bool = False
@@ -112,13 +122,19 @@ def ppo_rows(args: Args):
     from fused.commands.train import TrainConfig, validate
     from fused.rl.config import EnvConfig, ExploreConfig, PolicyConfig, PPOConfig
     from fused.commands.train import build
+    from fused.rl import networks
 
     rows = []
     for n, variant in [(n, v) for n in args.ppo_env_counts for v in args.variants]:
         kind, _, explore = variant.partition("+")
+        kind, _, form = kind.partition("@")
+        networks.FORCE_IM2COL = {"": None, "lax": False, "im2col": True}[form]
         cfg = TrainConfig(env=EnvConfig(name=args.env, num_envs=n, reset_pool=args.reset_pool,
                                         worlds_per_step=args.worlds_per_step),
-                          ppo=PPOConfig(), policy=PolicyConfig(kind),
+                          ppo=PPOConfig(num_steps=args.num_steps,
+                                        update_epochs=args.update_epochs,
+                                        num_minibatches=args.num_minibatches),
+                          policy=PolicyConfig(kind, layer_width=args.width),
                           explore=ExploreConfig(explore or "none"),
                           total_timesteps=n * 64 * 10_000, updates_per_chunk=args.ppo_updates)
         validate(cfg)
@@ -138,7 +154,9 @@ def ppo_rows(args: Args):
             times.append(time.perf_counter() - t)
         dt = statistics.median(times)
         rows.append({"name": "ppo" if variant == "mlp" else f"ppo_{variant}", "env": args.env,
-                     "num_envs": n, "variant": variant,
+                     "num_envs": n, "variant": variant, "num_steps": args.num_steps,
+                     "update_epochs": args.update_epochs,
+                     "num_minibatches": args.num_minibatches, "width": args.width,
                      "steps_per_s": args.ppo_updates * cfg.steps_per_update / dt,
                      "compile_s": compile_s, "init_s": init_s})
         first = next(r for r in rows if r["num_envs"] == n and r.get("variant"))

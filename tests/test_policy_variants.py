@@ -126,7 +126,7 @@ def test_variants_resume_exactly(tmp_path, variant):
     cfg = json.loads((tmp_path / "b" / "config.json").read_text())
     assert [cfg["policy"]["kind"], cfg["explore"]["kind"]] == [
         variant[variant.index(f) + 1] if f in variant else d
-        for f, d in (("--policy.kind", "mlp"), ("--explore.kind", "none"))]
+        for f, d in (("--policy.kind", "auto"), ("--explore.kind", "none"))]
     rows = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     if "--explore.kind" in variant:  # intrinsic and extrinsic rewards logged apart
         assert all(r["explore/intrinsic_mean"] > 0 for r in rows)

@@ -57,6 +57,38 @@ class ActorCritic(nn.Module):
         return self.critic_mlp(obs)[:, 0]
 
 
+FORCE_IM2COL: bool | None = None  # set by benchmarks (bench/ppo_sps.py) to time both forms
+
+
+class Conv(nn.Module):
+    """`nn.Conv(features, (k, k))` with "SAME" padding and the same parameters (kernel
+    [k, k, C, F] drawn as nn.Conv draws it, bias [F]). On XLA:CPU it computes the k * k shifted
+    copies of the input (im2col) and one matmul: XLA:CPU runs the gradients of a convolution
+    inside the training loop through a slow generic loop (Classic-Pixels PPO: 29.5 steps/s with
+    `lax.conv`, 312 with this; docs/BENCHMARKS.md). Elsewhere `lax.conv` (cuDNN on GPUs)."""
+
+    features: int
+    size: int = 5
+    im2col: bool | None = None  # None: on the CPU backend
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        k, c = self.size, x.shape[-1]
+        kernel = self.param("kernel", nn.initializers.lecun_normal(), (k, k, c, self.features))
+        bias = self.param("bias", nn.initializers.zeros, (self.features,))
+        im2col = next(v for v in (self.im2col, FORCE_IM2COL, jax.default_backend() == "cpu")
+                      if v is not None)
+        if not im2col:
+            y = jax.lax.conv_general_dilated(x, kernel, (1, 1), "SAME",
+                                             dimension_numbers=("NHWC", "HWIO", "NHWC"))
+            return y + bias
+        h, w = x.shape[1], x.shape[2]
+        lo = (k - 1) // 2
+        xp = jnp.pad(x, ((0, 0), (lo, k - 1 - lo), (lo, k - 1 - lo), (0, 0)))
+        cols = jnp.concatenate([xp[:, i:i + h, j:j + w] for i in range(k) for j in range(k)], -1)
+        return cols @ kernel.reshape(k * k * c, self.features) + bias
+
+
 class ConvTorso(nn.Module):
     """A frame's features, as the public baselines' `ActorCriticConv` computes them: three times
     [Conv 32 filters 5 x 5 (same padding), ReLU, max-pool 3 x 3 stride 3], flattened (512
@@ -69,7 +101,7 @@ class ConvTorso(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         x = x.reshape(x.shape[0], *self.image)
         for i in range(3):
-            x = nn.relu(nn.Conv(32, (5, 5), name=f"conv_{i}")(x))
+            x = nn.relu(Conv(32, name=f"conv_{i}")(x))
             x = nn.max_pool(x, (3, 3), strides=(3, 3))
         return x.reshape(x.shape[0], -1)
 
@@ -102,15 +134,21 @@ class ConvActorCritic(nn.Module):
         self.critic_head = dense(1, 1.0)
 
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """obs: [B, H * W * C] -> (logits [B, A], value [B])."""
-        return self.actor(obs), self.critic(obs)
+        """obs: [B, H * W * C] -> (logits [B, A], value [B]); the torso once for both."""
+        x = self.torso(obs)
+        return self._actor(x), self._critic(x)
 
     def actor(self, obs: jax.Array) -> jax.Array:
-        x = nn.relu(self.actor_hidden(self.torso(obs)))
-        return self.actor_head(nn.relu(self.actor_mid(x)))
+        return self._actor(self.torso(obs))
 
     def critic(self, obs: jax.Array) -> jax.Array:
-        return self.critic_head(nn.relu(self.critic_hidden(self.torso(obs))))[:, 0]
+        return self._critic(self.torso(obs))
+
+    def _actor(self, x: jax.Array) -> jax.Array:
+        return self.actor_head(nn.relu(self.actor_mid(nn.relu(self.actor_hidden(x)))))
+
+    def _critic(self, x: jax.Array) -> jax.Array:
+        return self.critic_head(nn.relu(self.critic_hidden(x)))[:, 0]
 
 
 class ConcatDense(nn.Module):
