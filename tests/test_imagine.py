@@ -40,7 +40,7 @@ def labelled(tmp_path_factory):
 
 @pytest.mark.slow
 def test_labels_are_hf_generation_states_pooled(labelled):
-    from fused.data.labelling import imagined_texts, label_sources, obs_columns
+    from fused.data.labelling import imagined_texts, label_sources
     from fused.envspec import spec
     from fused.llm.config import ImagineConfig, LLMConfig
     from fused.llm.encoder import make_llm
@@ -56,9 +56,10 @@ def test_labels_are_hf_generation_states_pooled(labelled):
     llm = make_llm(LLMConfig(backend="jax", weights=str(weights), layer=LAYER,
                              imagine=ImagineConfig(tokens=N_NEW, pool="every:2")), env)
     name = ds.shard_names()[0]
-    cols = ds.read(name, ["t", "step", "episode_id"] + obs_columns(ds, name))
+    codec = ObsCodec(spec(env))
+    cols = ds.read(name, ["t", "step", "episode_id"] + codec.columns)
     source, _, _ = label_sources(cols, 8)
-    obs = ObsCodec(spec(env)).decode(np, {k: cols[k] for k in obs_columns(ds, name)})
+    obs = codec.decode(np, {k: cols[k] for k in codec.columns})
     lab = ds.read_labels("im", name)
     texts = imagined_texts(lab)
     checked = 0

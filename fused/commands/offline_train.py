@@ -174,8 +174,7 @@ def network_inputs(codec: ObsCodec, has_hidden: bool):
     """(rows, data, norm) -> the network input of sampled rows: observations decoded from their
     stored form, hidden states looked up in the table and normalised as the policy input does."""
     def inputs_of(rows, data, norm):
-        obs = codec.decode(jnp, {k: rows[k] for k in ("obs", "obs_bits", "obs_aux")
-                                 if k in rows})
+        obs = codec.decode(jnp, {k: rows[k] for k in codec.columns})
         if not has_hidden:
             return obs
         h = data["hidden_table"][rows["hidden_index"]].astype(jnp.float32)

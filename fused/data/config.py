@@ -11,7 +11,7 @@ import tyro
 from fused.errors import ConfigError
 from fused.llm.config import ImagineConfig, LLMConfig, validate_imagine, validate_llm
 from fused.rl.config import EnvSettings, validate_env
-from fused.envspec import EnvName, spec
+from fused.envspec import EnvName
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,9 +162,6 @@ def validate_generate(c: GenerateConfig, num_devices: int = 1) -> None:
     if c.streams <= 0 or c.num_envs % c.streams:
         raise ConfigError(f"streams={c.streams} must be positive and divide num_envs={c.num_envs}")
     validate_env(c.env, c.envs_per_stream, num_devices, "num_envs / streams")
-    if spec(c.env.name).is_pixels:  # frames would be stored as float32 vectors, 4x uint8's
-        raise ConfigError(f"env.name={c.env.name!r}: datasets of frames are not written yet "
-                          "(their uint8 storage is planned); generate from a symbolic env")
     parse_part(c.part, 1)
     if c.resume_seconds < 0:
         raise ConfigError(f"resume_seconds={c.resume_seconds} must be >= 0")

@@ -7,7 +7,8 @@ steps on this process's devices; the host assembles whole episodes and commits s
 killed at any moment and started again writes the same bytes. Process i of n (jax.distributed)
 takes streams i, i + n, ...; process 0 writes the manifest once all are done.
 
-Per row: the observation acted on (map bits packed, the rest float32: exact), action, reward,
+Per row: the observation acted on (`fused.rl.obs_codec`: symbolic ones exact, map bits packed;
+frames as uint8), action, reward,
 terminated, truncated, log_prob and value of the behaviour policy, the critic's value of the
 final observation where truncated, step within the episode, stream step `t`, global env index,
 achievements unlocked at that step (bits), episode id. An LLM-augmented behaviour policy's

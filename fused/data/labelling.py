@@ -28,7 +28,7 @@ import numpy as np
 
 from fused.errors import ConfigError
 from fused.data.config import LabelConfig, parse_part
-from fused.data.store import Dataset, DatasetError, array_names, commit_group, committed
+from fused.data.store import Dataset, DatasetError, commit_group, committed
 from fused.envspec import spec
 from fused.llm import batching
 from fused.llm.digests import folder_digest, prompt_digest
@@ -94,10 +94,6 @@ def find_rows(ds: Dataset, names: list[str], shard: int, wanted: np.ndarray,
         i -= 1
     rows = [ds.read(name, columns, np.array([r])) for name, r in where]
     return {c: np.concatenate([r[c] for r in rows]) for c in columns}
-
-
-def obs_columns(ds: Dataset, name: str) -> list[str]:
-    return ["obs_bits", "obs_aux"] if "obs_bits" in array_names(ds.shard_dir(name)) else ["obs"]
 
 
 def label_card(c: LabelConfig, llm: LLM, seed: int) -> dict:
@@ -185,7 +181,7 @@ def label(c: LabelConfig, console, num_devices: int = 1) -> Dataset:
 
 def label_shard(ds: Dataset, names: list[str], i: int, c: LabelConfig, codec: ObsCodec,
                 encoder: "BatchEncoder", target: Path) -> tuple[int, int]:
-    ocols = obs_columns(ds, names[i])
+    ocols = codec.columns
     cols = ds.read(names[i], ["t", "step", "episode_id"] + ocols)
     source, label_row, carried = label_sources(cols, c.model.skip_n)
     obs = codec.decode(np, {k: cols[k] for k in ocols})

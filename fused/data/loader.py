@@ -17,7 +17,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fused.data.store import Dataset, DatasetError, array_names
+from fused.data.store import Dataset, DatasetError
+from fused.envspec import spec
+from fused.rl.obs_codec import ObsCodec
 
 
 class TrainingData(NamedTuple):
@@ -72,10 +74,8 @@ def open_training_set(root: str, returns: str | None = None,
             if [s["name"] for s in entry["shards"]] != names:
                 raise DatasetError(f"{kind} set {set_name!r} of {ds.root} does not cover its "
                                    "shards; rerun the label.py command that writes it")
-    obs_cols = ["obs_bits", "obs_aux"] if "obs_bits" in array_names(ds.shard_dir(names[0])) \
-        else ["obs"]
     return TrainingSet(ds, card["env"], names, [s["rows"] for s in manifest["shards"]],
-                       obs_cols, ret_name, labels)
+                       ObsCodec(spec(card["env"])).columns, ret_name, labels)
 
 
 def read_window(ts: TrainingSet, shards: list[int], pad_rows: int | None = None,

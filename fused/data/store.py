@@ -123,11 +123,6 @@ def attrs(folder: Path) -> dict:
     return dict(open_group(folder).attrs)
 
 
-def array_names(folder: Path) -> set[str]:
-    with _record_is_expected():
-        return set(open_group(folder).array_keys())
-
-
 def commit_group(final: Path, columns: dict[str, np.ndarray], attrs: dict | None = None) -> dict:
     """Write `columns` as the group `final` through a temporary folder and one rename; returns
     its manifest entry {"name", "rows", "digest"}. An existing `final` is replaced, unless it

@@ -33,8 +33,8 @@ class CollectState:
 class Record(NamedTuple):
     """One step of N envs ([T, N, ...] once stacked by the scan)."""
 
-    obs: dict  # the observation acted on, encoded by the ObsCodec (exact)
-    obs_exact: jax.Array  # [N] bool: the encoding round-trips (checked by the writer)
+    obs: dict  # the observation acted on, encoded by the ObsCodec
+    obs_exact: jax.Array  # [N] bool: its map part was 0/1, as bits hold it (the writer checks)
     action: jax.Array  # [N]
     reward: jax.Array  # [N]
     terminated: jax.Array  # [N] bool
