@@ -114,7 +114,7 @@ def test_policy_kind_auto_and_refusals():
 def test_ppo_on_frames_with_rnd_trains(tmp_path):
     """train.py on Craftax-Classic-Pixels with the CNN and the RND bonus over CNN features: four
     updates with finite losses and bonuses, checkpoints written (resuming is the same mechanism
-    as on vectors, tested there)."""
+    as on vectors, tested there); `offline.py probe` on the run."""
     env = subprocess_env()
     cmd = [sys.executable, str(ROOT / "train.py"), "smoke", "--env.name",
            "Craftax-Classic-Pixels-v1", "--explore.kind", "rnd", "--explore.layer-width", "32",
@@ -127,6 +127,14 @@ def test_ppo_on_frames_with_rnd_trains(tmp_path):
     assert [r["update"] for r in rows] == [1, 2, 3, 4]
     assert all(np.isfinite(r["loss/value"]) and r["explore/intrinsic_mean"] >= 0 for r in rows)
     assert sorted(int(c.name) for c in (run / "checkpoints").iterdir()) == [2, 4]
+    # the probe edits Craftax states and renders them as frames: the CNN's value moves
+    p = subprocess.run([sys.executable, str(ROOT / "offline.py"), "probe", "--run", str(run),
+                        "--states", "4", "--warmup", "2", "--eval-episodes", "0"], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    edits = json.loads((run / "probe.json").read_text())["edits"]
+    assert len(edits) >= 6 and all(np.isfinite(e["real"]["value_change"]) for e in edits.values())
+    assert sum(abs(e["real"]["value_change"]) > 1e-4 for e in edits.values()) >= len(edits) // 2
 
 
 def test_frames_are_stored_as_bytes():
