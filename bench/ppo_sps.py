@@ -33,7 +33,7 @@ class Args:
     env_counts: tuple[int, ...] = (64, 256)
     """Env counts for the env-only rows."""
     ppo_env_counts: tuple[int, ...] = (64,)
-    """Env counts for the PPO rows (prior config otherwise: 64 steps, 4 epochs x 8 minibatches, width 512)."""
+    """Env counts for the PPO rows (sizes from the flags below, by default the prior config)."""
     reset_pool: int = 16
     """Optimistic reset pool per device."""
     worlds_per_step: int = 1
@@ -55,8 +55,8 @@ class Args:
     variants: tuple[str, ...] = ("mlp",)
     """Variants timed at each PPO env count: a policy kind (mlp, gru, cnn on pixel envs),
     optionally with an exploration bonus (`gru`, `mlp+rnd`, `mlp+icm`, `gru+e3b`), and for a CNN
-    the convolutions' form (`cnn@lax`: lax.conv, `cnn@im2col`: shifted copies and a matmul,
-    what XLA:CPU runs by default). Rows after the first carry their ratio to it
+    the convolutions' form last (`cnn@lax`: lax.conv, `cnn+rnd@im2col`: shifted copies and a
+    matmul, what XLA:CPU runs by default). Rows after the first carry their ratio to it
     (`vs_<first>`), all from this one run."""
     reference: bool = True
     """Also time the prior system's PPO structure (bench/reference_ppo.py) for a same-run ratio."""
@@ -126,8 +126,11 @@ def ppo_rows(args: Args):
 
     rows = []
     for n, variant in [(n, v) for n in args.ppo_env_counts for v in args.variants]:
-        kind, _, explore = variant.partition("+")
-        kind, _, form = kind.partition("@")
+        base, _, form = variant.partition("@")
+        kind, _, explore = base.partition("+")
+        if form not in ("", "lax", "im2col"):
+            raise SystemExit(f"variant {variant!r}: the form after @ is lax or im2col "
+                             "(e.g. cnn+rnd@lax)")
         networks.FORCE_IM2COL = {"": None, "lax": False, "im2col": True}[form]
         cfg = TrainConfig(env=EnvConfig(name=args.env, num_envs=n, reset_pool=args.reset_pool,
                                         worlds_per_step=args.worlds_per_step),

@@ -203,3 +203,15 @@ def test_a_dataset_of_frames_through_offline(tmp_path):
     p = run("label.py", "label", "--data", str(data), "--name", "t", "--llm.random-model",
             "tiny", ok=False)
     assert "needs a text renderer" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_missing_observation_column_is_one_line(tmp_path):
+    """A shard without the columns its env's codec reads (say, a pixel dataset written by hand
+    with float vectors) stops with a DatasetError naming what it holds, not a zarr KeyError."""
+    from fused.data.store import DatasetError, read_group, write_group
+
+    write_group(tmp_path / "g", {"obs": np.zeros((3, 4), np.float32),
+                                 "action": np.zeros(3, np.uint8)})
+    with pytest.raises(DatasetError, match=r"no array 'frame' \(it holds action, obs\)"):
+        read_group(tmp_path / "g", ["frame", "action"])
+    assert read_group(tmp_path / "g", ["action"])["action"].shape == (3,)

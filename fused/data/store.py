@@ -105,7 +105,12 @@ def read_group(folder: Path, names=None, rows: slice | np.ndarray | None = None)
 
 def _read(g, names, rows) -> dict:
     out = {}
-    for name in names or sorted(g.array_keys()):
+    have = sorted(g.array_keys())
+    for name in names or have:
+        if name not in have:  # e.g. frames asked of a dataset whose observations are vectors
+            raise DatasetError(f"{str(g.store_path).removeprefix('file://')}: no array {name!r} "
+                               f"(it holds {', '.join(have)}); "
+                               "it was written for another env or format: regenerate it")
         a = g[name]
         if rows is None:
             x = a[...]

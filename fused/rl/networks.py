@@ -65,7 +65,9 @@ class Conv(nn.Module):
     [k, k, C, F] drawn as nn.Conv draws it, bias [F]). On XLA:CPU it computes the k * k shifted
     copies of the input (im2col) and one matmul: XLA:CPU runs the gradients of a convolution
     inside the training loop through a slow generic loop (Classic-Pixels PPO: 29.5 steps/s with
-    `lax.conv`, 312 with this; docs/BENCHMARKS.md). Elsewhere `lax.conv` (cuDNN on GPUs)."""
+    `lax.conv`, 312 with this; docs/BENCHMARKS.md). Elsewhere `lax.conv` (cuDNN on GPUs). The
+    copies cost k * k times the input's memory (kept for the gradient): a 130 x 110 frame's
+    first two layers about 9 MB, so big minibatches of full-game frames on a CPU need RAM."""
 
     features: int
     size: int = 5
