@@ -85,6 +85,6 @@ def policy_network(cfg: AgentConfig) -> nn.Module:
             return ConvActorCritic(s.num_actions, s.image, p.layer_width)
         return (RecurrentActorCritic(s.num_actions, p.layer_width, p.num_layers, image=s.image)
                 if gru else ActorCritic(s.num_actions, p.layer_width, p.num_layers))
-    kind = RecurrentActorCritic if gru else AugmentedActorCritic
-    return kind(s.num_actions, p.layer_width, p.num_layers, cfg.llm.projection == "layernorm",
+    cls = RecurrentActorCritic if gru else AugmentedActorCritic
+    return cls(s.num_actions, p.layer_width, p.num_layers, cfg.llm.projection == "layernorm",
                 cfg.llm.constant_hidden)
