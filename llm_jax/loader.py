@@ -93,7 +93,56 @@ def expected_tensors(cfg: Qwen3Config, layers: int | None = None) -> dict[str, t
 
 # Stacked expert tensors (one [E, ...] per layer), written by some tools instead of HF's
 # per-expert tensors: named in the error so the fix is plain.
-STACKED_EXPERTS = re.compile(r"model\.layers\.\d+\.mlp\.experts\.(gate_up_proj|down_proj)")
+STACKED_EXPERTS = re.compile(r"layers\.\d+\.mlp\.experts\.(gate_up_proj|down_proj)")
+
+
+class TensorReader:
+    """The safetensors of a model folder (single or sharded), memory-mapped: names, shapes, and
+    each tensor read as numpy on demand."""
+
+    def __init__(self, folder: Path):
+        check_weights(folder)
+        self.files = _tensor_files(folder)
+        self.handles: dict[Path, object] = {}
+
+    def _handle(self, name):
+        path = self.files[name]
+        if path not in self.handles:
+            self.handles[path] = safe_open(path, framework="numpy")
+        return self.handles[path]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._handle(name).get_slice(name).get_shape())
+
+    def read(self, name: str) -> np.ndarray:
+        return self._handle(name).get_tensor(name)
+
+
+def check_tensors(folder: Path, reader: TensorReader, expected: dict[str, tuple[int, ...]],
+                  kind: str, ignored: tuple[str, ...] = IGNORED) -> None:
+    """WeightsError (one line) naming every missing, unexpected and mis-shaped tensor."""
+    files = reader.files
+    missing = sorted(set(expected) - set(files))
+    unexpected = sorted(n for n in set(files) - set(expected) if n not in ignored)
+    wrong = [f"{n}: {reader.shape(n)} != {s}" for n, s in expected.items()
+             if n in files and reader.shape(n) != s]
+    if missing or unexpected or wrong:
+        parts = [f"{len(missing)} missing: {missing[:8]}" if missing else "",
+                 f"{len(unexpected)} unexpected: {unexpected[:8]}" if unexpected else "",
+                 f"{len(wrong)} mis-shaped: {wrong[:8]}" if wrong else ""]
+        hint = ""
+        if any(STACKED_EXPERTS.search(n) for n in unexpected):
+            hint = ("; its experts are stacked tensors (mlp.experts.gate_up_proj / down_proj): "
+                    "re-save it with transformers' save_pretrained, which writes HF's "
+                    "per-expert tensors (mlp.experts.{j}.gate_proj.weight ...)")
+        raise WeightsError(f"{folder} does not match its config.json, which describes {kind} ("
+                           + "; ".join(p for p in parts if p) + ")" + hint)
+
+
+def model_kind(cfg: Qwen3Config) -> str:
+    return (f"a MoE model ({cfg.num_experts} experts, sparse layers "
+            f"{[i for i, s in enumerate(cfg.sparse_layers) if s]})" if cfg.is_moe
+            else "a dense model")
 
 
 def load_params(folder: str | Path, dtype=jnp.float32, layers: int | None = None,
@@ -107,42 +156,15 @@ def load_params(folder: str | Path, dtype=jnp.float32, layers: int | None = None
         raise WeightsError(f"{folder} is not a folder; pass a HuggingFace Qwen3 model folder or "
                            "hub id")
     cfg = Qwen3Config.from_folder(folder)
-    check_weights(folder)
-    files = _tensor_files(folder)
-    expected = expected_tensors(cfg)
-    handles: dict[Path, object] = {}
+    reader = TensorReader(folder)
+    check_tensors(folder, reader, expected_tensors(cfg), model_kind(cfg))
+    return cfg, read_params(reader.read, cfg, dtype, layers, per_layer)
 
-    def handle(name):
-        path = files[name]
-        if path not in handles:
-            handles[path] = safe_open(path, framework="numpy")
-        return handles[path]
 
-    def shape_of(name):
-        return tuple(handle(name).get_slice(name).get_shape())
-
-    missing = sorted(set(expected) - set(files))
-    unexpected = sorted(n for n in set(files) - set(expected) if n not in IGNORED)
-    wrong = [f"{n}: {shape_of(n)} != {s}" for n, s in expected.items()
-             if n in files and shape_of(n) != s]
-    if missing or unexpected or wrong:
-        kind = (f"a MoE model ({cfg.num_experts} experts, sparse layers "
-                f"{[i for i, s in enumerate(cfg.sparse_layers) if s]})" if cfg.is_moe
-                else "a dense model")
-        parts = [f"{len(missing)} missing: {missing[:8]}" if missing else "",
-                 f"{len(unexpected)} unexpected: {unexpected[:8]}" if unexpected else "",
-                 f"{len(wrong)} mis-shaped: {wrong[:8]}" if wrong else ""]
-        hint = ""
-        if any(STACKED_EXPERTS.match(n) for n in unexpected):
-            hint = ("; its experts are stacked tensors (mlp.experts.gate_up_proj / down_proj): "
-                    "re-save it with transformers' save_pretrained, which writes HF's "
-                    "per-expert tensors (mlp.experts.{j}.gate_proj.weight ...)")
-        raise WeightsError(f"{folder} does not match its config.json, which describes {kind} ("
-                           + "; ".join(p for p in parts if p) + ")" + hint)
-
-    def read(name):
-        return handle(name).get_tensor(name)
-
+def read_params(read, cfg: Qwen3Config, dtype=jnp.float32, layers: int | None = None,
+                per_layer: bool = False) -> dict:
+    """The text model's params from `read(HF name)` (names as `llm_jax.weights` gives them),
+    as `load_params` lays them out."""
     params = {k: jnp.asarray(s.convert(read, cfg).astype(dtype))
               for k, s in present_weights(cfg).items()}
     if per_layer:
@@ -156,7 +178,7 @@ def load_params(folder: str | Path, dtype=jnp.float32, layers: int | None = None
                 else:
                     blocks[i]["mlp"] = arrays
         params["blocks"] = tuple(blocks)
-        return cfg, params
+        return params
     for group, (specs, idx) in layer_groups(cfg, layers).items():
         stacks = {}
         for k, s in specs.items():
@@ -166,4 +188,4 @@ def load_params(folder: str | Path, dtype=jnp.float32, layers: int | None = None
                 stack[n] = s.convert(read, cfg, i)
             stacks[k] = jnp.asarray(stack)
         params[group] = stacks
-    return cfg, params
+    return params

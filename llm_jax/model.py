@@ -427,15 +427,30 @@ class HiddenStates(NamedTuple):
     expert_load: jax.Array | None
 
 
+class Visual(NamedTuple):
+    """What a vision-language model adds to a text pass (`llm_jax.vl`): the image tokens'
+    embeddings at their positions, the rope tables of its 3-axis positions, and the DeepStack
+    states added to the residual stream after the first S blocks (zeros at text positions)."""
+
+    embeds: jax.Array  # [B, T, H], read where mask
+    mask: jax.Array  # [B, T] bool: image-token positions
+    rot: tuple[jax.Array, jax.Array]  # cos, sin [B, T, 1, D] (M-RoPE)
+    deepstack: jax.Array  # [S, B, T, H]
+
+
 def hidden_states(params, cfg: Qwen3Config, tokens, lengths, layer: int,
                   prefix: PrefixCache | None = None,
-                  attn: AttentionConfig = AttentionConfig()) -> HiddenStates:
+                  attn: AttentionConfig = AttentionConfig(),
+                  visual: Visual | None = None) -> HiddenStates:
     """Residual stream after `layer` blocks (0 = embeddings). tokens: [B, T] right-padded,
-    lengths: [B]. Only the first `layer` blocks are computed."""
+    lengths: [B]. Only the first `layer` blocks are computed. `visual`: image tokens, their
+    positions and DeepStack states (`llm_jax.vl`)."""
     if not 0 <= layer <= cfg.num_layers:
         raise ValueError(f"layer={layer} must lie in 0..{cfg.num_layers}")
     t = tokens.shape[1]
     x = params["embed"][tokens]
+    if visual is not None:
+        x = jnp.where(visual.mask[..., None], visual.embeds.astype(x.dtype), x)
     offset = 0 if prefix is None else prefix.k.shape[1]
     pos = (offset + jnp.arange(t))[None]  # [1, T]: the same for every row
     own = jnp.arange(t)
@@ -446,14 +461,23 @@ def hidden_states(params, cfg: Qwen3Config, tokens, lengths, layer: int,
     if prefix is not None and prefix.k.shape[0] < layer:
         raise ValueError(f"prefix cache holds {prefix.k.shape[0]} layers, layer={layer} asked")
 
-    rot = rope_tables(pos, cfg.head_dim, cfg.rope_theta, x.dtype)
+    rot = rope_tables(pos, cfg.head_dim, cfg.rope_theta, x.dtype) if visual is None \
+        else visual.rot
+    deep = None if visual is None or not visual.deepstack.shape[0] else visual.deepstack
 
-    def block(x, lp, pkv):
+    def block(x, lp, a):
+        pkv, i = a
         x, kv, load = decoder_layer(cfg, lp, x, rot, mask, lengths, pkv, attn)
+        if deep is not None:
+            # HF: after decoder layer i < S the image positions get DeepStack state i; its
+            # hidden_states[i + 1] is recorded before that, so the last block asked skips it.
+            s = deep.shape[0]
+            add = jax.lax.dynamic_index_in_dim(deep, jnp.minimum(i, s - 1), keepdims=False)
+            x = jnp.where((i < s) & (i < layer - 1), x + add.astype(x.dtype), x)
         return x, (kv, load)
 
     pkv = None if prefix is None else (prefix.k[:layer], prefix.v[:layer])
-    x, (kv, load) = scan_layers(cfg, params, layer, block, x, pkv)
+    x, (kv, load) = scan_layers(cfg, params, layer, block, x, (pkv, jnp.arange(layer)))
     sparse = np.flatnonzero(cfg.sparse_layers[:layer])
     if load is not None and len(sparse) < layer:  # mixed: keep the sparse layers' rows
         load = load[sparse]

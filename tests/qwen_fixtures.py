@@ -83,3 +83,63 @@ def build_tiny_qwen3_moe(folder: Path, *, experts: int = 8, top_k: int = 2, norm
         conf["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
     (folder / "config.json").write_text(json.dumps(conf, indent=1))
     return model
+
+
+def build_tiny_qwen3_vl(folder: Path, *, merge: int = 2, deepstack: tuple[int, ...] = (0, 2),
+                        depth: int = 3, layers: int = 3, hidden: int = 48, head_dim: int = 16,
+                        heads: int = 4, kv_heads: int = 2, vision_hidden: int = 32,
+                        vision_heads: int = 4, patch: int = 16, positions: int = 64,
+                        section: tuple[int, int, int] = (4, 2, 2), tied: bool = True,
+                        vocab: int = 320, seed: int = 0):
+    """A random Qwen3-VL (dense) saved by transformers' save_pretrained, random norm weights,
+    with a preprocessor_config.json of Qwen3-VL's processor settings at this patch / merge
+    size. Image tokens are the last ids of the small vocabulary."""
+    import json
+
+    import torch
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    torch.manual_seed(seed)
+    rope = dict(rope_type="default", rope_theta=5e6, mrope_section=list(section),
+                mrope_interleaved=True)
+    cfg = Qwen3VLConfig(
+        text_config=dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden + 8,
+                         num_hidden_layers=layers, num_attention_heads=heads,
+                         num_key_value_heads=kv_heads, head_dim=head_dim, rope_parameters=rope,
+                         tie_word_embeddings=tied, rms_norm_eps=1e-6),
+        vision_config=dict(depth=depth, hidden_size=vision_hidden,
+                           intermediate_size=2 * vision_hidden + 8, num_heads=vision_heads,
+                           out_hidden_size=hidden, num_position_embeddings=positions,
+                           deepstack_visual_indexes=list(deepstack), patch_size=patch,
+                           spatial_merge_size=merge, temporal_patch_size=2),
+        image_token_id=vocab - 4, video_token_id=vocab - 3, vision_start_token_id=vocab - 2,
+        vision_end_token_id=vocab - 1, tie_word_embeddings=tied)
+    model = Qwen3VLForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1:  # norms and biases
+                p.copy_((1.0 if "norm" in name and "weight" in name else 0.0)
+                        + 0.3 * torch.randn_like(p))
+            else:
+                p.copy_(0.08 * torch.randn_like(p))
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    (folder / "preprocessor_config.json").write_text(json.dumps(vl_processor_settings(patch, merge)))
+    return model
+
+
+def vl_processor_settings(patch: int = 16, merge: int = 2) -> dict:
+    """Qwen3-VL's released preprocessor_config.json values, at this patch / merge size."""
+    return {"patch_size": patch, "temporal_patch_size": 2, "merge_size": merge,
+            "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+            "size": {"shortest_edge": 65536, "longest_edge": 16777216}}
+
+
+def hf_vl_processor(patch: int = 16, merge: int = 2):
+    """HF's Qwen2-VL image processor with Qwen3-VL's settings (the PIL backend: the one HF uses
+    where torchvision is not installed, as here)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil)
+
+    s = vl_processor_settings(patch, merge)
+    return Qwen2VLImageProcessorPil(**{k: v for k, v in s.items()})

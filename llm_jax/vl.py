@@ -1,0 +1,253 @@
+"""Qwen3-VL (dense) in JAX: config, safetensors loader, and the text pass with images: image
+tokens from the vision tower (`llm_jax.vision`) in place of `<|image_pad|>`, interleaved
+M-RoPE over (t, row, col) positions, DeepStack states added after the first decoder layers;
+the text model otherwise is Qwen3's (`llm_jax.model`, the same blocks and weights tables).
+
+Positions (HF `get_rope_index`): text runs count on from the previous position on all three
+axes; an image of llm grid (1, h, w) starting at position p puts its tokens at (p, p + row,
+p + col) in merge-block order; text after it continues at p + max(h, w).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from llm_jax.config import Qwen3Config, Qwen3ConfigError
+from llm_jax.loader import (TensorReader, WeightsError, check_tensors, expected_tensors,
+                            model_kind, read_params, resolve_folder)
+from llm_jax.model import HiddenStates, Visual, hidden_states
+from llm_jax.vision import ProcessorConfig, VisionConfig, VisionConfigError, vision_tower
+
+
+@dataclasses.dataclass(frozen=True)
+class VLConfig:
+    text: Qwen3Config
+    vision: VisionConfig
+    processor: ProcessorConfig
+    image_token_id: int = 151655
+    vision_start_token_id: int = 151652
+    vision_end_token_id: int = 151653
+    mrope_section: tuple[int, int, int] = (24, 20, 20)
+
+    @classmethod
+    def from_dict(cls, d: dict, processor: dict | None = None) -> "VLConfig":
+        if d.get("model_type") != "qwen3_vl":
+            raise Qwen3ConfigError(f"model_type={d.get('model_type')!r}, not 'qwen3_vl' (a "
+                                   "Qwen3-VL dense model)")
+        t = dict(d["text_config"])
+        rope = t.get("rope_parameters") or {}
+        section = tuple(rope.get("mrope_section", (24, 20, 20)))
+        # the text model is Qwen3's; tie_word_embeddings lives at the top level of VL configs
+        text = Qwen3Config.from_dict(dict(t, model_type="qwen3", tie_word_embeddings=d.get(
+            "tie_word_embeddings", t.get("tie_word_embeddings", False)), rope_parameters=dict(
+            {k: v for k, v in rope.items() if k not in ("mrope_section", "mrope_interleaved")},
+            rope_type="default")))
+        if len(section) != 3 or 2 * sum(section) != text.head_dim:
+            raise Qwen3ConfigError(f"mrope_section={list(section)} must be 3 numbers summing to "
+                                   f"head_dim / 2 = {text.head_dim // 2}")
+        vision = VisionConfig.from_dict(d["vision_config"])
+        if vision.out_hidden_size != text.hidden_size:
+            raise VisionConfigError(f"vision out_hidden_size={vision.out_hidden_size} != the "
+                                    f"text hidden_size={text.hidden_size}")
+        pc = ProcessorConfig.from_dict(processor or {"patch_size": vision.patch_size,
+                                                     "merge_size": vision.spatial_merge_size,
+                                                     "temporal_patch_size":
+                                                         vision.temporal_patch_size})
+        if (pc.patch_size, pc.merge_size, pc.temporal_patch_size) != (
+                vision.patch_size, vision.spatial_merge_size, vision.temporal_patch_size):
+            raise VisionConfigError("preprocessor_config.json's patch / merge / temporal sizes "
+                                    "differ from the vision config's")
+        return cls(text=text, vision=vision, processor=pc,
+                   image_token_id=d.get("image_token_id", 151655),
+                   vision_start_token_id=d.get("vision_start_token_id", 151652),
+                   vision_end_token_id=d.get("vision_end_token_id", 151653),
+                   mrope_section=section)
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> "VLConfig":
+        folder = Path(folder).expanduser()
+        path = folder / "config.json"
+        if not path.is_file():
+            raise Qwen3ConfigError(f"{path} not found: pass a HuggingFace Qwen3-VL model folder")
+        pre = folder / "preprocessor_config.json"
+        try:
+            return cls.from_dict(json.loads(path.read_text()),
+                                 json.loads(pre.read_text()) if pre.is_file() else None)
+        except KeyError as e:
+            raise Qwen3ConfigError(f"{path} lacks required field {e}") from None
+
+
+# ------------------------------------------------------------------ weights
+
+VISUAL = "model.visual."
+
+
+def _linear(w, b):
+    """HF Linear (weight [out, in], bias) -> ours ([in, out], bias)."""
+    return {w: lambda a: a.T, b: lambda a: a}
+
+
+def vision_tensors(cfg: VisionConfig) -> dict[str, tuple[int, ...]]:
+    """HF name -> shape of every tensor of the vision tower."""
+    h, f, g, o = cfg.hidden_size, cfg.intermediate_size, cfg.merged_size, cfg.out_hidden_size
+    p, t, c = cfg.patch_size, cfg.temporal_patch_size, cfg.in_channels
+    out = {VISUAL + "patch_embed.proj.weight": (h, c, t, p, p),
+           VISUAL + "patch_embed.proj.bias": (h,),
+           VISUAL + "pos_embed.weight": (cfg.num_position_embeddings, h)}
+    for i in range(cfg.depth):
+        b = f"{VISUAL}blocks.{i}."
+        out.update({b + "norm1.weight": (h,), b + "norm1.bias": (h,), b + "norm2.weight": (h,),
+                    b + "norm2.bias": (h,), b + "attn.qkv.weight": (3 * h, h),
+                    b + "attn.qkv.bias": (3 * h,), b + "attn.proj.weight": (h, h),
+                    b + "attn.proj.bias": (h,), b + "mlp.linear_fc1.weight": (f, h),
+                    b + "mlp.linear_fc1.bias": (f,), b + "mlp.linear_fc2.weight": (h, f),
+                    b + "mlp.linear_fc2.bias": (h,)})
+    mergers = [VISUAL + "merger."] + [f"{VISUAL}deepstack_merger_list.{j}."
+                                      for j in range(len(cfg.deepstack_visual_indexes))]
+    for j, m in enumerate(mergers):
+        norm = h if j == 0 else g
+        out.update({m + "norm.weight": (norm,), m + "norm.bias": (norm,),
+                    m + "linear_fc1.weight": (g, g), m + "linear_fc1.bias": (g,),
+                    m + "linear_fc2.weight": (o, g), m + "linear_fc2.bias": (o,)})
+    return out
+
+
+BLOCK = {"norm1_w": "norm1.weight", "norm1_b": "norm1.bias", "norm2_w": "norm2.weight",
+         "norm2_b": "norm2.bias", "qkv_w": "attn.qkv.weight", "qkv_b": "attn.qkv.bias",
+         "proj_w": "attn.proj.weight", "proj_b": "attn.proj.bias",
+         "fc1_w": "mlp.linear_fc1.weight", "fc1_b": "mlp.linear_fc1.bias",
+         "fc2_w": "mlp.linear_fc2.weight", "fc2_b": "mlp.linear_fc2.bias"}
+MERGER = {"norm_w": "norm.weight", "norm_b": "norm.bias", "fc1_w": "linear_fc1.weight",
+          "fc1_b": "linear_fc1.bias", "fc2_w": "linear_fc2.weight", "fc2_b": "linear_fc2.bias"}
+
+
+def read_vision_params(read, cfg: VisionConfig, dtype=jnp.float32) -> dict:
+    """Our vision params from `read(HF name)`: Linear weights as [in, out], the patch
+    embedding's Conv3d as one [C * T * P * P, h] matrix (its kernel covers a patch exactly),
+    blocks and DeepStack mergers stacked on a leading axis."""
+    def conv(name):
+        a = read(name)
+        return a.T if a.ndim == 2 else a
+
+    def group(prefix, table):
+        return {k: conv(prefix + n) for k, n in table.items()}
+
+    def stack(prefixes, table):
+        parts = [group(p, table) for p in prefixes]
+        return {k: jnp.asarray(np.stack([q[k] for q in parts]).astype(dtype)) for k in table}
+
+    w = read(VISUAL + "patch_embed.proj.weight")
+    params = {"patch_w": w.reshape(w.shape[0], -1).T,
+              "patch_b": read(VISUAL + "patch_embed.proj.bias"),
+              "pos_embed": read(VISUAL + "pos_embed.weight"),
+              "merger": group(VISUAL + "merger.", MERGER)}
+    params = jax.tree.map(lambda a: jnp.asarray(np.asarray(a).astype(dtype)), params)
+    params["blocks"] = stack([f"{VISUAL}blocks.{i}." for i in range(cfg.depth)], BLOCK)
+    n = len(cfg.deepstack_visual_indexes)
+    params["deepstack"] = (stack([f"{VISUAL}deepstack_merger_list.{j}." for j in range(n)],
+                                 MERGER) if n else {})
+    return params
+
+
+def text_name(name: str) -> str:
+    """Our text table's HF name -> its name inside a Qwen3-VL checkpoint."""
+    return "model.language_model." + name[len("model."):] if name.startswith("model.") else name
+
+
+def load_vl_params(folder: str | Path, dtype=jnp.float32) -> tuple[VLConfig, dict]:
+    """(config, {"text": Qwen3 params, "vision": tower params}) of a Qwen3-VL folder; every
+    tensor's name and shape checked first, all problems in one line."""
+    folder = resolve_folder(folder)
+    if not folder.is_dir():
+        raise WeightsError(f"{folder} is not a folder; pass a HuggingFace Qwen3-VL model folder")
+    cfg = VLConfig.from_folder(folder)
+    reader = TensorReader(folder)
+    expected = {text_name(n): s for n, s in expected_tensors(cfg.text).items()}
+    expected.update(vision_tensors(cfg.vision))
+    check_tensors(folder, reader, expected, "a Qwen3-VL " + model_kind(cfg.text),
+                  ignored=("lm_head.weight",))
+    text = read_params(lambda n: reader.read(text_name(n)), cfg.text, dtype)
+    return cfg, {"text": text, "vision": read_vision_params(reader.read, cfg.vision, dtype)}
+
+
+# ------------------------------------------------------------------ positions and the pass
+
+
+def rope_index(tokens: np.ndarray, lengths: np.ndarray, cfg: VLConfig,
+               grid: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Host-side M-RoPE positions of right-padded rows whose images all have `grid`:
+    (positions [3, B, T] int32, padding 0 as HF's; deltas [B]: max position + 1 - length, what
+    generated tokens add to their index)."""
+    b, t = tokens.shape
+    m = cfg.vision.spatial_merge_size
+    gh, gw = grid[1] // m, grid[2] // m
+    per_image = gh * gw
+    rows, cols = np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij")
+    pos = np.zeros((3, b, t), np.int32)
+    deltas = np.zeros(b, np.int32)
+    for r in range(b):
+        ids = tokens[r, :lengths[r]]
+        i = cur = 0
+        while i < len(ids):
+            if ids[i] == cfg.image_token_id:
+                if not (ids[i:i + per_image] == cfg.image_token_id).all():
+                    raise ValueError(f"row {r}: an image run at {i} is shorter than the "
+                                     f"{per_image} tokens of grid {grid}")
+                pos[0, r, i:i + per_image] = cur
+                pos[1, r, i:i + per_image] = cur + rows.ravel()
+                pos[2, r, i:i + per_image] = cur + cols.ravel()
+                cur += max(gh, gw)
+                i += per_image
+            else:
+                pos[:, r, i] = cur
+                cur += 1
+                i += 1
+        deltas[r] = (pos[:, r, :len(ids)].max() + 1 - len(ids)) if len(ids) else 0
+    return pos, deltas
+
+
+def mrope_tables(pos: jax.Array, cfg: VLConfig, dtype) -> tuple[jax.Array, jax.Array]:
+    """cos, sin [B, T, 1, D] of interleaved M-RoPE for positions [3, B, T] (HF's
+    `Qwen3VLTextRotaryEmbedding`): frequency i turns with the row where i % 3 == 1 and
+    i < 3 * section[1], with the column where i % 3 == 2 and i < 3 * section[2], else with t."""
+    d = cfg.text.head_dim
+    inv = 1.0 / (cfg.text.rope_theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+    i = np.arange(d // 2)
+    axis = np.zeros(d // 2, np.int32)
+    axis[(i % 3 == 1) & (i < 3 * cfg.mrope_section[1])] = 1
+    axis[(i % 3 == 2) & (i < 3 * cfg.mrope_section[2])] = 2
+    ang = pos.astype(jnp.float32)[..., None] * inv  # [3, B, T, D/2]
+    ang = jnp.moveaxis(ang[axis, :, :, i], 0, -1)  # each frequency from its own axis
+    emb = jnp.concatenate([ang, ang], axis=-1)[:, :, None, :]
+    return jnp.cos(emb).astype(dtype), jnp.sin(emb).astype(dtype)
+
+
+def visual_inputs(cfg: VLConfig, tokens, positions, embeds, deepstack, dtype) -> Visual:
+    """`Visual` for a text pass: the image tokens of every image in order (embeds [I, M, H],
+    deepstack [S, I, M, H]) put at the `<|image_pad|>` positions of tokens [B, T] in row-major
+    order (HF's masked_scatter), with the rope tables of positions [3, B, T]."""
+    b, t = tokens.shape
+    mask = tokens == cfg.image_token_id
+    flat = embeds.reshape(-1, embeds.shape[-1])
+    idx = jnp.clip(jnp.cumsum(mask.reshape(-1)) - 1, 0, flat.shape[0] - 1).reshape(b, t)
+    placed = flat[idx]
+    deep = deepstack.reshape(deepstack.shape[0], -1, deepstack.shape[-1])[:, idx]
+    deep = jnp.where(mask[None, ..., None], deep, 0)
+    return Visual(placed, mask, mrope_tables(positions, cfg, dtype), deep)
+
+
+def vl_hidden_states(params: dict, cfg: VLConfig, tokens, lengths, layer: int, pixels,
+                     grid: tuple[int, int, int], positions) -> HiddenStates:
+    """Residual stream after `layer` text blocks of rows with images: pixels [I, N, patch_dim]
+    (`vision.preprocess`, one grid), tokens [B, T] with the images' `<|image_pad|>` runs,
+    positions [3, B, T] (`rope_index`)."""
+    out = vision_tower(params["vision"], cfg.vision, pixels, grid)
+    dtype = params["text"]["embed"].dtype
+    vis = visual_inputs(cfg, tokens, positions, out.embeds, out.deepstack, dtype)
+    return hidden_states(params["text"], cfg.text, tokens, lengths, layer, visual=vis)

@@ -1,0 +1,162 @@
+"""Qwen3-VL in JAX against HF transformers: the image processor (Pillow's bicubic, bit for bit)
+on game frames and odd sizes, the vision tower with its DeepStack mergers, M-RoPE positions,
+and every text layer with images in the prompt, on tiny random checkpoints of several shapes."""
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from qwen_fixtures import build_tiny_qwen3_vl, hf_vl_processor
+
+
+def classic_frames(n: int) -> np.ndarray:
+    """n Craftax-Classic pixel observations (63 x 63) along a random walk, as the uint8
+    round(255 x) that datasets store."""
+    import jax
+    from craftax.craftax_env import make_craftax_env_from_name
+
+    env = make_craftax_env_from_name("Craftax-Classic-Pixels-v1", auto_reset=True)
+    params = env.default_params
+    key = jax.random.PRNGKey(0)
+    obs, state = env.reset(key, params)
+    step = jax.jit(env.step)
+    frames = []
+    for i in range(n):
+        frames.append(np.asarray(obs))
+        key, k1, k2 = jax.random.split(key, 3)
+        obs, state, *_ = step(k1, state, jax.random.randint(k2, (), 0, 17), params)
+    return np.round(np.clip(np.stack(frames), 0, 1) * 255).astype(np.uint8)
+
+
+def test_processor_equals_hf_on_frames_and_odd_sizes():
+    """pixel values within float32 rounding and grids equal to HF's processor's: Craftax-Classic
+    frames, 130 x 110 (Craftax-Pixels' size), odd sizes up and down; image-token counts as the
+    processor expands `<|image_pad|>` (72 for 130 x 110, 64 for 63 x 63)."""
+    from llm_jax.vision import ProcessorConfig, VisionConfigError, preprocess
+
+    pc = ProcessorConfig()
+    hf = hf_vl_processor()
+    rng = np.random.default_rng(0)
+    y, x = np.mgrid[:130, :110]
+    smooth = np.stack([(y * 2) % 256, (x * 3) % 256, (x + y) % 256], -1).astype(np.uint8)
+    batches = [classic_frames(3), rng.integers(0, 256, (2, 130, 110, 3), dtype=np.uint8),
+               smooth[None], rng.integers(0, 256, (2, 37, 91, 3), dtype=np.uint8),
+               rng.integers(0, 256, (1, 700, 300, 3), dtype=np.uint8)]
+    for imgs in batches:
+        ref = hf(images=list(imgs), return_tensors="np")
+        ours, grid = preprocess(jnp.asarray(imgs), pc)
+        assert [list(grid)] * len(imgs) == ref["image_grid_thw"].tolist()
+        np.testing.assert_allclose(np.asarray(ours).reshape(ref["pixel_values"].shape),
+                                   ref["pixel_values"], atol=1e-6, rtol=0)
+        assert pc.num_tokens(*imgs.shape[1:3]) == int(ref["image_grid_thw"][0].prod()) // 4
+    assert (pc.num_tokens(130, 110), pc.num_tokens(63, 63)) == (72, 64)
+    with pytest.raises(VisionConfigError, match="give uint8"):
+        preprocess(jnp.zeros((1, 63, 63, 3), jnp.float32), pc)
+
+
+def _rows(cfg, per_image: int, layout: list[list]) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded token rows from layouts: ints are text tokens, "img" an image's
+    `<|vision_start|><|image_pad|> x n<|vision_end|>`."""
+    rows = []
+    for spec in layout:
+        row = []
+        for item in spec:
+            row += ([cfg.vision_start_token_id] + [cfg.image_token_id] * per_image
+                    + [cfg.vision_end_token_id]) if item == "img" else [item]
+        rows.append(row)
+    lengths = np.array([len(r) for r in rows])
+    tokens = np.zeros((len(rows), lengths.max()), np.int64)
+    for r, row in enumerate(rows):
+        tokens[r, :len(row)] = row
+    return tokens, lengths
+
+
+SHAPES = {
+    # merge 2, DeepStack after two of three tower layers, tied embeddings; two frames of the
+    # full game's size, one per row, rows of different lengths
+    "merge2": (dict(merge=2, deepstack=(0, 2), depth=3), (130, 110),
+               [[5, 6, "img", 10, 11], [7, "img", 12, 13, 14, 15]]),
+    # merge 1, one DeepStack layer, untied, patch 8, a 4 x 4 position table stretched to the
+    # grid, another mrope split; three odd-sized images, two of them in one row
+    "merge1": (dict(merge=1, deepstack=(1,), depth=2, patch=8, positions=16, section=(2, 3, 3),
+                    tied=False, heads=2, kv_heads=1), (37, 91),
+               [[5, "img", 9, "img", 10], ["img", 11]]),
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_tower_positions_and_every_layer_equal_hf(tmp_path, shape):
+    """Vision tower (merged tokens and each DeepStack state), M-RoPE positions and deltas, and
+    the text model's hidden states at every layer (HF's output_hidden_states, DeepStack
+    included) within 1e-4 of HF transformers in float32."""
+    import torch
+
+    from llm_jax.model import rms_norm
+    from llm_jax.vision import preprocess, vision_tower
+    from llm_jax.vl import load_vl_params, rope_index, vl_hidden_states
+
+    kw, size, layout = SHAPES[shape]
+    model = build_tiny_qwen3_vl(tmp_path / "vl", **kw)
+    cfg, params = load_vl_params(tmp_path / "vl")
+    n_images = sum(item == "img" for spec in layout for item in spec)
+    imgs = np.random.default_rng(1).integers(0, 256, (n_images, *size, 3), dtype=np.uint8)
+    hf = hf_vl_processor(kw.get("patch", 16), kw["merge"])(images=list(imgs),
+                                                            return_tensors="pt")
+    pixels, grid = preprocess(jnp.asarray(imgs), cfg.processor)
+    per_image = int(np.prod(grid)) // kw["merge"] ** 2
+    tokens, lengths = _rows(cfg, per_image, layout)
+    attn = (np.arange(tokens.shape[1])[None] < lengths[:, None]).astype(np.int64)
+    mm = (tokens == cfg.image_token_id).astype(np.int64)
+    with torch.no_grad():
+        feats = model.model.get_image_features(hf["pixel_values"], hf["image_grid_thw"])
+        out = model(input_ids=torch.tensor(tokens), attention_mask=torch.tensor(attn),
+                    pixel_values=hf["pixel_values"], image_grid_thw=hf["image_grid_thw"],
+                    mm_token_type_ids=torch.tensor(mm), output_hidden_states=True)
+        ref_pos, ref_delta = model.model.get_rope_index(
+            torch.tensor(tokens), torch.tensor(mm), hf["image_grid_thw"],
+            attention_mask=torch.tensor(attn))
+
+    tower = vision_tower(params["vision"], cfg.vision, pixels, grid)
+    h = cfg.text.hidden_size
+    np.testing.assert_allclose(np.asarray(tower.embeds).reshape(-1, h),
+                               torch.cat(feats.pooler_output).numpy(), atol=1e-4, rtol=0)
+    assert tower.deepstack.shape[0] == len(kw["deepstack"])
+    for ours, ref in zip(tower.deepstack, feats.deepstack_features):
+        np.testing.assert_allclose(np.asarray(ours).reshape(-1, h), torch.cat(ref).numpy(),
+                                   atol=1e-4, rtol=0)
+    pos, delta = rope_index(tokens, lengths, cfg, grid)
+    valid = attn.astype(bool)
+    np.testing.assert_array_equal(pos[:, valid], ref_pos.numpy()[:, valid])
+    np.testing.assert_array_equal(delta, ref_delta.numpy().ravel())
+    for layer in range(cfg.text.num_layers + 1):
+        x = vl_hidden_states(params, cfg, jnp.asarray(tokens), jnp.asarray(lengths), layer,
+                             pixels, grid, jnp.asarray(pos)).x
+        if layer == cfg.text.num_layers:  # HF's last entry is after the final norm
+            x = rms_norm(x, params["text"]["final_norm"], cfg.text.rms_norm_eps)
+        ref = out.hidden_states[layer].numpy()
+        assert np.abs(ref[valid]).max() > 0.1
+        np.testing.assert_allclose(np.asarray(x)[valid], ref[valid], atol=1e-4, rtol=0,
+                                   err_msg=f"layer {layer}")
+
+
+def test_a_damaged_vl_folder_is_one_line(tmp_path):
+    """A missing tower tensor, a text-only config: one error naming what is wrong."""
+    from safetensors.numpy import load_file, save_file
+
+    from llm_jax.config import Qwen3ConfigError
+    from llm_jax.loader import WeightsError
+    from llm_jax.vl import load_vl_params
+
+    folder = tmp_path / "vl"
+    build_tiny_qwen3_vl(folder, depth=2, deepstack=(1,))
+    tensors = load_file(folder / "model.safetensors")
+    del tensors["model.visual.blocks.1.attn.qkv.bias"]
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(WeightsError, match=r"1 missing: \['model.visual.blocks.1.attn.qkv.bias'"):
+        load_vl_params(folder)
+    conf = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(conf, model_type="qwen3")))
+    with pytest.raises(Qwen3ConfigError, match="not 'qwen3_vl'"):
+        load_vl_params(folder)
