@@ -49,8 +49,9 @@ import jax.numpy as jnp
 from einops import rearrange
 
 from llm_jax.config import Qwen3Config
-from llm_jax.model import (AttentionConfig, PrefixCache, hidden_states, layer_blocks, lm_logits,
-                           mlp_block, project_qkv, rms_norm, rope_tables, scan_layers)
+from llm_jax.model import (AttentionConfig, PrefixCache, Visual, hidden_states, layer_blocks,
+                           lm_logits, mlp_block, project_qkv, rms_norm, rope_tables,
+                           scan_layers)
 from llm_jax.sampling import GREEDY, GenerateError, Sampling, sample_tokens
 
 
@@ -159,14 +160,16 @@ def _layer_step(cfg: Qwen3Config, rot, visible, moe_form, x, lp, xs):
 
 
 def forward_one(blocks, cfg: Qwen3Config, tokens, cache: KVCache, prefix,
-                attn: AttentionConfig = AttentionConfig()):
-    """Feed one token per row, at each row's slot `cache.lengths` (position P + lengths).
+                attn: AttentionConfig = AttentionConfig(), offset=0):
+    """Feed one token per row, at each row's slot `cache.lengths` (position P + lengths, plus
+    `offset` [B]: a vision-language prompt's M-RoPE delta, `llm_jax.vl.rope_index`).
     blocks: {"embed", "blocks"} (the per-layer layout); prefix: (k, v) per layer, or None.
     tokens: [B]. Returns (states [L + 1, B, H]: embeddings, then the residual after each block,
     pre-norm; new keys, values [L, B, K, D]). The cache is read, not written."""
     x = blocks["embed"][tokens][:, None]  # [B, 1, H]
     p = 0 if prefix is None else prefix[0][0].shape[0]
-    rot = rope_tables((p + cache.lengths)[:, None], cfg.head_dim, cfg.rope_theta, x.dtype)
+    rot = rope_tables((p + cache.lengths + offset)[:, None], cfg.head_dim, cfg.rope_theta,
+                      x.dtype)
     visible = jnp.arange(cache.k[0].shape[1])[None] < cache.lengths[:, None]  # [B, S]
     n = cfg.num_layers
     pk, pv = ((None,) * n, (None,) * n) if prefix is None else prefix
@@ -191,7 +194,7 @@ def _stops(tokens, num, stop_ids: tuple[int, ...], max_new_tokens: int):
     return hit | (num >= max_new_tokens)
 
 
-def _decode_step(blocks, cfg: Qwen3Config, prefix, row_keys, static: DecodeStatic,
+def _decode_step(blocks, cfg: Qwen3Config, prefix, row_keys, offset, static: DecodeStatic,
                  state: DecodeState):
     """Feed each active row's next unfed token, record its state, and (rows not stopped) sample
     the following token. Rows with nothing to feed compute too (batched) but change nothing:
@@ -202,7 +205,7 @@ def _decode_step(blocks, cfg: Qwen3Config, prefix, row_keys, static: DecodeStati
     rows = jnp.arange(b)
     active = state.fed < state.num if hidden_layer is not None else ~state.stopped
     last = state.tokens[rows, jnp.minimum(state.fed, n_new - 1)]
-    states, k, v = forward_one(blocks, cfg, last, state.cache, prefix, attn)
+    states, k, v = forward_one(blocks, cfg, last, state.cache, prefix, attn, offset)
     slot = jnp.where(active, state.cache.lengths, state.cache.k[0].shape[1])
     cache = KVCache(tuple(c.at[rows, slot].set(k[i], mode="drop")
                           for i, c in enumerate(state.cache.k)),
@@ -230,7 +233,8 @@ def generate(params, cfg: Qwen3Config, tokens, lengths, key, *, max_new_tokens: 
              pad_id: int, sampling: Sampling = GREEDY, stop_ids: tuple[int, ...] = (),
              prefix: PrefixCache | None = None, hidden_layer: int | None = None,
              post_norm: bool = False, attn: AttentionConfig = AttentionConfig(),
-             row_keys=None, steps_per_check: int = 1) -> Generated:
+             row_keys=None, steps_per_check: int = 1, visual: Visual | None = None,
+             pos_offset=None) -> Generated:
     """Generate up to `max_new_tokens` tokens per row, pure and jittable (close over the
     keyword arguments, which are static; params, tokens, lengths, key and prefix are traced).
 
@@ -246,7 +250,10 @@ def generate(params, cfg: Qwen3Config, tokens, lengths, key, *, max_new_tokens: 
     whatever batch it lands in. `pad_id` (the tokenizer's padding token) fills `tokens` past
     each row's end. Logits in float32 from `lm_head` (untied) or the embedding (tied).
     params: stacked or per-layer (`llm_jax.weights.per_layer`, which spares the copy of each
-    layer's weights taken before the loop); `steps_per_check`: module docstring."""
+    layer's weights taken before the loop); `steps_per_check`: module docstring. `visual` and
+    `pos_offset` [B]: a prompt with images (`llm_jax.vl.vl_generate`): the prompt pass takes
+    the image tokens, M-RoPE and DeepStack states, and generated tokens sit at their index plus
+    the row's offset on all three rope axes (HF's rope deltas)."""
     b, t = tokens.shape
     p = 0 if prefix is None else prefix.k.shape[1]
     check_generate(cfg, [t], max_new_tokens, p, hidden_layer)  # static shapes: at trace time
@@ -256,7 +263,8 @@ def generate(params, cfg: Qwen3Config, tokens, lengths, key, *, max_new_tokens: 
     if steps_per_check < 1:
         raise GenerateError(f"steps_per_check={steps_per_check}; use 1 or more")
     lengths = lengths.astype(jnp.int32)
-    x, (k, v), _ = hidden_states(params, cfg, tokens, lengths, cfg.num_layers, prefix, attn)
+    x, (k, v), _ = hidden_states(params, cfg, tokens, lengths, cfg.num_layers, prefix, attn,
+                                 visual)
     n = cfg.num_layers
     pad = jnp.zeros((b, max_new_tokens, *k.shape[3:]), k.dtype)
     cache = KVCache(tuple(jnp.concatenate([k[i], pad], 1) for i in range(n)),
@@ -285,7 +293,9 @@ def generate(params, cfg: Qwen3Config, tokens, lengths, key, *, max_new_tokens: 
     def more(s: DecodeState):
         return jnp.any(s.fed < s.num) if hidden_layer is not None else jnp.any(~s.stopped)
 
-    step = functools.partial(_decode_step, blocks, cfg, per_layer_prefix, row_keys, static)
+    offset = 0 if pos_offset is None else pos_offset.astype(jnp.int32)
+    step = functools.partial(_decode_step, blocks, cfg, per_layer_prefix, row_keys, offset,
+                             static)
     if steps_per_check > 1:
         one = step
 

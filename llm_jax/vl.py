@@ -251,3 +251,16 @@ def vl_hidden_states(params: dict, cfg: VLConfig, tokens, lengths, layer: int, p
     dtype = params["text"]["embed"].dtype
     vis = visual_inputs(cfg, tokens, positions, out.embeds, out.deepstack, dtype)
     return hidden_states(params["text"], cfg.text, tokens, lengths, layer, visual=vis)
+
+
+def vl_generate(params: dict, cfg: VLConfig, tokens, lengths, pixels, grid: tuple[int, int, int],
+                positions, deltas, key, **kw):
+    """`llm_jax.decode.generate` for prompts with images (pixels, positions and deltas as
+    `vl_hidden_states` and `rope_index` give them); keyword arguments as `generate`'s."""
+    from llm_jax.decode import generate
+
+    out = vision_tower(params["vision"], cfg.vision, pixels, grid)
+    vis = visual_inputs(cfg, tokens, positions, out.embeds, out.deepstack,
+                        params["text"]["embed"].dtype)
+    return generate(params["text"], cfg.text, tokens, lengths, key, visual=vis,
+                    pos_offset=deltas, **kw)

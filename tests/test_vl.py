@@ -160,3 +160,41 @@ def test_a_damaged_vl_folder_is_one_line(tmp_path):
     (folder / "config.json").write_text(json.dumps(dict(conf, model_type="qwen3")))
     with pytest.raises(Qwen3ConfigError, match="not 'qwen3_vl'"):
         load_vl_params(folder)
+
+
+def test_greedy_decode_with_images_equals_hf_generate(tmp_path):
+    """Greedy tokens after a prompt with an image (two rows, two frames) equal HF `generate`'s,
+    and each generated token's last-layer state equals HF's forward over prompt + tokens."""
+    import jax
+    import torch
+
+    from llm_jax.vision import preprocess
+    from llm_jax.vl import load_vl_params, rope_index, vl_generate, vl_hidden_states
+
+    model = build_tiny_qwen3_vl(tmp_path / "vl", seed=3)
+    cfg, params = load_vl_params(tmp_path / "vl")
+    imgs = classic_frames(2)
+    pixels, grid = preprocess(jnp.asarray(imgs), cfg.processor)
+    tokens, lengths = _rows(cfg, cfg.processor.num_tokens(63, 63),
+                            [[5, "img", 9, 10], [6, "img", 11, 12]])
+    hf = hf_vl_processor()(images=list(imgs), return_tensors="pt")
+    mm = torch.tensor((tokens == cfg.image_token_id).astype(np.int64))
+    with torch.no_grad():
+        ref = model.generate(input_ids=torch.tensor(tokens), attention_mask=torch.ones_like(mm),
+                             pixel_values=hf["pixel_values"], image_grid_thw=hf["image_grid_thw"],
+                             mm_token_type_ids=mm, max_new_tokens=8, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)[:, tokens.shape[1]:].numpy()
+    pos, deltas = rope_index(tokens, lengths, cfg, grid)
+    out = vl_generate(params, cfg, jnp.asarray(tokens), jnp.asarray(lengths), pixels, grid,
+                      jnp.asarray(pos), jnp.asarray(deltas), jax.random.PRNGKey(0),
+                      max_new_tokens=8, pad_id=0, hidden_layer=cfg.text.num_layers)
+    np.testing.assert_array_equal(np.asarray(out.tokens), ref)
+    assert len(set(ref.ravel().tolist())) > 2  # not one token repeated
+    # the states of generated tokens: our prompt pass over prompt + generated equals them
+    full = np.concatenate([tokens, ref], 1)
+    pos2, _ = rope_index(full, lengths + 8, cfg, grid)
+    x = vl_hidden_states(params, cfg, jnp.asarray(full), jnp.asarray(lengths + 8),
+                         cfg.text.num_layers, pixels, grid, jnp.asarray(pos2)).x
+    # token i's state is taken when it is fed: positions len .. len + 7
+    np.testing.assert_allclose(np.asarray(out.hidden), np.asarray(x)[:, tokens.shape[1]:],
+                               atol=1e-4, rtol=0)
