@@ -1,6 +1,7 @@
-"""`python -m llm_jax encode|generate|truncate ...`: hidden states of a text, generated text (and
-the generated tokens' hidden states), or a layer-truncated copy of a checkpoint (so a vLLM
-server's post-norm output equals our `layer=L, post_norm=True`)."""
+"""`python -m llm_jax encode|generate|truncate ...`: hidden states of a text (with images before
+it, `--image`, on a Qwen3-VL model), generated text (and the generated tokens' hidden states),
+or a layer-truncated copy of a checkpoint (so a vLLM server's post-norm output equals our
+`layer=L, post_norm=True`)."""
 
 from __future__ import annotations
 
@@ -41,8 +42,9 @@ class Encode:
     """With --chat: leave thinking on (off appends the empty <think></think> block)."""
     layer: int | None = None
     """Layer (HF convention: 0 = embeddings, i = after block i); default the last."""
-    pool: Literal["none", "last", "mean"] = "last"
-    """Pooling over positions."""
+    pool: str = "last"
+    """Pooling over positions: none, last, mean (every token), or with --image every:K (the
+    mean of every K-th image token: the prior system's `every:8`) or image-mean."""
     post_norm: bool = False
     """Apply the final RMSNorm."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
@@ -53,6 +55,10 @@ class Encode:
     prefix_text_file: str | None = None
     """Encode this file's text first as a cached prefix (`prefill`), then the text after it
     (the layout of the LLM-augmented policy's prompt); the .npz then also holds `prefix_ids`."""
+    image: tyro.conf.UseAppendAction[tuple[str, ...]] = ()
+    """Images (PNG, JPEG; one size) before the text, each as `<|vision_start|><|image_pad|> x
+    n<|vision_end|>`: the weights must be a Qwen3-VL folder. The .npz also holds
+    `image_grid` and `image_positions`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +101,9 @@ class Generate(SamplingFlags):
     Qwen3), float32 or bfloat16; logits are float32 either way."""
     attention: Literal["auto", "cudnn", "blocked", "row", "pallas"] = "auto"
     """Attention form of the prompt pass (decode steps use plain jnp)."""
+    image: tyro.conf.UseAppendAction[tuple[str, ...]] = ()
+    """Images (one size) before the prompt's text (with --prompt): the weights must be a
+    Qwen3-VL folder."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +120,11 @@ def run_encode(a: Encode) -> Path:
     if (a.text is None) == (a.text_file is None):
         raise SystemExit("error: give exactly one of --text or --text-file")
     text = a.text if a.text is not None else Path(a.text_file).read_text()
+    if a.image:
+        return run_encode_images(a, text)
+    if a.pool not in ("none", "last", "mean"):
+        raise SystemExit(f"error: --pool {a.pool}: choose none, last or mean (every:K and "
+                         "image-mean pool image tokens: with --image)")
     import jax
     import jax.numpy as jnp
 
@@ -225,6 +239,8 @@ def run_generate(a: Generate) -> Path:
     from llm_jax.tokenizer import load_tokenizer, prompt_ids, stop_ids
 
     prompts = generate_settings(a)
+    if a.image:
+        return run_generate_images(a)
     folder = resolve_folder(a.weights)
     cfg = Qwen3Config.from_folder(folder)  # config.json only: the checks below need no weights
     try:
@@ -296,6 +312,167 @@ def run_generate(a: Generate) -> Path:
     return path
 
 
+def read_images(paths: tuple[str, ...]) -> np.ndarray:
+    """uint8 [N, H, W, 3] of image files (RGB; alpha dropped); SystemExit (one line) for a
+    missing or unreadable file or images of different sizes."""
+    from PIL import Image, UnidentifiedImageError
+
+    out = []
+    for p in paths:
+        if not Path(p).is_file():
+            raise SystemExit(f"error: --image {p} not found")
+        try:
+            with Image.open(p) as im:
+                out.append(np.asarray(im.convert("RGB")))
+        except (UnidentifiedImageError, OSError) as e:
+            raise SystemExit(f"error: --image {p} is not an image ({e})") from None
+    sizes = sorted({x.shape[:2] for x in out})
+    if len(sizes) > 1:
+        raise SystemExit(f"error: the images have different sizes {sizes}; give images of one "
+                         "size (resize them first)")
+    return np.stack(out)
+
+
+def image_prompt(tok, folder: Path, cfg, n_images: int, text: str, chat: bool,
+                 enable_thinking: bool) -> np.ndarray:
+    """Token ids of n images before `text` (as a user turn with `chat`: the folder's own chat
+    template, which takes image items, else Qwen3's with the images' tokens written out), each
+    `<|image_pad|>` expanded to the image's token count as HF's processor does."""
+    vision = "<|vision_start|><|image_pad|><|vision_end|>"
+    if chat:
+        own = (folder / "tokenizer_config.json").is_file() and tok.folder == folder
+        content = ([{"type": "image"}] * n_images + [{"type": "text", "text": text}] if own
+                   else vision * n_images + text)
+        text = tok.apply_chat_template([{"role": "user", "content": content}],
+                                       enable_thinking=enable_thinking)
+    else:
+        text = vision * n_images + text
+    ids = np.asarray(tok.encode(text), np.int32)
+    pad = cfg.image_token_id
+    if (ids == pad).sum() != n_images:
+        raise SystemExit(f"error: the prompt holds {(ids == pad).sum()} <|image_pad|> tokens "
+                         f"for {n_images} images; leave image tokens out of the text")
+    return ids
+
+
+def _vl_setup(weights: str, images: tuple[str, ...], dtype_flag: str):
+    import jax
+    import jax.numpy as jnp
+
+    from llm_jax.config import resolve_dtype
+    from llm_jax.loader import resolve_folder
+    from llm_jax.tokenizer import load_tokenizer
+    from llm_jax.vision import preprocess
+    from llm_jax.vl import VLConfig, load_vl_params
+
+    folder = resolve_folder(weights)
+    cfg = VLConfig.from_folder(folder)
+    frames = read_images(images)
+    dtype, why = resolve_dtype(dtype_flag, folder, jax.default_backend())
+    _, params = load_vl_params(folder, jnp.dtype(dtype))
+    pixels, grid = preprocess(jnp.asarray(frames), cfg.processor)
+    return folder, cfg, load_tokenizer(weights), params, pixels, grid, dtype, why
+
+
+def run_encode_images(a: Encode, text: str) -> Path:
+    import jax
+    import jax.numpy as jnp
+
+    from llm_jax.model import _pool
+    from llm_jax.vl import rope_index, vl_hidden_states
+
+    pool = a.pool
+    every = re.fullmatch(r"every:(\d+)", pool)
+    if pool not in ("none", "last", "mean", "image-mean") and not (every and int(every[1]) > 0):
+        raise SystemExit(f"error: --pool {pool}: choose none, last, mean, image-mean or every:K "
+                         "(K >= 1)")
+    if a.prefix_text_file is not None:
+        raise SystemExit("error: --prefix-text-file with --image: not supported; put the text "
+                         "in --text")
+    folder, cfg, tok, params, pixels, grid, dtype, _ = _vl_setup(a.weights, a.image, a.dtype)
+    layer = cfg.text.num_layers if a.layer is None else a.layer
+    if not 0 <= layer <= cfg.text.num_layers:
+        raise SystemExit(f"error: --layer {layer} must lie in 0..{cfg.text.num_layers}")
+    ids = image_prompt(tok, folder, cfg, len(a.image), text, a.chat, a.enable_thinking)
+    ids = np.repeat(ids, np.where(ids == cfg.image_token_id, int(np.prod(grid)) //
+                                  cfg.vision.spatial_merge_size ** 2, 1))
+    pos, _ = rope_index(ids[None], np.array([ids.size]), cfg, grid)
+
+    def fn(p, t, n, px, ps):
+        x = vl_hidden_states(p, cfg, t, n, layer, px, grid, ps).x
+        if pool in ("none", "last", "mean"):
+            return _pool(p["text"], cfg.text, x, n, pool, a.post_norm)
+        if a.post_norm:
+            x = _pool(p["text"], cfg.text, x, n, "none", True)
+        img = (t == cfg.image_token_id)
+        pick = jnp.cumsum(img, axis=1) - 1
+        keep = img & (pick % (int(every[1]) if every else 1) == 0)
+        w = keep.astype(jnp.float32)
+        return (jnp.einsum("bth,bt->bh", x.astype(jnp.float32), w) / w.sum(1)[:, None]
+                ).astype(x.dtype)
+
+    hidden = jax.jit(fn)(params, jnp.asarray(ids)[None], jnp.array([ids.size]), pixels,
+                         jnp.asarray(pos))[0]
+    out = Path(a.out)
+    tmp = out.with_name(out.name + ".tmp.npz")
+    np.savez(tmp, hidden=np.asarray(hidden, np.float32), token_ids=ids,
+             image_grid=np.asarray(grid), image_positions=pos[:, 0])
+    os.replace(tmp, out)
+    print(f"{ids.size} tokens ({len(a.image)} images, grid {grid}), layer {layer}, pool {pool}, "
+          f"{dtype}, hidden {tuple(hidden.shape)} -> {out}")
+    return out
+
+
+def run_generate_images(a: Generate) -> Path:
+    import jax
+    import jax.numpy as jnp
+
+    from llm_jax.decode import GenerateError, check_generate
+    from llm_jax.sampling import resolve_sampling
+    from llm_jax.tokenizer import stop_ids
+    from llm_jax.vl import rope_index, vl_generate
+
+    if a.prompt is None or a.prefix_text_file is not None:
+        raise SystemExit("error: --image takes one --prompt (no --prompt-file or "
+                         "--prefix-text-file)")
+    folder, cfg, tok, params, pixels, grid, dtype, why = _vl_setup(a.weights, a.image, a.dtype)
+    try:
+        resolved = resolve_sampling(a, folder)
+    except GenerateError as e:
+        raise SystemExit(f"error: {e}") from None
+    ids = image_prompt(tok, folder, cfg, len(a.image), a.prompt, not a.raw, a.enable_thinking)
+    ids = np.repeat(ids, np.where(ids == cfg.image_token_id, int(np.prod(grid)) //
+                                  cfg.vision.spatial_merge_size ** 2, 1))
+    try:
+        check_generate(cfg.text, [ids.size], a.max_new_tokens, 0, a.layer)
+    except GenerateError as e:
+        raise SystemExit(f"error: {_as_flags(e)}") from None
+    stop = () if a.ignore_eos else stop_ids(folder, tok, cfg.text.vocab_size, chat=not a.raw)
+    pos, deltas = rope_index(ids[None], np.array([ids.size]), cfg, grid)
+    print(f"sampling: {resolved.describe()}; {dtype} ({why})", flush=True)
+    fn = jax.jit(lambda p, t, n, px, ps, d, k: vl_generate(
+        p, cfg, t, n, px, grid, ps, d, k, max_new_tokens=a.max_new_tokens, pad_id=tok.pad_id,
+        sampling=resolved.sampling, stop_ids=stop, hidden_layer=a.layer,
+        post_norm=a.post_norm))
+    out = fn(params, jnp.asarray(ids)[None], jnp.array([ids.size]), pixels, jnp.asarray(pos),
+             jnp.asarray(deltas), jax.random.PRNGKey(a.seed or 0))
+    n = int(out.num_tokens[0])
+    new = np.asarray(out.tokens[0, :n]).tolist()
+    row = {"prompt": a.prompt, "prompt_ids": ids.tolist(), "images": list(a.image),
+           "tokens": new, "text": tok.decode(new, keep_special=a.keep_special)}
+    if a.layer is not None:
+        row["hidden"] = np.asarray(out.hidden[0, :n], np.float32).tolist()
+    settings = dict(dataclasses.asdict(a), sampling=resolved.record(), seed=a.seed or 0,
+                    stop_ids=list(stop), dtype=dtype, dtype_source=why, pad_id=tok.pad_id,
+                    image_grid=list(grid))
+    path = Path(a.out)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"settings": settings, "prefix_ids": [], "results": [row]}))
+    os.replace(tmp, path)
+    print(f"1 prompt with {len(a.image)} images, {n} tokens generated -> {path}")
+    return path
+
+
 def run_truncate(a: Truncate) -> Path:
     from safetensors.numpy import save_file
 
@@ -345,6 +522,7 @@ def main(argv=None):
     from llm_jax.config import Qwen3ConfigError
     from llm_jax.loader import WeightsError
     from llm_jax.tokenizer import TokenizerError
+    from llm_jax.vision import VisionConfigError
 
     try:
         cmd = tyro.cli(
@@ -358,7 +536,7 @@ def main(argv=None):
     run = {Encode: run_encode, Generate: run_generate, Truncate: run_truncate}[type(cmd)]
     try:
         return run(cmd)
-    except (Qwen3ConfigError, WeightsError, TokenizerError) as e:
+    except (Qwen3ConfigError, WeightsError, TokenizerError, VisionConfigError) as e:
         sys.exit(f"error: {e}")
 
 

@@ -93,7 +93,7 @@ def build_tiny_qwen3_vl(folder: Path, *, merge: int = 2, deepstack: tuple[int, .
                         vocab: int = 320, seed: int = 0):
     """A random Qwen3-VL (dense) saved by transformers' save_pretrained, random norm weights,
     with a preprocessor_config.json of Qwen3-VL's processor settings at this patch / merge
-    size. Image tokens are the last ids of the small vocabulary."""
+    size. Image tokens are the last ids of a small vocabulary, Qwen's own in a full one."""
     import json
 
     import torch
@@ -112,8 +112,10 @@ def build_tiny_qwen3_vl(folder: Path, *, merge: int = 2, deepstack: tuple[int, .
                            out_hidden_size=hidden, num_position_embeddings=positions,
                            deepstack_visual_indexes=list(deepstack), patch_size=patch,
                            spatial_merge_size=merge, temporal_patch_size=2),
-        image_token_id=vocab - 4, video_token_id=vocab - 3, vision_start_token_id=vocab - 2,
-        vision_end_token_id=vocab - 1, tie_word_embeddings=tied)
+        tie_word_embeddings=tied,
+        **({} if vocab > 151_656 else dict(  # Qwen's own ids where the vocabulary has them
+            image_token_id=vocab - 4, video_token_id=vocab - 3, vision_start_token_id=vocab - 2,
+            vision_end_token_id=vocab - 1)))
     model = Qwen3VLForConditionalGeneration(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -198,3 +198,78 @@ def test_greedy_decode_with_images_equals_hf_generate(tmp_path):
     # token i's state is taken when it is fed: positions len .. len + 7
     np.testing.assert_allclose(np.asarray(out.hidden), np.asarray(x)[:, tokens.shape[1]:],
                                atol=1e-4, rtol=0)
+
+
+def test_cli_encode_and_generate_with_images(tmp_path):
+    """`python -m llm_jax encode --image A --image B --pool every:8` equals HF's hidden states
+    (the prompt's tokens as HF's Qwen3-VL processor expands them) pooled over every 8th image
+    token; `generate --image` gives HF generate's greedy tokens; bad images: one line each."""
+    import subprocess
+    import sys
+
+    import torch
+    from PIL import Image
+    from transformers import AutoTokenizer
+
+    from conftest import ROOT, subprocess_env
+    from llm_jax.tokenizer import packaged_tokenizer_dir
+
+    model = build_tiny_qwen3_vl(tmp_path / "vl", vocab=151_680, seed=5)
+    frames = classic_frames(4)[[0, 3]]
+    paths = []
+    for i, f in enumerate(frames):
+        paths.append(str(tmp_path / f"f{i}.png"))
+        Image.fromarray(f).save(paths[-1])
+    text = "What is in front of the player?"
+
+    def cli(*args, ok=True):
+        p = subprocess.run([sys.executable, "-m", "llm_jax", *args], cwd=ROOT,
+                           env=subprocess_env(), capture_output=True, text=True, timeout=600)
+        assert (p.returncode == 0) == ok, p.stderr[-3000:]
+        return p
+
+    images = [a for p in paths for a in ("--image", p)]
+    cli("encode", "--weights", str(tmp_path / "vl"), *images, "--text", text, "--layer", "2",
+        "--pool", "every:8", "--out", str(tmp_path / "e.npz"))
+    got = np.load(tmp_path / "e.npz")
+    hf_tok = AutoTokenizer.from_pretrained(packaged_tokenizer_dir())
+
+    def proc(prompt, imgs):
+        """HF's Qwen3-VL processor (processing_qwen3_vl.py, whose class needs torchvision for
+        its video half): each <|image_pad|> replaced by grid / merge^2 of them, tokenized."""
+        pix = hf_vl_processor()(images=imgs, return_tensors="pt")
+        n = int(pix["image_grid_thw"][0].prod()) // 4
+        ids = hf_tok(prompt.replace("<|image_pad|>", "<|image_pad|>" * n),
+                     return_tensors="pt")["input_ids"]
+        return dict(input_ids=ids, attention_mask=torch.ones_like(ids),
+                    mm_token_type_ids=(ids == 151655).long(), **pix)
+
+    vision = "<|vision_start|><|image_pad|><|vision_end|>"
+    ref_in = proc(vision * 2 + text, list(frames))
+    np.testing.assert_array_equal(got["token_ids"], ref_in["input_ids"][0].numpy())
+    with torch.no_grad():
+        ref = model(**ref_in, output_hidden_states=True).hidden_states[2][0].numpy()
+    img = ref_in["input_ids"][0].numpy() == 151655
+    assert img.sum() == 2 * 64
+    np.testing.assert_allclose(got["hidden"], ref[img][::8].mean(0), atol=1e-4, rtol=0)
+
+    cli("generate", "--weights", str(tmp_path / "vl"), "--image", paths[1], "--prompt", text,
+        "--raw", "--greedy", "--ignore-eos", "--max-new-tokens", "6", "--out",
+        str(tmp_path / "g.json"))
+    row = json.loads((tmp_path / "g.json").read_text())["results"][0]
+    ref_in = proc(vision + text, [frames[1]])
+    assert row["prompt_ids"] == ref_in["input_ids"][0].tolist()
+    with torch.no_grad():
+        ref = model.generate(**ref_in, max_new_tokens=6, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)[0, len(row["prompt_ids"]):].tolist()
+    assert row["tokens"] == ref
+
+    Image.fromarray(frames[0][:40]).save(tmp_path / "small.png")
+    (tmp_path / "bad.png").write_bytes(b"not a png")
+    for extra, msg in [((paths[0], str(tmp_path / "small.png")), "different sizes"),
+                       ((str(tmp_path / "bad.png"),), "is not an image"),
+                       ((str(tmp_path / "none.png"),), "not found")]:
+        p = cli("encode", "--weights", str(tmp_path / "vl"), *[a for x in extra
+                                                                for a in ("--image", x)],
+                "--text", text, "--out", str(tmp_path / "x.npz"), ok=False)
+        assert msg in p.stderr and "Traceback" not in p.stderr, p.stderr
