@@ -355,7 +355,7 @@ def image_prompt(tok, folder: Path, cfg, n_images: int, text: str, chat: bool,
     return ids
 
 
-def _vl_setup(weights: str, images: tuple[str, ...], dtype_flag: str):
+def _vl_setup(weights: str, images: tuple[str, ...], dtype_flag: str, new_tokens: int = 0):
     import jax
     import jax.numpy as jnp
 
@@ -365,10 +365,26 @@ def _vl_setup(weights: str, images: tuple[str, ...], dtype_flag: str):
     from llm_jax.vision import preprocess
     from llm_jax.vl import VLConfig, load_vl_params
 
+    from llm_jax.memory import MemoryFitError, check_fits, fixes, generation_need, itemsize
+
     folder = resolve_folder(weights)
     cfg = VLConfig.from_folder(folder)
     frames = read_images(images)
     dtype, why = resolve_dtype(dtype_flag, folder, jax.default_backend())
+    tokens = len(images) * cfg.processor.num_tokens(*frames.shape[1:3])
+    need = generation_need(cfg.text, dtype, cfg.text.num_layers, 1, tokens + 64, new_tokens,
+                           0)
+    v = cfg.vision
+    patches = tokens * v.spatial_merge_size ** 2
+    need["vision weights"] = v.num_params() * itemsize(dtype)
+    # the tower's widest pass: the MLP's input and output, attention scores per head (float32)
+    need["vision activations"] = (patches * (v.hidden_size * 4 + v.intermediate_size)
+                                  * itemsize(dtype) + v.num_heads * patches ** 2 * 4)
+    try:
+        _, line = check_fits(need, fixes(dtype, "--dtype", None, "fewer images"))
+    except MemoryFitError as e:
+        raise SystemExit(f"error: {e}") from None
+    print(line, flush=True)
     _, params = load_vl_params(folder, jnp.dtype(dtype))
     pixels, grid = preprocess(jnp.asarray(frames), cfg.processor)
     return folder, cfg, load_tokenizer(weights), params, pixels, grid, dtype, why
@@ -435,7 +451,8 @@ def run_generate_images(a: Generate) -> Path:
     if a.prompt is None or a.prefix_text_file is not None:
         raise SystemExit("error: --image takes one --prompt (no --prompt-file or "
                          "--prefix-text-file)")
-    folder, cfg, tok, params, pixels, grid, dtype, why = _vl_setup(a.weights, a.image, a.dtype)
+    folder, cfg, tok, params, pixels, grid, dtype, why = _vl_setup(a.weights, a.image, a.dtype,
+                                                                   a.max_new_tokens)
     try:
         resolved = resolve_sampling(a, folder)
     except GenerateError as e:

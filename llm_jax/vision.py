@@ -89,6 +89,15 @@ class VisionConfig:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
+    def num_params(self) -> int:
+        """Parameters of the tower: patch embedding, positions, blocks, the mergers."""
+        h, f, g = self.hidden_size, self.intermediate_size, self.merged_size
+        block = 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
+        merger = g * g + g + g * self.out_hidden_size + self.out_hidden_size
+        n_deep = len(self.deepstack_visual_indexes)
+        return (self.patch_dim * h + h + self.num_position_embeddings * h + self.depth * block
+                + merger + 2 * h + n_deep * (merger + 2 * g))
+
     @property
     def patch_dim(self) -> int:
         """Values per patch: channels x frames x P x P."""
