@@ -13,8 +13,9 @@ public code from `.peers/craftax_baselines`, prepared by `scripts/gpu_prepare.sh
 committed). Each step runs in its own process under a time box, so a slow one cannot starve the
 rest, and the whole check within `--budget` seconds (470 on a GPU: 8 minutes with the wheels'
 install; a step is given what is left if less than its box, and skipped when under 20 s are);
-the PPO pair rarely fits after the rest: `--only ppo_ours_1024 ppo_public_1024` in a second
-call. Its JSON rows are appended to OUT/rows.jsonl as it prints them (a step cut by its box
+the PPO pairs rarely fit after the rest: `--only ppo_ours_1024 ppo_public_1024` and `--only
+ppo_pixels_ours_1024 ppo_pixels_public_1024` (Craftax-Pixels, the public pixel PPO's sizes) in
+further calls. Its JSON rows are appended to OUT/rows.jsonl as it prints them (a step cut by its box
 keeps what it printed), with one `step` row each: status (ok, failed, timeout, skipped),
 seconds, return code. Its output goes to OUT/check.log. The traces land as
 OUT/trace_decode.json.gz and OUT/trace_fused.json.gz (dropped if over 16 MB: the device tool
@@ -98,6 +99,17 @@ def steps(out: Path, bandwidth: float) -> list[Step]:
                     "--num-minibatches", "2", "--width", "32"], (110, 120)),
         Step("ppo_public_1024", [str(PEER / "public_ppo.py"), "1024"],
              [str(PEER / "public_ppo.py"), "8"], (150, 120), needs=PEER / "public_ppo.py",
+             needs_module="distrax"),
+        # frames: the public pixel PPO's sizes (CNN 512, 64 steps, 4 x 8) on Craftax-Pixels
+        Step("ppo_pixels_ours_1024", ppo + ["--env", "Craftax-Pixels-v1", "--ppo-env-counts",
+                                            "1024", "--variants", "cnn"],
+             ppo + ["--env", "Craftax-Classic-Pixels-v1", "--ppo-env-counts", "4", "--repeats",
+                    "1", "--num-steps", "4", "--update-epochs", "1", "--num-minibatches", "2",
+                    "--width", "32", "--variants", "cnn"], (150, 120)),
+        Step("ppo_pixels_public_1024", ["bench/peer_ppo.py", "Craftax-Pixels-v1", "1024"],
+             ["bench/peer_ppo.py", "Craftax-Classic-Pixels-v1", "4", "--num-steps", "4",
+              "--update-epochs", "1", "--num-minibatches", "2", "--width", "32", "--updates",
+              "1", "2", "--repeats", "1"], (200, 120), needs=PEER / "ppo.py",
              needs_module="distrax"),
     ]
 

@@ -93,10 +93,11 @@ def test_gpu_check_cpu_smoke_runs_every_step(tmp_path):
     assert len(files) <= 8 and all(f.stat().st_size <= 16 * 2**20 for f in files), files
     rows = [json.loads(x) for x in (out / "rows.jsonl").read_text().splitlines()]
     status = {r["step"]: r["status"] for r in rows if r["name"] == "step"}
-    public = status.pop("ppo_public_1024")
-    assert public in ("ok", "skipped") and set(status.values()) == {"ok"}, status
+    for public in ("ppo_public_1024", "ppo_pixels_public_1024"):
+        assert status.pop(public) in ("ok", "skipped"), status
+    assert set(status.values()) == {"ok"}, status
     assert {"decode_4b", "fused_0.6b_1024", "moe_30b_encode", "moe_30b_decode", "kernel",
-            "ppo_ours_1024"} <= set(status)
+            "ppo_ours_1024", "ppo_pixels_ours_1024"} <= set(status)
     by = {}
     for r in rows:
         by.setdefault((r.get("step"), r["name"]), []).append(r)
@@ -109,6 +110,7 @@ def test_gpu_check_cpu_smoke_runs_every_step(tmp_path):
     assert parity["max_rel_diff_tiled"] < 0.02 and parity["max_rel_diff_ragged"] < 0.02
     assert all(r["rel_err"] < 0.02 and r["finite"] for r in by[("kernel", "kernel")])
     assert by[("ppo_ours_1024", "ppo")][0]["steps_per_s"] > 0
+    assert by[("ppo_pixels_ours_1024", "ppo_cnn")][0]["steps_per_s"] > 0
     report_ = json.loads((out / "report.json").read_text())
     assert report_["decode"]["device_events"] > 0 and report_["fused"]["device_events"] > 0
     assert "fraction_of_bandwidth_bound" in report_["decode"]

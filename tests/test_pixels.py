@@ -161,7 +161,8 @@ def test_frames_are_stored_as_bytes():
 def test_a_dataset_of_frames_through_offline(tmp_path):
     """label.py generate on Craftax-Classic-Pixels writes frames as uint8 in compressed chunks;
     verify and returns take it as any dataset; offline.py bc trains the CNN on it, streamed in
-    windows; eval plays the result; a text label set of frames is refused in one line."""
+    windows; a text label set of frames is refused in one line. (AWR on frames, streamed, and
+    its evaluation: the README's walkthrough, tests/test_readme.py.)"""
     import zarr
 
     env = subprocess_env()
@@ -197,9 +198,6 @@ def test_a_dataset_of_frames_through_offline(tmp_path):
                (tmp_path / "bc" / "metrics.jsonl").read_text().splitlines()]
     assert [m["update"] for m in metrics] == [1, 2, 3, 4]
     assert all(np.isfinite(m["loss/actor"]) for m in metrics)
-    run("offline.py", "eval", "--run", str(tmp_path / "bc"), "--episodes", "2", "--max-steps",
-        "8")
-    assert json.loads((tmp_path / "bc" / "eval.json").read_text())["episodes"] == 2
     p = run("label.py", "label", "--data", str(data), "--name", "t", "--llm.random-model",
             "tiny", ok=False)
     assert "needs a text renderer" in p.stderr and "Traceback" not in p.stderr
@@ -215,3 +213,21 @@ def test_a_missing_observation_column_is_one_line(tmp_path):
     with pytest.raises(DatasetError, match=r"no array 'frame' \(it holds action, obs\)"):
         read_group(tmp_path / "g", ["frame", "action"])
     assert read_group(tmp_path / "g", ["action"])["action"].shape == (3,)
+
+
+def test_a_dataset_too_big_for_memory_names_device_rows(monkeypatch):
+    """A million Craftax-Pixels rows (43 GB of frames) on a machine with 2 GB free: offline
+    training stops before reading anything, in one line naming --device-rows with a window of
+    whole shards that fits; a dataset that fits passes."""
+    from types import SimpleNamespace
+
+    import llm_jax.memory as mem
+    from fused.commands.offline_train import OfflineConfig, check_in_memory
+    from fused.data.store import DatasetError
+
+    monkeypatch.setattr(mem, "available_bytes", lambda device=None: (2 * 10**9, "available RAM"))
+    big = SimpleNamespace(env="Craftax-Pixels-v1", rows=[8192] * 123)
+    with pytest.raises(DatasetError, match=r"1,007,616 rows take ~86.5 GB .* --device-rows 11264$"):
+        check_in_memory(OfflineConfig(data="d"), big)
+    check_in_memory(OfflineConfig(data="d"), SimpleNamespace(env="Craftax-Pixels-v1",
+                                                             rows=[8192] * 2))

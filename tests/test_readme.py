@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import ROOT, subprocess_env
@@ -25,7 +26,14 @@ TRAIN = ["--num-updates", "100", "--updates-per-chunk", "50", "--checkpoint-ever
 EVAL = ["--episodes", "2", "--max-steps", "30"]
 GENERATE = ["--num-envs", "8", "--steps", "64", "--env.max-episode-steps", "16",
             "--block-steps", "16", "--shard-rows", "100"]
+PIXELS = ["--updates-per-chunk", "2", "--checkpoint-every-updates", "2", "--policy.layer-width",
+          "32", "--no-plot"]
 SMOKE = {
+    ("train.py", "cpu-pixels"): PIXELS + ["--env.num-envs", "8", "--ppo.num-steps", "4",
+                                          "--ppo.update-epochs", "1", "--ppo.num-minibatches", "2",
+                                          "--total-timesteps", "64"],
+    ("offline.py", "awr", "cpu-pixels"): PIXELS + ["--num-updates", "4", "--batch-size", "16",
+                                                   "--device-rows", "200"],
     ("label.py", "generate"): GENERATE,
     ("label.py", "generate", "--out", "data/ppo"): GENERATE + ["--min-return", "0"],  # weak policy
     ("label.py", "label"): ["--batch", "16"],
@@ -94,6 +102,13 @@ def test_readme_walkthrough_runs_as_written(tmp_path):
         words = [str(weights) if w.endswith("/models/Qwen3-4B") else w for w in words]
         words = [("2" if prev == "--llm.layer" else w) for prev, w in zip([""] + words, words)]
         run([str(ROOT / words[0]), *words[1:], *smoke_args(words)])
+    # frames: a CNN run's dataset stored as bytes, AWR on it streamed in windows, evaluated
+    px = Dataset(tmp_path / "data/px")
+    assert px.card()["env"] == "Craftax-Classic-Pixels-v1"
+    assert px.read(px.manifest()["shards"][0]["name"], ["frame"])["frame"].dtype == np.uint8
+    cfg = json.loads((tmp_path / "runs/awr-px/config.json").read_text())
+    assert cfg["agent"]["policy"]["kind"] == "auto" and cfg["device_rows"] == 200
+    assert json.loads((tmp_path / "runs/awr-px/eval.json").read_text())["episodes"] == 2
     # what the commands wrote for an LLM-augmented offline run (awr-l24, labels l24)
     assert json.loads((tmp_path / "runs/awr-l24/eval.json").read_text())["llm"]["layer"] == 2
     import imageio.v3 as iio

@@ -31,8 +31,9 @@ from fused.runs.run_dir import RunDir
 class StudyPolicy:
     """The network of every variant: the preset's, with what is given here changed."""
 
-    kind: Literal["mlp", "gru"] = "mlp"
-    """`gru`: the recurrent policy, with the preset's --seq-len / --burn-in."""
+    kind: Literal["auto", "mlp", "cnn", "gru"] = "auto"
+    """As train.py's --policy.kind (`auto`: the CNN on frames, the MLP on vectors); `gru`: the
+    recurrent policy, with the preset's --seq-len / --burn-in."""
     layer_width: int | None = None
     """Override the preset's hidden width."""
     num_layers: int | None = None

@@ -26,6 +26,7 @@ from fused.agent import AgentConfig, policy_network
 from fused.errors import ConfigError
 from fused.llm.config import LLMConfig, model_config
 from fused.rl.config import EnvSettings, PolicyConfig
+from fused.data.store import DatasetError
 from fused.data.loader import (TrainingData, WindowStream, hidden_moments, load_training_data,
                                open_training_set)
 from fused.envspec import spec
@@ -98,6 +99,11 @@ def _preset(**kw) -> OfflineConfig:
 PRESETS: dict[str, tuple[str, OfflineConfig]] = {
     "cpu": ("Default: width 256, 20k updates of 256 rows (minutes on 2 cores).",
             _preset(policy=PolicyConfig(layer_width=256), num_updates=20_000)),
+    "cpu-pixels": ("Frames on 2 cores: the public CNN at width 256, 1,000 updates of 128 rows "
+                   "(about 5 minutes on Classic-Pixels).",
+                   _preset(policy=PolicyConfig(layer_width=256), num_updates=1_000,
+                           batch_size=128, updates_per_chunk=100,
+                           checkpoint_every_updates=500)),
     "smoke": ("Seconds: width 32, 200 updates of 64 rows (tests).",
               _preset(policy=PolicyConfig(layer_width=32), num_updates=200, batch_size=64,
                       updates_per_chunk=50,
@@ -183,6 +189,23 @@ def network_inputs(codec: ObsCodec, has_hidden: bool):
     return inputs_of
 
 
+def check_in_memory(c: OfflineConfig, ts) -> None:
+    """DatasetError (one line, before anything is read) when the whole dataset would not fit
+    beside itself in memory (the host's arrays and the device's copy: on a CPU both in RAM),
+    naming --device-rows with a window that does."""
+    from llm_jax.memory import GB, available_bytes
+
+    per_row = ObsCodec(spec(ts.env)).row_bytes + 32  # + action, return, flags, indexes
+    rows = sum(ts.rows)
+    need = 2 * rows * per_row
+    have, what = available_bytes()
+    if need > have:
+        window = max(max(ts.rows), int(have / 4 / per_row) // 1024 * 1024)
+        raise DatasetError(f"{c.data}: its {rows:,} rows take ~{need / GB:.1f} GB in memory "
+                           f"(the host's arrays and the device's copy) but {have / GB:.1f} GB "
+                           f"are free ({what}); stream it from disk: --device-rows {window}")
+
+
 def build(c: OfflineConfig) -> Offline:
     """Reads the dataset (host), builds the agent and the trainer; nothing compiles yet."""
     from fused.data.store import Dataset
@@ -201,6 +224,7 @@ def build(c: OfflineConfig) -> Offline:
         valid = sum(int(ts.ds.read_returns(ts.returns, n)["valid"].sum()) for n in ts.names)
         data = TrainingData(None, ts.env, sum(ts.rows), valid, size, mean, var)
     else:
+        check_in_memory(c, ts)
         data, _, _ = load_training_data(c.data, c.returns, c.labels, sequences)
         device_data = jax.device_put(data.arrays)
     agent = agent_config(c, card)

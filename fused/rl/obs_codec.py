@@ -19,6 +19,15 @@ class ObsCodec:
                         ["obs_bits", "obs_aux"] if self.map_size else ["obs"])
         self.exact = not self.pixels  # decode(encode(x)) == x
 
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one stored observation (its columns)."""
+        if self.pixels:
+            return self.dim
+        if not self.map_size:
+            return 4 * self.dim
+        return -(-self.map_size // 8) + 4 * (self.dim - self.map_size)
+
     def encode(self, xp, obs):
         """obs [N, D] float32 -> (columns, [N] bool: the map part was 0/1, as bits need)."""
         if self.pixels:
