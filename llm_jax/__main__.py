@@ -44,7 +44,7 @@ class Encode:
     """Layer (HF convention: 0 = embeddings, i = after block i); default the last."""
     pool: str = "last"
     """Pooling over positions: none, last, mean (every token), or with --image every:K (the
-    mean of every K-th image token: the prior system's `every:8`) or image-mean."""
+    mean of every K-th image token, e.g. every:8) or image-mean (of every image token)."""
     post_norm: bool = False
     """Apply the final RMSNorm."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
@@ -323,6 +323,10 @@ def read_images(paths: tuple[str, ...]) -> np.ndarray:
             raise SystemExit(f"error: --image {p} not found")
         try:
             with Image.open(p) as im:
+                if im.mode != "RGB":  # as HF's convert_to_rgb: transparency over white
+                    rgba = im.convert("RGBA")
+                    im = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255)),
+                                               rgba)
                 out.append(np.asarray(im.convert("RGB")))
         except (UnidentifiedImageError, OSError) as e:
             raise SystemExit(f"error: --image {p} is not an image ({e})") from None
@@ -355,7 +359,8 @@ def image_prompt(tok, folder: Path, cfg, n_images: int, text: str, chat: bool,
     return ids
 
 
-def _vl_setup(weights: str, images: tuple[str, ...], dtype_flag: str, new_tokens: int = 0):
+def _vl_setup(weights: str, images: tuple[str, ...], dtype_flag: str, text_tokens: int,
+              new_tokens: int = 0):
     import jax
     import jax.numpy as jnp
 
@@ -371,15 +376,16 @@ def _vl_setup(weights: str, images: tuple[str, ...], dtype_flag: str, new_tokens
     cfg = VLConfig.from_folder(folder)
     frames = read_images(images)
     dtype, why = resolve_dtype(dtype_flag, folder, jax.default_backend())
-    tokens = len(images) * cfg.processor.num_tokens(*frames.shape[1:3])
-    need = generation_need(cfg.text, dtype, cfg.text.num_layers, 1, tokens + 64, new_tokens,
-                           0)
+    per_image = cfg.processor.num_tokens(*frames.shape[1:3])
+    tokens = len(images) * per_image + text_tokens
+    need = generation_need(cfg.text, dtype, cfg.text.num_layers, 1, tokens, new_tokens, 0)
     v = cfg.vision
-    patches = tokens * v.spatial_merge_size ** 2
+    patches = per_image * v.spatial_merge_size ** 2  # of one image: attention stays within it
     need["vision weights"] = v.num_params() * itemsize(dtype)
     # the tower's widest pass: the MLP's input and output, attention scores per head (float32)
-    need["vision activations"] = (patches * (v.hidden_size * 4 + v.intermediate_size)
-                                  * itemsize(dtype) + v.num_heads * patches ** 2 * 4)
+    need["vision activations"] = len(images) * (
+        patches * (v.hidden_size * 4 + v.intermediate_size) * itemsize(dtype)
+        + v.num_heads * patches ** 2 * 4)
     try:
         _, line = check_fits(need, fixes(dtype, "--dtype", None, "fewer images"))
     except MemoryFitError as e:
@@ -405,14 +411,16 @@ def run_encode_images(a: Encode, text: str) -> Path:
     if a.prefix_text_file is not None:
         raise SystemExit("error: --prefix-text-file with --image: not supported; put the text "
                          "in --text")
-    folder, cfg, tok, params, pixels, grid, dtype, _ = _vl_setup(a.weights, a.image, a.dtype)
+    # the text's characters bound its tokens (the estimate needs no tokenizer yet)
+    folder, cfg, tok, params, pixels, grid, dtype, _ = _vl_setup(a.weights, a.image, a.dtype,
+                                                                 len(text) + 64)
     layer = cfg.text.num_layers if a.layer is None else a.layer
     if not 0 <= layer <= cfg.text.num_layers:
         raise SystemExit(f"error: --layer {layer} must lie in 0..{cfg.text.num_layers}")
     ids = image_prompt(tok, folder, cfg, len(a.image), text, a.chat, a.enable_thinking)
     ids = np.repeat(ids, np.where(ids == cfg.image_token_id, int(np.prod(grid)) //
                                   cfg.vision.spatial_merge_size ** 2, 1))
-    pos, _ = rope_index(ids[None], np.array([ids.size]), cfg, grid)
+    pos, _ = rope_index(ids[None], np.array([ids.size]), cfg, grid, len(a.image))
 
     def fn(p, t, n, px, ps):
         x = vl_hidden_states(p, cfg, t, n, layer, px, grid, ps).x
@@ -451,8 +459,8 @@ def run_generate_images(a: Generate) -> Path:
     if a.prompt is None or a.prefix_text_file is not None:
         raise SystemExit("error: --image takes one --prompt (no --prompt-file or "
                          "--prefix-text-file)")
-    folder, cfg, tok, params, pixels, grid, dtype, why = _vl_setup(a.weights, a.image, a.dtype,
-                                                                   a.max_new_tokens)
+    folder, cfg, tok, params, pixels, grid, dtype, why = _vl_setup(
+        a.weights, a.image, a.dtype, len(a.prompt) + 64, a.max_new_tokens)
     try:
         resolved = resolve_sampling(a, folder)
     except GenerateError as e:
@@ -465,7 +473,7 @@ def run_generate_images(a: Generate) -> Path:
     except GenerateError as e:
         raise SystemExit(f"error: {_as_flags(e)}") from None
     stop = () if a.ignore_eos else stop_ids(folder, tok, cfg.text.vocab_size, chat=not a.raw)
-    pos, deltas = rope_index(ids[None], np.array([ids.size]), cfg, grid)
+    pos, deltas = rope_index(ids[None], np.array([ids.size]), cfg, grid, len(a.image))
     print(f"sampling: {resolved.describe()}; {dtype} ({why})", flush=True)
     fn = jax.jit(lambda p, t, n, px, ps, d, k: vl_generate(
         p, cfg, t, n, px, grid, ps, d, k, max_new_tokens=a.max_new_tokens, pad_id=tok.pad_id,

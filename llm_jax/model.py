@@ -450,6 +450,9 @@ def hidden_states(params, cfg: Qwen3Config, tokens, lengths, layer: int,
     t = tokens.shape[1]
     x = params["embed"][tokens]
     if visual is not None:
+        if prefix is not None:
+            raise ValueError("a prefix cache with images: the M-RoPE positions start at 0; "
+                             "put the prefix's tokens in the rows")
         x = jnp.where(visual.mask[..., None], visual.embeds.astype(x.dtype), x)
     offset = 0 if prefix is None else prefix.k.shape[1]
     pos = (offset + jnp.arange(t))[None]  # [1, T]: the same for every row
@@ -470,10 +473,12 @@ def hidden_states(params, cfg: Qwen3Config, tokens, lengths, layer: int,
         x, kv, load = decoder_layer(cfg, lp, x, rot, mask, lengths, pkv, attn)
         if deep is not None:
             # HF: after decoder layer i < S the image positions get DeepStack state i; its
-            # hidden_states[i + 1] is recorded before that, so the last block asked skips it.
+            # hidden_states[i + 1] is recorded before that (so the last block asked skips it),
+            # except the last layer's, which the final norm then reads
             s = deep.shape[0]
             add = jax.lax.dynamic_index_in_dim(deep, jnp.minimum(i, s - 1), keepdims=False)
-            x = jnp.where((i < s) & (i < layer - 1), x + add.astype(x.dtype), x)
+            keep = (i < layer - 1) | (layer == cfg.num_layers)
+            x = jnp.where((i < s) & keep, x + add.astype(x.dtype), x)
         return x, (kv, load)
 
     pkv = None if prefix is None else (prefix.k[:layer], prefix.v[:layer])

@@ -10,8 +10,8 @@ image (HF's cu_seqlens blocks), batched over images.
 
 Resizing is Pillow's bicubic (what HF's image processor does where torchvision is absent: the
 `PilBackend`), reproduced bit for bit: Pillow's filter (a = -0.5, support 2, widened by the
-scale when shrinking), its 22-bit fixed-point coefficients, horizontal pass first into uint8,
-then the vertical pass. The taps are gathered (no dense resampling matrix) in int32, exact on
+scale when shrinking), its 22-bit fixed-point coefficients, one pass per axis into uint8, in
+Pillow 13's order (`resize_bicubic`). The taps are gathered (no dense resampling matrix) in int32, exact on
 every backend.
 
 Letters in einsums: b images, n patches, m merged tokens, h the tower's width, f its MLP width,
@@ -127,11 +127,16 @@ class ProcessorConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "ProcessorConfig":
         size = d.get("size") or {}
+        off = [k for k in ("do_resize", "do_rescale", "do_normalize") if d.get(k) is False]
+        if off:
+            raise VisionConfigError(f"preprocessor_config.json sets {', '.join(off)} false: "
+                                    "only Qwen3-VL's processing (resize, rescale, normalise)")
+        # as HF: top-level min_pixels / max_pixels win over size
         return cls(patch_size=d.get("patch_size", 16),
                    temporal_patch_size=d.get("temporal_patch_size", 2),
                    merge_size=d.get("merge_size", 2),
-                   min_pixels=size.get("shortest_edge", d.get("min_pixels", 65_536)),
-                   max_pixels=size.get("longest_edge", d.get("max_pixels", 16_777_216)),
+                   min_pixels=d.get("min_pixels") or size.get("shortest_edge", 65_536),
+                   max_pixels=d.get("max_pixels") or size.get("longest_edge", 16_777_216),
                    image_mean=tuple(d.get("image_mean", (0.5,) * 3)),
                    image_std=tuple(d.get("image_std", (0.5,) * 3)),
                    rescale_factor=d.get("rescale_factor", 1 / 255))
@@ -187,12 +192,15 @@ def pil_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
     ksize = int(math.ceil(support)) * 2 + 1
     first = np.zeros(out_size, np.int32)
     coeffs = np.zeros((out_size, ksize), np.int32)
+    ss = 1.0 / filterscale
     for xx in range(out_size):
         center = (xx + 0.5) * scale
         xmin = max(int(center - support + 0.5), 0)
         xmax = min(int(center + support + 0.5), in_size) - xmin
-        w = _pil_bicubic((np.arange(xmax) + xmin - center + 0.5) / filterscale)
-        total = w.sum()
+        w = _pil_bicubic((np.arange(xmax) + xmin - center + 0.5) * ss)
+        total = 0.0
+        for v in w:  # in order, as Pillow's loop adds them
+            total += float(v)
         if total != 0.0:
             w = w / total
         fixed = np.where(w < 0, -0.5 + w * (1 << _PRECISION), 0.5 + w * (1 << _PRECISION))
@@ -215,10 +223,15 @@ def _resample_axis(img: jax.Array, axis: int, in_size: int, out_size: int) -> ja
 
 def resize_bicubic(images: jax.Array, height: int, width: int) -> jax.Array:
     """Pillow's `Image.resize((width, height), BICUBIC)` of uint8 images [B, H, W, C], bit for
-    bit: the horizontal pass first (into uint8), then the vertical one; an axis whose size does
-    not change is not resampled (as Pillow skips it)."""
+    bit: one pass per axis, the first into uint8; an axis whose size does not change is not
+    resampled (as Pillow skips it). Pillow 13 runs the vertical pass first when the height
+    shrinks and loses more than twice as many pixels as the width (python-pillow/Pillow#9549;
+    found equal to it on shapes either side of that line), else the horizontal one (every
+    older Pillow: horizontal first)."""
     _, h, w, _ = images.shape
     x = images
+    if width != w and height < h and h - height > 2 * (w - width):
+        return _resample_axis(_resample_axis(x, 1, h, height), 2, w, width)
     if width != w:
         x = _resample_axis(x, 2, w, width)
     if height != h:

@@ -41,13 +41,16 @@ class VLConfig:
             raise Qwen3ConfigError(f"model_type={d.get('model_type')!r}, not 'qwen3_vl' (a "
                                    "Qwen3-VL dense model)")
         t = dict(d["text_config"])
-        rope = t.get("rope_parameters") or {}
+        # transformers 5 writes rope_parameters; released configs (4.57) rope_scaling
+        rope = t.get("rope_parameters") or t.get("rope_scaling") or {}
         section = tuple(rope.get("mrope_section", (24, 20, 20)))
         # the text model is Qwen3's; tie_word_embeddings lives at the top level of VL configs
-        text = Qwen3Config.from_dict(dict(t, model_type="qwen3", tie_word_embeddings=d.get(
-            "tie_word_embeddings", t.get("tie_word_embeddings", False)), rope_parameters=dict(
-            {k: v for k, v in rope.items() if k not in ("mrope_section", "mrope_interleaved")},
-            rope_type="default")))
+        text = Qwen3Config.from_dict(dict(
+            {k: v for k, v in t.items() if k != "rope_scaling"}, model_type="qwen3",
+            tie_word_embeddings=d.get("tie_word_embeddings", t.get("tie_word_embeddings", False)),
+            rope_parameters=dict({k: v for k, v in rope.items()
+                                  if k not in ("mrope_section", "mrope_interleaved", "type")},
+                                 rope_type="default")))
         if len(section) != 3 or 2 * sum(section) != text.head_dim:
             raise Qwen3ConfigError(f"mrope_section={list(section)} must be 3 numbers summing to "
                                    f"head_dim / 2 = {text.head_dim // 2}")
@@ -180,10 +183,12 @@ def load_vl_params(folder: str | Path, dtype=jnp.float32) -> tuple[VLConfig, dic
 
 
 def rope_index(tokens: np.ndarray, lengths: np.ndarray, cfg: VLConfig,
-               grid: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
+               grid: tuple[int, int, int], images: int | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
     """Host-side M-RoPE positions of right-padded rows whose images all have `grid`:
     (positions [3, B, T] int32, padding 0 as HF's; deltas [B]: max position + 1 - length, what
-    generated tokens add to their index)."""
+    generated tokens add to their index). `images`: how many images the pass gets; ValueError
+    unless the rows hold exactly that many image runs (the device pass cannot check it)."""
     b, t = tokens.shape
     m = cfg.vision.spatial_merge_size
     gh, gw = grid[1] // m, grid[2] // m
@@ -209,6 +214,10 @@ def rope_index(tokens: np.ndarray, lengths: np.ndarray, cfg: VLConfig,
                 cur += 1
                 i += 1
         deltas[r] = (pos[:, r, :len(ids)].max() + 1 - len(ids)) if len(ids) else 0
+    runs = sum(int((tokens[r, :lengths[r]] == cfg.image_token_id).sum()) for r in range(b))
+    if images is not None and runs != images * per_image:
+        raise ValueError(f"the rows hold {runs // per_image} images' tokens ({runs} "
+                         f"<|image_pad|>) for {images} images; one run of {per_image} per image")
     return pos, deltas
 
 
@@ -245,8 +254,8 @@ def visual_inputs(cfg: VLConfig, tokens, positions, embeds, deepstack, dtype) ->
 def vl_hidden_states(params: dict, cfg: VLConfig, tokens, lengths, layer: int, pixels,
                      grid: tuple[int, int, int], positions) -> HiddenStates:
     """Residual stream after `layer` text blocks of rows with images: pixels [I, N, patch_dim]
-    (`vision.preprocess`, one grid), tokens [B, T] with the images' `<|image_pad|>` runs,
-    positions [3, B, T] (`rope_index`)."""
+    (`vision.preprocess`, one grid), tokens [B, T] with the images' `<|image_pad|>` runs in
+    order, positions [3, B, T] (`rope_index`, given the image count, checks they match)."""
     out = vision_tower(params["vision"], cfg.vision, pixels, grid)
     dtype = params["text"]["embed"].dtype
     vis = visual_inputs(cfg, tokens, positions, out.embeds, out.deepstack, dtype)

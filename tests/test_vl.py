@@ -51,6 +51,15 @@ def test_processor_equals_hf_on_frames_and_odd_sizes():
         np.testing.assert_allclose(np.asarray(ours).reshape(ref["pixel_values"].shape),
                                    ref["pixel_values"], atol=1e-6, rtol=0)
         assert pc.num_tokens(*imgs.shape[1:3]) == int(ref["image_grid_thw"][0].prod()) // 4
+    # shrinking 3.6x / 4.7x (Pillow's filter widened by the scale): a small max_pixels
+    small = ProcessorConfig(min_pixels=1024, max_pixels=16384)
+    hf_small = hf_vl_processor()
+    hf_small.size = type(hf_small.size)(shortest_edge=1024, longest_edge=16384)
+    imgs = rng.integers(0, 256, (1, 700, 300, 3), dtype=np.uint8)
+    ref = hf_small(images=list(imgs), return_tensors="np")
+    ours, grid = preprocess(jnp.asarray(imgs), small)
+    assert grid == (1, 12, 4) and ref["image_grid_thw"].tolist() == [[1, 12, 4]]
+    np.testing.assert_allclose(np.asarray(ours)[0], ref["pixel_values"], atol=1e-6, rtol=0)
     assert (pc.num_tokens(130, 110), pc.num_tokens(63, 63)) == (72, 64)
     with pytest.raises(VisionConfigError, match="give uint8"):
         preprocess(jnp.zeros((1, 63, 63, 3), jnp.float32), pc)
@@ -83,6 +92,9 @@ SHAPES = {
     "merge1": (dict(merge=1, deepstack=(1,), depth=2, patch=8, positions=16, section=(2, 3, 3),
                     tied=False, heads=2, kv_heads=1), (37, 91),
                [[5, "img", 9, "img", 10], ["img", 11]]),
+    # as many DeepStack states as text layers: the last one lands before the final norm
+    "deep_all": (dict(merge=2, deepstack=(0, 1), depth=2, layers=2), (63, 63),
+                 [[5, "img", 6]]),
 }
 
 
@@ -126,7 +138,9 @@ def test_tower_positions_and_every_layer_equal_hf(tmp_path, shape):
     for ours, ref in zip(tower.deepstack, feats.deepstack_features):
         np.testing.assert_allclose(np.asarray(ours).reshape(-1, h), torch.cat(ref).numpy(),
                                    atol=1e-4, rtol=0)
-    pos, delta = rope_index(tokens, lengths, cfg, grid)
+    pos, delta = rope_index(tokens, lengths, cfg, grid, n_images)
+    with pytest.raises(ValueError, match=f"for {n_images + 1} images"):
+        rope_index(tokens, lengths, cfg, grid, n_images + 1)
     valid = attn.astype(bool)
     np.testing.assert_array_equal(pos[:, valid], ref_pos.numpy()[:, valid])
     np.testing.assert_array_equal(delta, ref_delta.numpy().ravel())
@@ -163,8 +177,9 @@ def test_a_damaged_vl_folder_is_one_line(tmp_path):
 
 
 def test_greedy_decode_with_images_equals_hf_generate(tmp_path):
-    """Greedy tokens after a prompt with an image (two rows, two frames) equal HF `generate`'s,
-    and each generated token's last-layer state equals HF's forward over prompt + tokens."""
+    """Greedy tokens after prompts with images (two rows of different lengths, one and two
+    Craftax frames) equal HF `generate`'s row by row, and each generated token's last-layer
+    state equals our prompt pass over prompt + generated tokens."""
     import jax
     import torch
 
@@ -173,31 +188,42 @@ def test_greedy_decode_with_images_equals_hf_generate(tmp_path):
 
     model = build_tiny_qwen3_vl(tmp_path / "vl", seed=3)
     cfg, params = load_vl_params(tmp_path / "vl")
-    imgs = classic_frames(2)
+    imgs = classic_frames(3)
     pixels, grid = preprocess(jnp.asarray(imgs), cfg.processor)
+    # rows of different lengths (right-padded here) and image counts, so different rope
+    # deltas; HF generates each row alone
     tokens, lengths = _rows(cfg, cfg.processor.num_tokens(63, 63),
-                            [[5, "img", 9, 10], [6, "img", 11, 12]])
-    hf = hf_vl_processor()(images=list(imgs), return_tensors="pt")
-    mm = torch.tensor((tokens == cfg.image_token_id).astype(np.int64))
-    with torch.no_grad():
-        ref = model.generate(input_ids=torch.tensor(tokens), attention_mask=torch.ones_like(mm),
-                             pixel_values=hf["pixel_values"], image_grid_thw=hf["image_grid_thw"],
-                             mm_token_type_ids=mm, max_new_tokens=8, do_sample=False,
-                             eos_token_id=None, pad_token_id=0)[:, tokens.shape[1]:].numpy()
-    pos, deltas = rope_index(tokens, lengths, cfg, grid)
+                            [[5, "img", 9, 10], [6, "img", 7, "img", 11, 12, 13]])
+    ref = []
+    for r, mine in enumerate([imgs[:1], imgs[1:]]):
+        hf = hf_vl_processor()(images=list(mine), return_tensors="pt")
+        ids = torch.tensor(tokens[r:r + 1, :lengths[r]])
+        mm = (ids == cfg.image_token_id).long()
+        with torch.no_grad():
+            ref.append(model.generate(
+                input_ids=ids, attention_mask=torch.ones_like(mm), mm_token_type_ids=mm,
+                pixel_values=hf["pixel_values"], image_grid_thw=hf["image_grid_thw"],
+                max_new_tokens=8, do_sample=False, eos_token_id=None,
+                pad_token_id=0)[0, lengths[r]:].numpy())
+    ref = np.stack(ref)
+    pos, deltas = rope_index(tokens, lengths, cfg, grid, 3)
+    assert deltas[0] != deltas[1] and lengths[0] != lengths[1]
     out = vl_generate(params, cfg, jnp.asarray(tokens), jnp.asarray(lengths), pixels, grid,
                       jnp.asarray(pos), jnp.asarray(deltas), jax.random.PRNGKey(0),
                       max_new_tokens=8, pad_id=0, hidden_layer=cfg.text.num_layers)
     np.testing.assert_array_equal(np.asarray(out.tokens), ref)
     assert len(set(ref.ravel().tolist())) > 2  # not one token repeated
     # the states of generated tokens: our prompt pass over prompt + generated equals them
-    full = np.concatenate([tokens, ref], 1)
-    pos2, _ = rope_index(full, lengths + 8, cfg, grid)
-    x = vl_hidden_states(params, cfg, jnp.asarray(full), jnp.asarray(lengths + 8),
-                         cfg.text.num_layers, pixels, grid, jnp.asarray(pos2)).x
+    full = np.zeros((2, lengths.max() + 8), np.int64)
+    for r in range(2):
+        full[r, :lengths[r] + 8] = np.concatenate([tokens[r, :lengths[r]], ref[r]])
+    pos2, _ = rope_index(full, lengths + 8, cfg, grid, 3)
+    x = np.asarray(vl_hidden_states(params, cfg, jnp.asarray(full), jnp.asarray(lengths + 8),
+                                    cfg.text.num_layers, pixels, grid, jnp.asarray(pos2)).x)
     # token i's state is taken when it is fed: positions len .. len + 7
-    np.testing.assert_allclose(np.asarray(out.hidden), np.asarray(x)[:, tokens.shape[1]:],
-                               atol=1e-4, rtol=0)
+    for r in range(2):
+        np.testing.assert_allclose(np.asarray(out.hidden)[r], x[r, lengths[r]:lengths[r] + 8],
+                                   atol=1e-4, rtol=0)
 
 
 def test_cli_encode_and_generate_with_images(tmp_path):
@@ -273,3 +299,22 @@ def test_cli_encode_and_generate_with_images(tmp_path):
                                                                 for a in ("--image", x)],
                 "--text", text, "--out", str(tmp_path / "x.npz"), ok=False)
         assert msg in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_resize_is_pillows_bicubic_in_both_pass_orders():
+    """`resize_bicubic` equals Pillow's `Image.resize(..., BICUBIC)` exactly, up and down, on
+    shapes either side of the line where Pillow 13 runs its vertical pass first (the height
+    losing more than twice the width's pixels)."""
+    from PIL import Image
+
+    from llm_jax.vision import resize_bicubic
+
+    rng = np.random.default_rng(3)
+    for h, w, hh, ww in [(100, 100, 39, 70), (100, 100, 40, 70), (700, 300, 192, 64),
+                         (300, 700, 64, 192), (60, 60, 30, 120), (60, 60, 120, 30),
+                         (130, 110, 288, 256), (63, 63, 256, 256), (50, 90, 25, 30),
+                         (117, 50, 167, 191)]:
+        x = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        ref = np.asarray(Image.fromarray(x).resize((ww, hh), Image.BICUBIC))
+        np.testing.assert_array_equal(np.asarray(resize_bicubic(jnp.asarray(x)[None], hh, ww))[0],
+                                      ref, err_msg=f"{(h, w)} -> {(hh, ww)}")
