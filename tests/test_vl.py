@@ -290,15 +290,20 @@ def test_cli_encode_and_generate_with_images(tmp_path):
                              pad_token_id=0)[0, len(row["prompt_ids"]):].tolist()
     assert row["tokens"] == ref
 
+    # bad images: one line each, before any weight is read (the CLI's SystemExit)
+    from llm_jax.__main__ import read_images
+
     Image.fromarray(frames[0][:40]).save(tmp_path / "small.png")
     (tmp_path / "bad.png").write_bytes(b"not a png")
     for extra, msg in [((paths[0], str(tmp_path / "small.png")), "different sizes"),
                        ((str(tmp_path / "bad.png"),), "is not an image"),
                        ((str(tmp_path / "none.png"),), "not found")]:
-        p = cli("encode", "--weights", str(tmp_path / "vl"), *[a for x in extra
-                                                                for a in ("--image", x)],
-                "--text", text, "--out", str(tmp_path / "x.npz"), ok=False)
-        assert msg in p.stderr and "Traceback" not in p.stderr, p.stderr
+        with pytest.raises(SystemExit, match=f"^error: .*{msg}"):
+            read_images(extra)
+    # transparency lands on white, as HF's convert_to_rgb does
+    rgba = np.concatenate([frames[0], np.full((63, 63, 1), 0, np.uint8)], -1)
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "clear.png")
+    assert (read_images((str(tmp_path / "clear.png"),)) == 255).all()
 
 
 def test_resize_is_pillows_bicubic_in_both_pass_orders():
