@@ -102,7 +102,14 @@ def test_readme_walkthrough_runs_as_written(tmp_path):
         words = [str(weights) if w.endswith("/models/Qwen3-4B") else w for w in words]
         words = [("2" if prev == "--llm.layer" else w) for prev, w in zip([""] + words, words)]
         run([str(ROOT / words[0]), *words[1:], *smoke_args(words)])
-    # frames: a CNN run's dataset stored as bytes, AWR on it streamed in windows, evaluated
+    # frames: PPO with the CNN (finite losses, checkpoints), its dataset stored as bytes, AWR
+    # on it streamed in windows and evaluated, the probe rendering its edited states as frames
+    rows = [json.loads(x) for x in (tmp_path / "runs/px/metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(np.isfinite(r["loss/value"]) for r in rows)
+    assert [c.name for c in (tmp_path / "runs/px/checkpoints").iterdir()] == ["2"]
+    edits = json.loads((tmp_path / "runs/px/probe.json").read_text())["edits"]
+    assert len(edits) >= 6 and all(np.isfinite(e["real"]["value_change"]) for e in edits.values())
+    assert sum(abs(e["real"]["value_change"]) > 1e-4 for e in edits.values()) >= len(edits) // 2
     px = Dataset(tmp_path / "data/px")
     assert px.card()["env"] == "Craftax-Classic-Pixels-v1"
     assert px.read(px.manifest()["shards"][0]["name"], ["frame"])["frame"].dtype == np.uint8
