@@ -11,8 +11,8 @@ image (HF's cu_seqlens blocks), batched over images.
 Resizing is Pillow's bicubic (what HF's image processor does where torchvision is absent: the
 `PilBackend`), reproduced bit for bit: Pillow's filter (a = -0.5, support 2, widened by the
 scale when shrinking), its 22-bit fixed-point coefficients, one pass per axis into uint8, in
-Pillow 13's order (`resize_bicubic`). The taps are gathered (no dense resampling matrix) in int32, exact on
-every backend.
+Pillow 13's order (`resize_bicubic`). The taps are gathered (no dense resampling matrix) in
+int32, exact on every backend.
 
 Letters in einsums: b images, n patches, m merged tokens, h the tower's width, f its MLP width,
 e heads, d head dim, o the text model's width.

@@ -126,7 +126,8 @@ def build_tiny_qwen3_vl(folder: Path, *, merge: int = 2, deepstack: tuple[int, .
                 p.copy_(0.08 * torch.randn_like(p))
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
-    (folder / "preprocessor_config.json").write_text(json.dumps(vl_processor_settings(patch, merge)))
+    settings = vl_processor_settings(patch, merge)
+    (folder / "preprocessor_config.json").write_text(json.dumps(settings))
     return model
 
 
