@@ -1,26 +1,31 @@
-"""The prepared GPU check: every GPU figure of the project in one call, each step time-boxed.
+"""The prepared GPU check: every GPU figure of the project, in four parts, each step time-boxed.
 
-    bash scripts/gpu_check.sh OUT              # a lent GPU machine (wheels carried in .whl/)
-    bash scripts/gpu_check.sh --cpu-smoke OUT  # the same steps at tiny shapes, on a CPU
+    bash scripts/gpu_check.sh OUT [--part N]   # a lent GPU machine (wheels carried in .whl/)
+    bash scripts/gpu_check.sh --cpu-smoke OUT  # every step at tiny shapes, on a CPU
 
-Steps, in order of what matters most (`steps`): decode of the Qwen3-4B shape at batch 1 / 8 /
-64 against the bandwidth bound (with a profiler trace of one burst), fused LLM-PPO at the 0.6B
-and 4B (layer 24) shapes and 1,024 envs and the 4B (layer 24) at 128 envs (with a trace of one
-chunk), Qwen3-30B-A3B encode (32 x 256 after a 1,024-token prefix, MFU, its experts against the
-dense oracle) and its batch-1 decode against the bound, the Pallas kernel against its
-reference, and our PPO beside the public Craftax PPO (Craftax-Symbolic, 1,024 envs; the
-public code from `.peers/craftax_baselines`, prepared by `scripts/gpu_prepare.sh`, never
-committed). Each step runs in its own process under a time box, so a slow one cannot starve the
-rest, and the whole check within `--budget` seconds (470 on a GPU: 8 minutes with the wheels'
-install; a step is given what is left if less than its box, and skipped when under 20 s are);
-the PPO pairs rarely fit after the rest: `--only ppo_ours_1024 ppo_public_1024` and `--only
-ppo_pixels_ours_1024 ppo_pixels_public_1024` (Craftax-Pixels, the public pixel PPO's sizes) in
-further calls. Its JSON rows are appended to OUT/rows.jsonl as it prints them (a step cut by its box
-keeps what it printed), with one `step` row each: status (ok, failed, timeout, skipped),
-seconds, return code. Its output goes to OUT/check.log. The traces land as
-OUT/trace_decode.json.gz and OUT/trace_fused.json.gz (dropped if over 16 MB: the device tool
-returns no larger file) and `bench/trace_report.py`'s reading of each as OUT/report.json: at
-most 6 files.
+A bare machine compiles everything anew (a Qwen3-4B decode function takes ~18 s to compile on
+an H200, a fused LLM-PPO chunk over a minute), and a session has 15 minutes of device time
+with a machine's start counted: one part fits one call (`--budget`, 540 s by default, plus the
+wheels' install), so a session runs one part, the one whose figures in docs/BENCHMARKS.md are
+oldest. The parts, in order of what matters most:
+  1. decode of the Qwen3-4B shape at batch 1 and 8 against the bandwidth bound (with a
+     profiler trace of a timed burst), fused LLM-PPO at the 0.6B shape and 1,024 envs (with a
+     trace of one chunk), the Pallas kernel against its reference, fused 4B (layer 24) at 128
+     envs;
+  2. Qwen3-30B-A3B encode (32 x 256 after a 1,024-token prefix, MFU, its experts against the
+     dense oracle) and its batch-1 decode against the bound, fused 4B (layer 24) at 1,024 envs;
+  3. our PPO beside the public Craftax PPO (Craftax-Symbolic, 1,024 envs; the public code from
+     `.peers/craftax_baselines`, prepared by `scripts/gpu_prepare.sh`, never committed), decode
+     of the 4B at batch 64;
+  4. the same pair on frames (Craftax-Pixels, the public pixel PPO's sizes).
+`--only STEP ...` picks steps by name instead. Each step runs in its own process under a time
+box, so a slow one cannot starve the rest, and the part within `--budget` seconds (a step is
+given what is left if less than its box, and skipped when under 20 s are). Its JSON rows are
+appended to OUT/rows.jsonl as it prints them (a step cut by its box keeps what it printed),
+with one `step` row each: status (ok, failed, timeout, skipped), seconds, return code. Its
+output goes to OUT/check.log. The traces land as OUT/trace_decode.json.gz and
+OUT/trace_fused.json.gz (dropped if over 16 MB: the device tool returns no larger file) and
+`bench/trace_report.py`'s reading of each as OUT/report.json: at most 5 files.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ class Step(NamedTuple):
     gpu: list[str] | None  # argv after `python`; None: not a GPU step
     smoke: list[str] | None  # the same at tiny shapes on a CPU; None: not in the smoke run
     box_s: tuple[int, int]  # time box on a GPU, in the smoke run
+    part: int = 1  # the call it belongs to on a GPU (see the module's docstring)
     needs: Path | None = None  # skipped (with a row saying so) where this path is absent
     needs_module: str | None = None  # ... or where this module cannot be imported
 
@@ -55,7 +61,8 @@ def steps(out: Path, bandwidth: float) -> list[Step]:
     d, f = str(out / "trace_decode.json.gz"), str(out / "trace_fused.json.gz")
     bw = str(bandwidth)
     decode = ["bench/decode_sps.py", "--prefix-len", "512", "--prompt-len", "32",
-              "--new-tokens", "64", "--bandwidth", bw, "--repeats", "3"]
+              "--new-tokens", "64", "--bandwidth", bw, "--repeats", "3",
+              "--steps-per-check", "8"]
     small = ["bench/decode_sps.py", "--prefix-len", "16", "--prompt-len", "8", "--new-tokens",
              "8", "--repeats", "1", "--copy-gb", "0.01"]
     fused = ["bench/fused_sps.py", "--dtype", "bfloat16", "--skip-n", "25", "--no-plain",
@@ -66,50 +73,53 @@ def steps(out: Path, bandwidth: float) -> list[Step]:
                   "--no-plain", "--render-states", "16"]
     ppo = ["bench/ppo_sps.py", "--skip-env", "--no-reference", "--ppo-updates", "2"]
     return [
-        Step("decode_4b", decode + ["--shapes", "qwen3-4b", "--batches", "1", "8", "64",
-                                    "--steps-per-check", "1", "8", "--trace", d],
+        # on an H200 (2026-11-26) b1 + b8: ~18 s a compile, four compiles, 8 GB of weights
+        Step("decode_4b", decode + ["--shapes", "qwen3-4b", "--batches", "1", "8",
+                                    "--trace", d, "--trace-tokens", "64"],
              small + ["--shapes", "qwen3-tiny", "--batches", "1", "2", "--steps-per-check", "1",
                       "4", "--trace", d, "--trace-tokens", "6", "--bound-shape", "qwen3-tiny"],
-             (100, 90)),
+             (200, 90), 1),
         Step("fused_0.6b_1024", fused + ["--model", "qwen3-0.6b", "--num-envs", "1024",
                                          "--trace", f],
-             tiny_fused + ["--trace", f], (90, 120)),
+             tiny_fused + ["--trace", f], (180, 120), 1),
+        Step("kernel", ["bench/prefix_kernel.py", "--rows", "32", "--suffixes", "256",
+                        "--blocks", "32x64", "--forms", "reference", "cudnn", "--repeats", "5"],
+             ["bench/prefix_kernel.py", "--interpret", "--rows", "2", "--suffixes", "8",
+              "--prefix", "16", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
+              "--blocks", "8x8", "--forms", "reference", "--repeats", "1"], (30, 60), 1),
+        Step("fused_4b_l24_128", fused + ["--model", "qwen3-4b", "--layer", "24",
+                                          "--num-envs", "128"], None, (150, 0), 1),
         Step("moe_30b_encode", ["bench/moe_encode.py", "--shapes", "qwen3-30b-a3b", "--batches",
                                 "32", "--lengths", "256", "--suffix-lengths", "256",
                                 "--prefix-len", "1024", "--forms", "tiled", "ragged"],
              ["bench/moe_encode.py", "--shapes", "qwen3-tiny-moe", "--batches", "2",
               "--lengths", "16", "--suffix-lengths", "8", "--prefix-len", "16", "--repeats", "1",
-              "--forms", "tiled", "ragged"], (70, 60)),
-        Step("fused_4b_l24_1024", fused + ["--model", "qwen3-4b", "--layer", "24",
-                                           "--num-envs", "1024"], None, (60, 0)),
-        Step("fused_4b_l24_128", fused + ["--model", "qwen3-4b", "--layer", "24",
-                                          "--num-envs", "128"], None, (45, 0)),
+              "--forms", "tiled", "ragged"], (180, 60), 2),
         Step("moe_30b_decode", decode + ["--shapes", "qwen3-30b-a3b", "--batches", "1",
                                          "--bound-shape", "qwen3-30b-a3b"],
              small + ["--shapes", "qwen3-tiny-moe", "--batches", "1", "--bound-shape",
-                      "qwen3-tiny-moe"], (45, 60)),
-        Step("kernel", ["bench/prefix_kernel.py", "--rows", "32", "--suffixes", "256",
-                        "--blocks", "32x64", "--forms", "reference", "cudnn", "--repeats", "5"],
-             ["bench/prefix_kernel.py", "--interpret", "--rows", "2", "--suffixes", "8",
-              "--prefix", "16", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
-              "--blocks", "8x8", "--forms", "reference", "--repeats", "1"], (20, 60)),
+                      "qwen3-tiny-moe"], (150, 60), 2),
+        Step("fused_4b_l24_1024", fused + ["--model", "qwen3-4b", "--layer", "24",
+                                           "--num-envs", "1024"], None, (200, 0), 2),
         Step("ppo_ours_1024", ppo + ["--ppo-env-counts", "1024"],
              ppo + ["--env", "Craftax-Classic-Symbolic-v1", "--ppo-env-counts", "8",
                     "--repeats", "1", "--num-steps", "8", "--update-epochs", "1",
-                    "--num-minibatches", "2", "--width", "32"], (110, 120)),
+                    "--num-minibatches", "2", "--width", "32"], (160, 120), 3),
         Step("ppo_public_1024", [str(PEER / "public_ppo.py"), "1024"],
-             [str(PEER / "public_ppo.py"), "8"], (150, 120), needs=PEER / "public_ppo.py",
+             [str(PEER / "public_ppo.py"), "8"], (200, 120), 3, needs=PEER / "public_ppo.py",
              needs_module="distrax"),
+        Step("decode_4b_b64", decode + ["--shapes", "qwen3-4b", "--batches", "64"], None,
+             (150, 0), 3),
         # frames: the public pixel PPO's sizes (CNN 512, 64 steps, 4 x 8) on Craftax-Pixels
         Step("ppo_pixels_ours_1024", ppo + ["--env", "Craftax-Pixels-v1", "--ppo-env-counts",
                                             "1024", "--variants", "cnn"],
              ppo + ["--env", "Craftax-Classic-Pixels-v1", "--ppo-env-counts", "4", "--repeats",
                     "1", "--num-steps", "4", "--update-epochs", "1", "--num-minibatches", "2",
-                    "--width", "32", "--variants", "cnn"], (150, 120)),
+                    "--width", "32", "--variants", "cnn"], (230, 120), 4),
         Step("ppo_pixels_public_1024", ["bench/peer_ppo.py", "Craftax-Pixels-v1", "1024"],
              ["bench/peer_ppo.py", "Craftax-Classic-Pixels-v1", "4", "--num-steps", "4",
               "--update-epochs", "1", "--num-minibatches", "2", "--width", "32", "--updates",
-              "1", "2", "--repeats", "1"], (200, 120), needs=PEER / "ppo.py",
+              "1", "2", "--repeats", "1"], (290, 120), 4, needs=PEER / "ppo.py",
              needs_module="distrax"),
     ]
 
@@ -210,10 +220,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on a CPU")
-    ap.add_argument("--only", nargs="*", help="step names to run (default: all)")
+    ap.add_argument("--part", type=int, choices=(1, 2, 3, 4), default=None,
+                    help="the part to run (default 1 on a GPU; every step in the smoke run)")
+    ap.add_argument("--only", nargs="*", help="step names to run instead of a part")
     ap.add_argument("--budget", type=float, default=None,
-                    help="seconds for the whole check (default 470 on a GPU, 600 smoke)")
+                    help="seconds for the part (default 540 on a GPU, 600 smoke)")
     a = ap.parse_args(argv)
+    names = {st.name for st in steps(a.out, 0.0)}
+    if a.only and set(a.only) - names:
+        ap.error(f"no step {', '.join(sorted(set(a.only) - names))}; the steps: "
+                 f"{', '.join(st.name for st in steps(a.out, 0.0))}")
+    part = a.part or (None if a.cpu_smoke else 1)
     a.out.mkdir(parents=True, exist_ok=True)
     bandwidth, kind = (BANDWIDTH["H200"], "cpu smoke") if a.cpu_smoke else device_bandwidth()
     env = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE="disabled",
@@ -234,11 +251,12 @@ def main(argv: list[str] | None = None) -> int:
                                "python": platform.python_version(), "commit": commit(),
                                "date": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
         rows.flush()
-        budget = a.budget or (600 if a.cpu_smoke else 470)
+        budget = a.budget or (600 if a.cpu_smoke else 540)
         results = []
         for step in steps(a.out, bandwidth):
             argv_ = step.smoke if a.cpu_smoke else step.gpu
-            if argv_ is None or (a.only and step.name not in a.only):
+            if argv_ is None or (a.only and step.name not in a.only) or (
+                    not a.only and part is not None and step.part != part):
                 continue
             box = min(step.box_s[1] if a.cpu_smoke else step.box_s[0],
                       int(budget - (time.time() - t0)))
@@ -261,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
                    + "\n")
     failed = [r["step"] for r in results if r["status"] == "failed"]
     print(f"done in {time.time() - t0:.0f} s -> {a.out}"
-          + (f"; failed: {', '.join(failed)}" if failed else ""))
+          + (f"; failed: {', '.join(failed)}" if failed else "")
+          + (f"; the next part: --part {part + 1}" if part and part < 4 and not a.only else ""))
     return 1 if failed else 0
 
 

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The prepared GPU check (bench/gpu_check.py): every GPU figure in one call, each step
+# The prepared GPU check (bench/gpu_check.py): every GPU figure, a part per call, each step
 # time-boxed, rows and traces written to OUT as they come.
 #   bash scripts/gpu_check.sh OUT              on a lent GPU machine: its image (python 3.12,
 #                                              jax 0.11, CUDA 13) plus the wheels carried in
 #                                              .whl/ and the peer in .peers/ (gpu_prepare.sh)
 #   bash scripts/gpu_check.sh --cpu-smoke OUT  the same steps at tiny shapes on this CPU
-# Flags after OUT go to bench/gpu_check.py (--only STEP ..., --budget SECONDS).
+# Flags after OUT go to bench/gpu_check.py (--part N: one of four parts, each one call of
+# ~9 minutes; --only STEP ...; --budget SECONDS).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SMOKE=""

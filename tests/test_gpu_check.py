@@ -116,3 +116,26 @@ def test_gpu_check_cpu_smoke_runs_every_step(tmp_path):
     assert "fraction_of_bandwidth_bound" in report_["decode"]
     with gzip.open(out / "trace_decode.json.gz") as f:
         assert json.load(f)["traceEvents"]
+
+
+def test_gpu_check_parts_pick_their_steps(tmp_path, monkeypatch):
+    """`--part N` on a GPU runs that part's steps alone (here with no budget left, so each is
+    skipped with a row naming it, and nothing compiles); every GPU step is in one of the four
+    parts; a step name that does not exist ends in one line listing the steps."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_check
+
+    monkeypatch.setattr(gpu_check, "device_bandwidth", lambda: (4.8e12, "test"))
+    seen = {}
+    for part in (1, 2, 3, 4):
+        out = tmp_path / f"p{part}"
+        assert gpu_check.main([str(out), "--part", str(part), "--budget", "1"]) == 0
+        rows = [json.loads(x) for x in (out / "rows.jsonl").read_text().splitlines()]
+        seen[part] = [r["step"] for r in rows if r["name"] == "step"]
+        assert all(r["status"] == "skipped" for r in rows if r["name"] == "step")
+    assert seen[1] == ["decode_4b", "fused_0.6b_1024", "kernel", "fused_4b_l24_128"]
+    assert seen[4] == ["ppo_pixels_ours_1024", "ppo_pixels_public_1024"]
+    gpu_steps = [s.name for s in gpu_check.steps(tmp_path, 1.0) if s.gpu is not None]
+    assert sorted(sum(seen.values(), [])) == sorted(gpu_steps)
+    with pytest.raises(SystemExit):
+        gpu_check.main([str(tmp_path / "x"), "--only", "decode_4b", "nosuch"])
