@@ -39,7 +39,7 @@ setup_compilation_cache()
 # minutes); the short ones fill the end.
 FIRST = ("test_readme.py", "test_label.py", "test_gpu_check.py", "test_moe_commands.py",
          "test_player.py", "test_faults.py", "test_cli_resume.py", "test_vllm_parity.py",
-         "test_offline.py", "test_policy_variants.py", "test_imagine.py", "test_fused_llm.py",
+         "test_offline.py", "test_human.py", "test_policy_variants.py", "test_imagine.py", "test_fused_llm.py",
          "test_sharding.py", "test_pixels.py", "test_vl.py", "test_decode_vllm.py",
          "test_render.py", "test_envs.py")
 

@@ -49,6 +49,8 @@ from fused.runs.run_dir import default_name
 
 DESCRIPTION = ("An LLM plays N whole Craftax episodes from fixed seeds; eval.json as offline.py "
                "eval. Ctrl-C keeps every block played; --resume RUN goes on.")
+HUMAN = ("You play Craftax on a local web page (or from a --script of keys); every step is "
+         "recorded into a label.py dataset.")
 REPLIES_KEPT = 20  # per episode, in replies.json
 # Flags that change no result: a resumed play may give them anew.
 RESUME_FREE = ("video", "video_max_steps", "plot", "resume")
@@ -449,11 +451,18 @@ def main(argv: list[str] | None = None) -> dict:
     process.log_to(console)
     prog = process.prog_name("python play.py")
     if argv in (["-h"], ["--help"]):
-        print(f"usage: {prog} llm [--flags]\n\n{DESCRIPTION}\n\ncommands:\n  llm   an LLM plays "
-              f"(`{prog} llm --help` lists its flags)")
+        print(f"usage: {prog} llm|human [--flags]\n\ncommands:\n  llm     {DESCRIPTION}\n"
+              f"  human   {HUMAN}\n(`{prog} llm --help`, `{prog} human --help` list the flags)")
         sys.exit(0)
-    if not argv or argv[0] != "llm":
-        sys.exit(f"usage: {prog} llm [--flags] ({prog} llm --help for each)")
+    if not argv or argv[0] not in ("llm", "human"):
+        sys.exit(f"usage: {prog} llm|human [--flags] ({prog} llm --help for each)")
+    if argv[0] == "human":
+        from fused.commands import human
+
+        try:
+            return human.main(argv[1:], prog)
+        except ConfigError as e:
+            sys.exit(f"error: {e}")
     try:
         if "--resume" in argv[1:]:
             c = resume_config(argv[1:])

@@ -94,7 +94,8 @@ def compute_returns(c: ReturnsConfig, console) -> Dataset:
     cols = {k: np.concatenate([p[k] for p in parts]) for k in COLUMNS}
     if c.incomplete == "bootstrap" and not np.isfinite(cols["value"]).any():
         raise ConfigError("incomplete=bootstrap needs the behaviour critic's values; this "
-                          "dataset's policy had none (random): use incomplete=exclude")
+                          f"dataset's policy ({ds.card().get('policy', 'unknown')}) had none: "
+                          "use incomplete=exclude")
     rtg, complete, valid = returns_to_go(**cols, gamma=c.gamma, incomplete=c.incomplete)
     proc, nproc = jax.process_index(), jax.process_count()
     ds.returns_dir(name).mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,173 @@
+"""`play.py human`: a person plays Craftax on a local web page, every step recorded.
+
+    python play.py human --out data/human [--env.name Craftax-Symbolic-v1] [--seed 0]
+                         [--port 8765] [--host 127.0.0.1] [--examples golden]
+    python play.py human --script keys.txt --out data/human    # no browser: a file of keys
+
+The page (open the printed URL; over SSH forward the port: `ssh -L 8765:localhost:8765 ...`)
+shows the frame, the text observation exactly as the LLM reads it, inventory, health bars,
+achievements, floor and the key map; keys are Craftax's own (w a s d move, space do, tab sleep,
+1-8 craft, t table, ...). Each step is written to the dataset at --out (label.py's format:
+`label.py verify|returns|label` and `offline.py bc|awr|eval` take it) before the page shows it:
+closing the tab, Ctrl-C, a kill or a lost connection loses at most the step being taken, and
+the same command goes on with the same dataset and game. `--examples E` also writes the prior
+system's golden examples (E/game_<time>/steps.jsonl with a PNG per step) for `play.py llm
+--examples E`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import signal
+import sys
+from pathlib import Path
+from typing import Literal
+
+from rich.console import Console
+
+from fused.errors import ConfigError
+from fused.runs.files import require_writable
+
+DESCRIPTION = ("You play Craftax on a local web page (or from a --script of keys); every step is "
+               "recorded into a label.py dataset at --out.")
+CraftaxName = Literal["Craftax-Classic-Symbolic-v1", "Craftax-Symbolic-v1",
+                      "Craftax-Classic-Pixels-v1", "Craftax-Pixels-v1"]
+
+
+@dataclasses.dataclass(frozen=True)
+class HumanEnv:
+    name: CraftaxName = "Craftax-Classic-Symbolic-v1"
+    """The game; the dataset stores its observations (a pixel env's: its frames)."""
+    max_episode_steps: int | None = None
+    """Override the env's episode limit (truncation); None keeps the env default."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HumanConfig:
+    out: str
+    """The dataset the play is recorded into: a new folder, or one this command recorded
+    before (it goes on: same env, the game where it stood)."""
+    env: HumanEnv = HumanEnv()
+    """The env played."""
+    seed: int = 0
+    """The first new game's world seed (each next episode: one more); a reopened dataset
+    goes on with its own game. The page's seed field starts another."""
+    host: str = "127.0.0.1"
+    """Address the page is served on. 127.0.0.1: this machine only (forward the port over
+    SSH); 0.0.0.0 widens it to every network this machine is on: anyone who reaches the port
+    plays and records."""
+    port: int = 8765
+    """Port of the page."""
+    script: str | None = None
+    """Play the keys in this file (one key name a line: d, space, tab, ',', ...; blank lines
+    and lines starting with # are skipped) instead of serving the page; records exactly what
+    the page would."""
+    examples: str | None = None
+    """Also write golden examples (E/game_<time>/steps.jsonl and a PNG per step) into E."""
+    shard_rows: int = 1024
+    """Rows per shard at most (a shard is also written when an episode ends and at exit)."""
+    block_pixels: int = 16
+    """Pixels per block of the frame the page shows."""
+
+
+def read_script(path: str, keys: dict) -> list[str]:
+    """The key names of a --script file; one line naming the first bad one."""
+    from fused.human.keys import key_name
+
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(f"--script {p}: no such file")
+    out = []
+    for i, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        k = key_name(line)
+        if k not in keys:
+            raise ConfigError(f"--script {p}, line {i}: {line!r} is not a key of this game; "
+                              f"the keys: {' '.join(keys)}")
+        out.append(k)
+    return out
+
+
+def validate(c: HumanConfig) -> None:
+    if c.shard_rows <= 0 or c.block_pixels <= 0:
+        raise ConfigError("--shard-rows and --block-pixels must be positive")
+    if not 0 <= c.port < 65536:
+        raise ConfigError(f"--port {c.port}: a port from 0 to 65535")
+    if c.env.max_episode_steps is not None and c.env.max_episode_steps <= 0:
+        raise ConfigError("--env.max-episode-steps must be positive")
+    require_writable(Path(c.out).expanduser(), "--out")
+    if c.examples:
+        require_writable(Path(c.examples).expanduser(), "--examples")
+
+
+def run(c: HumanConfig, command: str, console: Console) -> dict:
+    from fused.human.game import Game
+    from fused.human.keys import key_map
+    from fused.human.recorder import Recorder
+    from fused.human.session import Session
+
+    validate(c)
+    script = read_script(c.script, key_map(c.env.name)) if c.script else None
+    server = None
+    if script is None:  # the port first: a port in use ends here, before anything compiles
+        from fused.human.server import Server
+
+        try:
+            server = Server(c.host, c.port, None)
+        except OSError as e:
+            raise ConfigError(f"cannot serve on {c.host}:{c.port} ({e.strerror or e}): another "
+                              "program holds the port; pass another --port") from None
+    try:
+        game = Game(c.env.name, c.env.max_episode_steps, c.block_pixels)
+        rec = Recorder(c.out, game, c.seed, command, c.shard_rows)
+    except BaseException:
+        if server is not None:
+            server.server_close()
+        raise
+    say = console.print
+    how = (f"going on with episode {rec.episode_id} (seed {game.seed}) at step "
+           f"{int(game.state.timestep)}" if rec.resumed
+           else f"episode {rec.episode_id}, seed {game.seed}")
+    console.print(f"[bold]craftax-fused play human[/] {c.env.name}: {how}; "
+                  f"{rec.t:,} rows recorded in {rec.ds.root}")
+    session = Session(game, rec, Path(c.examples).expanduser() if c.examples else None, say)
+    try:
+        if script is not None:
+            steps = sum(session.press(k) for k in script)
+            console.print(f"played {len(script)} keys ({steps} steps)")
+        else:
+            server.session = session
+            session.view()  # compile the step's display before the first visit
+            console.print(f"open {server.url()} (Ctrl-C stops; everything played is kept)")
+            sys.stdout.flush()
+            server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        console.print("\nstopping")
+    finally:
+        if server is not None:
+            server.server_close()
+        with session.lock:
+            rec.close()
+    counts = rec.ds.card()["counts"]
+    console.print(f"{counts['rows']:,} rows, {counts.get('episodes', 0)} episodes in "
+                  f"{rec.ds.root}" + (f"; golden examples in {session.examples}"
+                                      if session.examples else ""))
+    return counts
+
+
+def _interrupt(*_):
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str], prog: str) -> dict:
+    from fused.commands import process
+    from fused.runs import config_io
+
+    console = Console(soft_wrap=True)
+    c = config_io.cli(HumanConfig, argv, DESCRIPTION, f"{prog} human")
+    # SIGTERM ends the server as Ctrl-C does (what waits is committed on the way out)
+    signal.signal(signal.SIGTERM, _interrupt)
+    process.setup_compilation_cache()
+    return run(c, f"{prog} human " + shlex.join(argv), console)

@@ -1,0 +1,110 @@
+"""The page a person plays on (`play.py human`), served on localhost by the standard library's
+threading HTTP server: nothing from the client names a file, and no request reaches beyond
+this machine.
+
+    GET  /             the page (page.html beside this file)
+    GET  /state        the game as JSON (`Session.view`); `?claim=1` makes the asking tab the
+                       one that plays (a second tab takes over; the first is told so)
+    POST /key          {"key": NAME, "tab": TOKEN}: one step (`keys.key_name` names)
+    POST /new          {"seed": INT, "tab": TOKEN}: a new game (the running episode stays
+                       recorded, cut)
+
+Steps are taken one at a time under a lock, each written to the dataset before its answer.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+from fused.human.session import Session
+
+PAGE = Path(__file__).with_name("page.html")
+MAX_BODY = 4096
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = False  # a port in use is an error, not shared
+
+    def __init__(self, host: str, port: int, session: Session):
+        super().__init__((host, port), Handler)
+        self.session = session
+        self.owner: str | None = None  # the tab that plays
+        self.owner_lock = threading.Lock()
+
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}/"
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: Server
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt, *args):  # the console shows steps, not requests
+        pass
+
+    def _send(self, code: int, body: bytes, kind: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, code: int, obj: dict) -> None:
+        self._send(code, json.dumps(obj).encode(), "application/json")
+
+    def _view(self) -> dict:
+        v = self.server.session.view()
+        v["frame"] = "data:image/png;base64," + base64.b64encode(v.pop("frame_png")).decode()
+        return v
+
+    def do_GET(self):
+        u = urlparse(self.path)
+        if u.path == "/":
+            self._send(200, PAGE.read_bytes(), "text/html; charset=utf-8")
+        elif u.path == "/state":
+            out = self._view()
+            if parse_qs(u.query).get("claim") == ["1"]:
+                with self.server.owner_lock:
+                    self.server.owner = secrets.token_hex(8)
+                    out["tab"] = self.server.owner
+            self._json(200, out)
+        else:
+            self._json(404, {"error": f"no page {u.path}"})
+
+    def do_POST(self):
+        u = urlparse(self.path)
+        n = int(self.headers.get("Content-Length") or 0)
+        if n > MAX_BODY:
+            return self._json(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": "request too large"})
+        try:
+            body = json.loads(self.rfile.read(n) or b"{}")
+            assert isinstance(body, dict)
+        except (ValueError, AssertionError):
+            return self._json(400, {"error": "the request is not a JSON object"})
+        if body.get("tab") != self.server.owner:
+            return self._json(409, {"error": "this game is being played in another tab; "
+                                             "reload this page to play here"})
+        s = self.server.session
+        try:
+            if u.path == "/key":
+                s.press(str(body.get("key", "")))
+            elif u.path == "/new":
+                seed = body.get("seed")
+                if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**31:
+                    return self._json(400, {"error": "seed: a whole number from 0 to 2^31-1"})
+                s.new_game(seed)
+            else:
+                return self._json(404, {"error": f"no action {u.path}"})
+        except OSError as e:  # the disk refused a write: the step was not taken
+            return self._json(500, {"error": f"recording failed: {e}"})
+        self._json(200, self._view())

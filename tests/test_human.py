@@ -1,0 +1,315 @@
+"""`play.py human`: a person's play recorded as a label.py dataset. Against independent
+references: Craftax's own Action enum for the keys, Craftax's env stepped directly for the
+observations, label.py verify / returns and offline.py bc for the format; the server over
+HTTP (a SIGKILL loses no acknowledged step) and in headless Chromium (the page's keys record
+what they name)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import ROOT, subprocess_env
+from test_faults import one_line_error, read_only, run
+
+ENV = "Craftax-Classic-Symbolic-v1"
+# keys of a script: an episode of 4 steps (truncated), then a key that starts the next
+# episode, then 3 steps of it; and what Craftax calls the actions taken
+KEYS = ["d", "d", "space", "w", "q", "a", "a", "tab"]
+TAKEN = ["RIGHT", "RIGHT", "DO", "UP", "LEFT", "LEFT", "SLEEP"]
+
+
+def human(*args):
+    from fused.commands.human import main
+
+    return main(list(args), "python play.py")
+
+
+def craftax_reference(seed: int, actions) -> np.ndarray:
+    """The observations an episode of `seed` acts on, from Craftax's env itself (the
+    documented keys: the world from fold_in(PRNGKey(seed), 0), step k from fold_in(.., k+1))."""
+    from craftax.craftax_env import make_craftax_env_from_name
+
+    env = make_craftax_env_from_name(ENV, auto_reset=False)
+    p = env.default_params
+    obs, state = env.reset_env(jax.random.fold_in(jax.random.PRNGKey(seed), 0), p)
+    out = []
+    for k, a in enumerate(actions):
+        out.append(np.asarray(obs).reshape(-1))
+        obs, state, *_ = env.step_env(jax.random.fold_in(jax.random.PRNGKey(seed), k + 1),
+                                      state, int(a), p)
+    return np.stack(out)
+
+
+def read_all(root: Path) -> dict:
+    from fused.data.store import Dataset
+
+    ds = Dataset(root)
+    parts = [ds.read(s["name"]) for s in ds.manifest()["shards"]]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+@pytest.fixture(scope="module")
+def played(tmp_path_factory):
+    """A scripted play of KEYS at seed 5 with episodes of 4 steps, golden examples beside."""
+    d = tmp_path_factory.mktemp("human")
+    script = d / "keys.txt"
+    script.write_text("# a scripted session\n" + "\n".join(KEYS) + "\n\n")
+    human("--out", str(d / "data"), "--script", str(script), "--seed", "5",
+          "--env.max-episode-steps", "4", "--examples", str(d / "golden"))
+    return d
+
+
+def test_script_records_what_craftax_plays(played):
+    """Rows, episodes and actions as Craftax names them; every observation equals the one
+    Craftax's env gives from the episode's seed (in the card) and the actions before it."""
+    from craftax.craftax_classic.constants import Action
+
+    from fused.envspec import spec
+    from fused.rl.obs_codec import ObsCodec
+
+    cols = read_all(played / "data")
+    assert cols["action"].tolist() == [Action[a].value for a in TAKEN]
+    assert cols["episode_id"].tolist() == [0, 0, 0, 0, 1, 1, 1]
+    assert cols["step"].tolist() == [0, 1, 2, 3, 0, 1, 2]
+    assert cols["t"].tolist() == list(range(7))
+    assert cols["truncated"].tolist() == [False] * 3 + [True] + [False] * 3
+    assert not cols["terminated"].any()
+    card = json.loads((played / "data" / "card.json").read_text())
+    assert card["human"]["episodes"] == {"0": 5, "1": 6} and card["policy"] == "human"
+    assert card["counts"] == {"rows": 7, "shards": 2, "episodes": 2}
+    obs = ObsCodec(spec(ENV)).decode(np, cols)
+    for ep, seed in ((0, 5), (1, 6)):
+        rows = cols["episode_id"] == ep
+        np.testing.assert_array_equal(obs[rows], craftax_reference(seed, cols["action"][rows]))
+    # nothing waits in the journal after a clean exit
+    assert not list((played / "data" / "work" / "human" / "steps").iterdir())
+
+
+def test_golden_examples_hold_the_text_and_frame_of_each_step(played):
+    from PIL import Image
+
+    from fused.text.format import get_layout, render_text
+
+    game = next((played / "golden").iterdir())
+    lines = [json.loads(x) for x in (game / "steps.jsonl").read_text().splitlines()]
+    cols = read_all(played / "data")
+    from fused.envspec import spec
+    from fused.rl.obs_codec import ObsCodec
+
+    obs = ObsCodec(spec(ENV)).decode(np, cols)
+    assert [x["action_name"] for x in lines] == TAKEN
+    for x, o in zip(lines, obs):
+        assert x["observation"] == render_text(get_layout(ENV), o)
+        with Image.open(game / x["frame"]) as im:
+            assert im.size == (9 * 16, 9 * 16) and im.mode == "RGB"
+    assert [x["done"] for x in lines] == [False] * 3 + [True] + [False] * 3
+
+
+@pytest.mark.slow
+def test_recorded_play_is_a_dataset_for_label_and_offline(played, tmp_path):
+    """`label.py verify`, `label.py returns` and `offline.py bc` take the recorded play."""
+    d = str(played / "data")
+    p = run("label.py", "verify", "--data", d)
+    assert p.returncode == 0 and "ok: 2 shards verified" in p.stdout, p.stdout + p.stderr
+    p = run("label.py", "returns", "--data", d, "--gamma", "0.9")
+    assert p.returncode == 0, p.stderr[-2000:]
+    p = run("offline.py", "bc", "smoke", "--data", d, "--out-dir", str(tmp_path), "--run-name",
+            "bc", "--num-updates", "5", "--batch-size", "4")
+    assert p.returncode == 0, p.stderr[-3000:]
+    metrics = [json.loads(x) for x in (tmp_path / "bc" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics and all(np.isfinite(m["loss"]) for m in metrics if "loss" in m)
+
+
+def test_keys_are_noop_while_the_player_sleeps():
+    """As Craftax's play script has it: asleep, every key takes NOOP."""
+    from craftax.craftax_classic.constants import Action
+
+    from fused.human.game import Game
+
+    g = Game(ENV)
+    g.new(0)
+    assert g.action_of("w") == Action.UP.value and g.action_of("4") == \
+        Action.MAKE_WOOD_SWORD.value and g.action_of("x") is None
+    g.set(g.state.replace(is_sleeping=True), g.obs, 0, 0.0)
+    assert g.action_of("w") == g.action_of("space") == Action.NOOP.value
+
+
+def test_bad_input_ends_in_one_line(tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("d\nspace\nx\n")  # x: no Classic action
+    line = one_line_error(run("play.py", "human", "--out", str(tmp_path / "d"), "--script",
+                              str(bad)))
+    assert "line 3" in line and "'x'" in line
+    assert not (tmp_path / "d").exists()
+    # another env's recording
+    ok = tmp_path / "ok.txt"
+    ok.write_text("d\n")
+    human("--out", str(tmp_path / "d"), "--script", str(ok))
+    line = one_line_error(run("play.py", "human", "--out", str(tmp_path / "d"), "--script",
+                              str(ok), "--env.name", "Craftax-Symbolic-v1"))
+    assert "Craftax-Classic-Symbolic-v1" in line
+    # a folder that is not a dataset
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    line = one_line_error(run("play.py", "human", "--out", str(tmp_path / "other"), "--script",
+                              str(ok)))
+    assert "not a dataset" in line and (tmp_path / "other" / "notes.txt").read_text() == "mine"
+    # an unwritable parent
+    (tmp_path / "ro").mkdir()
+    with read_only(tmp_path / "ro"):
+        line = one_line_error(run("play.py", "human", "--out", str(tmp_path / "ro" / "d"),
+                                  "--script", str(ok)))
+    assert "--out" in line
+
+
+def start_server(out: Path, *flags) -> tuple[subprocess.Popen, str]:
+    p = subprocess.Popen([sys.executable, str(ROOT / "play.py"), "human", "--out", str(out),
+                          "--port", "0", *flags], env=subprocess_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    deadline = time.time() + 180
+    seen = []
+    while time.time() < deadline:
+        line = p.stdout.readline()
+        seen.append(line)
+        m = re.search(r"open (http://\S+/)", line)
+        if m:
+            return p, m.group(1)
+        if not line and p.poll() is not None:
+            break
+    p.kill()
+    raise AssertionError("".join(seen))
+
+
+def call(url: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+    req = urllib.request.Request(url.rstrip("/") + path, method="POST" if body else "GET",
+                                 data=json.dumps(body).encode() if body else None,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
+
+
+@pytest.mark.slow
+def test_server_survives_sigkill_tabs_and_a_second_recorder(tmp_path):
+    """Steps acknowledged before a SIGKILL are all in the dataset after reopening, and the
+    game goes on where it stood; a second tab takes the game over (the first is refused);
+    a second recorder on the same dataset and a port in use each end in one line."""
+    out = tmp_path / "data"
+    p, url = start_server(out, "--seed", "3")
+    try:
+        _, first = call(url, "/state?claim=1")
+        tab = first["tab"]
+        for k in ["d", "d", "s", "space"]:
+            code, v = call(url, "/key", {"key": k, "tab": tab})
+            assert code == 200
+        assert v["rows"] == 4 and v["step"] == 4
+        _, second = call(url, "/state?claim=1")
+        code, err = call(url, "/key", {"key": "a", "tab": tab})
+        assert code == 409 and "another tab" in err["error"]
+        tab = second["tab"]
+        assert call(url, "/key", {"key": "a", "tab": tab})[1]["rows"] == 5
+        assert call(url, "/key", {"key": "nope", "tab": tab})[1]["rows"] == 5
+        # a second recorder on the same dataset
+        ok = tmp_path / "ok.txt"
+        ok.write_text("d\n")
+        line = one_line_error(run("play.py", "human", "--out", str(out), "--script", str(ok)))
+        assert "being recorded by" in line
+        # a port in use
+        port = int(url.rsplit(":", 1)[1].strip("/"))
+        line = one_line_error(run("play.py", "human", "--out", str(tmp_path / "d2"), "--port",
+                                  str(port)))
+        assert f"{port}" in line and "--port" in line and not (tmp_path / "d2").exists()
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    p, url = start_server(out)
+    try:
+        _, v = call(url, "/state?claim=1")
+        assert (v["rows"], v["step"], v["episode_id"], v["seed"]) == (5, 5, 0, 3)
+        assert call(url, "/key", {"key": "w", "tab": v["tab"]})[1]["rows"] == 6
+        os.killpg(p.pid, signal.SIGTERM)
+        assert p.wait(timeout=60) == 0
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    cols = read_all(out)
+    assert cols["t"].tolist() == list(range(6)) and cols["step"].tolist() == list(range(6))
+    from craftax.craftax_classic.constants import Action
+
+    assert cols["action"].tolist() == [Action[a].value for a in
+                                       ["RIGHT", "RIGHT", "DOWN", "DO", "LEFT", "UP"]]
+    from fused.envspec import spec
+    from fused.rl.obs_codec import ObsCodec
+
+    np.testing.assert_array_equal(ObsCodec(spec(ENV)).decode(np, cols),
+                                  craftax_reference(3, cols["action"]))
+    assert run("label.py", "verify", "--data", str(out)).returncode == 0
+
+
+def _chromium():
+    from browser import chromium
+
+    return chromium()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_chromium() is None, reason="no chromium (apt-get install chromium)")
+def test_page_in_headless_chromium_records_the_keys_pressed(tmp_path):
+    """The page in a real browser: keys pressed change the frame, the text and the step, and
+    the dataset holds the actions those keys name; the same keys from --script record the
+    same rows."""
+    from browser import Browser
+
+    keys = ["d", "space", "space", "s", "tab", "w", "1"]
+    out = tmp_path / "data"
+    p, url = start_server(out, "--seed", "2")
+    b = None
+    try:
+        b = Browser(url, height=1040)
+        b.wait("lastView !== null && document.getElementById('frame').complete")
+        frames = [b.eval("document.getElementById('frame').src")]
+        for k in keys:
+            n = b.eval("lastView.rows")
+            b.press(k)
+            b.wait(f"lastView.rows > {n}", 60)
+            frames.append(b.eval("document.getElementById('frame').src"))
+        assert b.eval("lastView.step") == len(keys)
+        assert b.eval("document.getElementById('text').textContent").startswith("Map")
+        assert len(set(frames)) > 1
+        shot = b.screenshot()
+        assert shot[:8] == b"\x89PNG\r\n\x1a\n"
+        if os.environ.get("CRAFTAX_SCREENSHOT"):  # the README's picture
+            Path(os.environ["CRAFTAX_SCREENSHOT"]).write_bytes(shot)
+    finally:
+        if b is not None:
+            b.close()
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout=60)
+    from craftax.craftax_classic.constants import Action
+
+    cols = read_all(out)
+    assert cols["action"].tolist() == [Action[a].value for a in ["RIGHT", "DO", "DO", "DOWN",
+                                                                 "SLEEP", "UP",
+                                                                 "MAKE_WOOD_PICKAXE"]]
+    script = tmp_path / "keys.txt"
+    script.write_text("\n".join(keys) + "\n")
+    human("--out", str(tmp_path / "scripted"), "--script", str(script), "--seed", "2")
+    again = read_all(tmp_path / "scripted")
+    for k in ("obs_bits", "obs_aux", "action", "reward", "step", "episode_id"):
+        np.testing.assert_array_equal(again[k], cols[k])
