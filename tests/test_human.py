@@ -313,3 +313,63 @@ def test_page_in_headless_chromium_records_the_keys_pressed(tmp_path):
     again = read_all(tmp_path / "scripted")
     for k in ("obs_bits", "obs_aux", "action", "reward", "step", "episode_id"):
         np.testing.assert_array_equal(again[k], cols[k])
+
+
+def test_golden_shots_are_turns_of_the_chat_template_token_for_token(played):
+    """`play.py llm --examples E --shots N`: N recorded steps (not NOOP, evenly spaced) become
+    user / assistant turns after the system turn, in the prefix encoded once; the prefix and an
+    assembled prompt equal the official chat template of that conversation, encoded at once."""
+    import jax.numpy as jnp
+
+    from fused.human.golden import shots
+    from fused.llm.config import ModelConfig
+    from fused.llm.player import PlayerSettings, assemble, make_player
+    from fused.text.prompt import PLAY_INSTRUCTION, play_system
+    from fused.text.render import render_tokens
+    from llm_jax.tokenizer import load_tokenizer
+
+    turns, where = shots(played / "golden", 2, ENV)
+    lines = [json.loads(x) for x in next((played / "golden").iterdir()).joinpath(
+        "steps.jsonl").read_text().splitlines()]
+    assert [w[1] for w in where] == [0, 6]  # the first and the last of 7 steps
+    assert turns[1] == (lines[6]["observation"], "Action: 6:SLEEP")
+    player = make_player(ModelConfig(), PlayerSettings(history=0, max_new_tokens=8), ENV,
+                         rows=1, shots=tuple(turns))
+    from fused.envspec import spec
+    from fused.rl.obs_codec import ObsCodec
+    from fused.text.format import render_text
+
+    obs = ObsCodec(spec(ENV)).decode(np, read_all(played / "data"))[3:4]
+    tokens, lengths = render_tokens(player.renderer, jnp.asarray(obs))
+    prompt, n = assemble(player, player.policy.carry(1), tokens, lengths)
+    ours = list(player.parts.prefix) + list(np.asarray(prompt[0, :int(n[0])]))
+    msgs = [{"role": "system", "content": play_system(ENV)}]
+    for o, r in turns:
+        msgs += [{"role": "user", "content": f"{o}\n\n{PLAY_INSTRUCTION}"},
+                 {"role": "assistant", "content": r}]
+    msgs.append({"role": "user", "content": f"{render_text(player.renderer.layout, obs[0])}"
+                                            f"\n\n{PLAY_INSTRUCTION}"})
+    tok = load_tokenizer()
+    text = tok.apply_chat_template(msgs, add_generation_prompt=True, enable_thinking=False)
+    assert ours == tok.encode(text)
+    assert "Action: 2:RIGHT" in tok.decode(player.parts.prefix)
+    with pytest.raises(Exception, match="--shots 8"):
+        shots(played / "golden", 8, ENV)
+
+
+@pytest.mark.slow
+def test_play_llm_with_golden_shots_records_them_and_refuses_bad_input(played, tmp_path):
+    run_ = tmp_path / "r"
+    p = run("play.py", "llm", "--episodes", "2", "--max-steps", "2", "--max-new-tokens", "4",
+            "--examples", str(played / "golden"), "--shots", "3", "--out-dir", str(tmp_path),
+            "--run-name", "r")
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads((run_ / "eval.json").read_text())
+    assert out["llm"]["shots"] == 3 and out["episodes"] == 2
+    used = json.loads((run_ / "shots.json").read_text())
+    assert [w[1] for w in used["from"]] == [0, 3, 6] and len(used["turns"]) == 3
+    assert "--shots 9" in one_line_error(run("play.py", "llm", "--examples",
+                                             str(played / "golden"), "--shots", "9",
+                                             "--out-dir", str(tmp_path)))
+    assert "neither" in one_line_error(run("play.py", "llm", "--shots", "2", "--out-dir",
+                                           str(tmp_path)))

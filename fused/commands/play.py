@@ -104,6 +104,12 @@ class PlayConfig(PlayerSettings):
     """Write the episodes played as a label.py dataset into this new folder."""
     shard_rows: int = 8192
     """Rows per shard of the recorded dataset."""
+    examples: str | None = None
+    """Golden examples recorded by `play.py human --examples E`: --shots of them go before the
+    conversation as few-shot turns (observation, then `Action: id:NAME`)."""
+    shots: int = 0
+    """Few-shot turns from --examples: steps of this env other than NOOP, evenly spaced over
+    what was recorded. They are part of the prompt's constant prefix (encoded once)."""
     plot: bool = True
     """Write eval_achievements.png beside eval.json."""
 
@@ -121,6 +127,9 @@ def validate(c: PlayConfig) -> None:
     for name in ("block_steps", "video_max_steps", "shard_rows"):
         if getattr(c, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} {getattr(c, name)} must be positive")
+    if c.shots < 0 or (c.shots > 0) != (c.examples is not None):
+        raise ConfigError(f"--shots {c.shots} with --examples {c.examples}: few-shot turns need "
+                          "both (--examples E --shots N, N >= 1), or neither")
     if not 0 <= c.video <= c.episodes:
         raise ConfigError(f"--video {c.video} must lie in 0..--episodes ({c.episodes})")
     check_settings(c)
@@ -211,6 +220,19 @@ def _load_records(folder: Path, n: int, like) -> list:
     return out
 
 
+def load_shots(c: PlayConfig, run: Path) -> dict:
+    """The few-shot turns: picked from --examples when the play starts, kept in R/shots.json,
+    which a resumed play reads (golden examples recorded since do not change it)."""
+    if c.resume and (run / "shots.json").is_file():
+        return json.loads((run / "shots.json").read_text())
+    if not c.examples:
+        return {"examples": None, "from": [], "turns": []}
+    from fused.human.golden import shots
+
+    turns, where = shots(c.examples, c.shots, c.env.name)
+    return {"examples": c.examples, "from": where, "turns": [list(t) for t in turns]}
+
+
 def results(c: PlayConfig, player, env, progress: Progress, run: Path, partial: bool) -> dict:
     """eval.json's contents from what `progress` holds (partial: of the finished episodes)."""
     import numpy as np
@@ -229,6 +251,7 @@ def results(c: PlayConfig, player, env, progress: Progress, run: Path, partial: 
         llm={"weights": c.llm.weights, "random_model": None if c.llm.weights else
              c.llm.random_model, "dtype": player.dtype, "history": c.history,
              "max_new_tokens": c.max_new_tokens, "thinking": c.thinking,
+             "shots": c.shots, "examples": c.examples,
              "sampling": player.sampling.record()},
         tokens_generated=int(np.asarray(state.spent["tokens"]).sum()),
         useful_tokens=int(np.asarray(state.stats["tokens"]).sum()),
@@ -279,19 +302,24 @@ def play(c: PlayConfig, run: Path, console, command: str) -> dict:
 
     settings = PlayerSettings(**{f.name: getattr(c, f.name)
                                  for f in dataclasses.fields(PlayerSettings)})
+    shots = load_shots(c, run)
     # one-line errors, memory among them, before compiling
-    player = make_player(c.llm, settings, c.env.name, c.episodes, c.seed)
+    player = make_player(c.llm, settings, c.env.name, c.episodes, c.seed,
+                         tuple((o, r) for o, r in shots["turns"]))
     record = Path(c.record).expanduser() if c.record else None
     run.mkdir(parents=True, exist_ok=True)
     if not c.resume:
         atomic_write_json(run / "config.json", config_io.to_dict(c))
+    if shots["turns"]:
+        atomic_write_json(run / "shots.json", shots)
     env = make_env(c.env.settings)
     s = spec(c.env.name)
     ev = make_evaluate(env, player.policy, Identity(), c.episodes, c.block_steps,
                        max_steps=c.max_steps, record=s if record is not None else None)
     console.print(f"[bold]craftax-fused play[/] {c.env.name}: {c.episodes} episodes, history "
                   f"{c.history}, replies of up to {c.max_new_tokens} tokens, "
-                  f"{player.sampling.describe()}{', thinking' if c.thinking else ''}, "
+                  f"{player.sampling.describe()}{', thinking' if c.thinking else ''}"
+                  f"{f', {c.shots} golden shots' if c.shots else ''}, "
                   f"{player.dtype} -> {run}")
     state = jax.jit(ev.init)(jax.random.PRNGKey(c.seed), None)
     block = jax.jit(ev.block, donate_argnums=0)

@@ -82,7 +82,7 @@ class Session:
         k = self.example_count
         png = f"frame_{k:06d}.png"
         atomic_write(self.examples / png, frame)
-        line = {"step": int(row["step"][0]), "episode_id": int(row["episode_id"][0]),
+        line = {"env": self.game.name, "step": int(row["step"][0]), "episode_id": int(row["episode_id"][0]),
                 "observation": text, "action": int(row["action"][0]),
                 "action_name": self.game.action_names[int(row["action"][0])],
                 "reward": float(row["reward"][0]), "done": bool(row["terminated"][0]

@@ -128,9 +128,10 @@ def prompt_budget(parts: PlayParts, max_obs: int, history: int, max_new: int) ->
 
 
 def make_player(model: ModelConfig, settings: PlayerSettings, env_name: str, rows: int,
-                seed: int = 0) -> Player:
+                seed: int = 0, shots: tuple[tuple[str, str], ...] = ()) -> Player:
     """Host setup for `rows` envs at once: weights (or the random model), tokenizer, renderer,
-    the conversation's pieces and the system turn prefilled. Problems, memory among them (the
+    the conversation's pieces and the system turn prefilled, with `shots` (observation text,
+    reply) as few-shot turns after it (in the prefix: encoded once). Problems, memory among them (the
     weights, every row's KV cache, the prompt pass), are ConfigErrors before anything compiles."""
     check_settings(settings)
     s = spec(env_name)
@@ -138,18 +139,20 @@ def make_player(model: ModelConfig, settings: PlayerSettings, env_name: str, row
         raise ConfigError(f"env {env_name!r} has no text renderer; the LLM plays Craftax envs")
     tok = load_tokenizer(model.weights)
     renderer = make_renderer(env_name, tok)
-    parts = play_parts(tok, env_name, settings.thinking)
+    parts = play_parts(tok, env_name, settings.thinking, shots)
     qcfg = model_config(model)
     budget = prompt_budget(parts, renderer.max_tokens, settings.history,
                            settings.max_new_tokens)
     context = len(parts.prefix) + budget + settings.max_new_tokens
     if context > qcfg.max_position_embeddings:
         raise ConfigError(
-            f"--history {settings.history}: the system turn ({len(parts.prefix)} tokens), "
+            f"--history {settings.history}: the system turn"
+            f"{f' and {len(shots)} shots' if shots else ''} ({len(parts.prefix)} tokens), "
             f"{settings.history} earlier turns and the current one (up to {budget} tokens with "
             f"observations of up to {renderer.max_tokens}) and a reply of {settings.max_new_tokens}"
             f" need {context} tokens, past the model's context "
-            f"({qcfg.max_position_embeddings}); lower --history or --max-new-tokens")
+            f"({qcfg.max_position_embeddings}); lower --history or --max-new-tokens"
+            + (" or --shots" if shots else ""))
     sampling = sampling_of(settings, model)
     dtype = model.compute_dtype
     if settings.thinking and settings.max_new_tokens < THINKING_BUDGET:

@@ -147,11 +147,19 @@ def play_system(env_name: str) -> str:
     return f"{system}\n\n{examples}"
 
 
-def play_messages(env_name: str, turns: list[tuple[str, str]], observation: str) -> list[dict]:
-    """The conversation the player answers: earlier (observation, reply) turns, then the current
-    observation, each observation followed by the instruction."""
+def shot_reply(action: str) -> str:
+    """A few-shot turn's answer for an action taken (`id:NAME`), as the player is asked to
+    answer."""
+    return f"Action: {action}"
+
+
+def play_messages(env_name: str, turns: list[tuple[str, str]], observation: str,
+                  shots: tuple[tuple[str, str], ...] = ()) -> list[dict]:
+    """The conversation the player answers: `shots` (observation, reply) turns of golden
+    examples, earlier (observation, reply) turns of the episode, then the current observation,
+    each observation followed by the instruction."""
     msgs = [{"role": "system", "content": play_system(env_name)}]
-    for obs, reply in turns:
+    for obs, reply in (*shots, *turns):
         msgs += [{"role": "user", "content": f"{obs}\n\n{PLAY_INSTRUCTION}"},
                  {"role": "assistant", "content": reply}]
     return msgs + [{"role": "user", "content": f"{observation}\n\n{PLAY_INSTRUCTION}"}]
@@ -162,15 +170,16 @@ class PlayParts(NamedTuple):
     template, so that prefix + (user_open + obs + user_close + reply + reply_close) per earlier
     turn + user_open + obs + user_close + think is the template's text, token for token."""
 
-    prefix: np.ndarray  # [P] the system turn (encoded once into a prefix cache)
+    prefix: np.ndarray  # [P] the system turn and the few-shot turns (one prefix cache)
     user_open: np.ndarray  # "<|im_start|>user\n"
     user_close: np.ndarray  # "\n\n<instruction><|im_end|>\n<|im_start|>assistant\n"
     think: np.ndarray  # thinking off: the empty "<think>\n\n</think>\n\n"; on: nothing
     reply_close: np.ndarray  # "<|im_end|>\n"
 
 
-def play_parts(tokenizer, env_name: str, thinking: bool) -> PlayParts:
-    text = tokenizer.apply_chat_template(play_messages(env_name, [(SLOT, REPLY)], SLOT),
+def play_parts(tokenizer, env_name: str, thinking: bool,
+               shots: tuple[tuple[str, str], ...] = ()) -> PlayParts:
+    text = tokenizer.apply_chat_template(play_messages(env_name, [(SLOT, REPLY)], SLOT, shots),
                                          add_generation_prompt=True, enable_thinking=thinking)
     head, user_close, between, last = text.replace(REPLY, SLOT).split(SLOT)
     user_open = "<|im_start|>user\n"

@@ -1,0 +1,51 @@
+"""Golden examples (the prior system's layout, written by `play.py human --examples E`):
+E/game_<time>/steps.jsonl, a line per step: {"env", "step", "episode_id", "observation" (the
+text the LLM reads), "action", "action_name", "reward", "done", "frame"} with frame_<k>.png
+beside it. `shots` picks few-shot turns for `play.py llm --examples E --shots N`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from fused.errors import ConfigError
+from fused.text.prompt import shot_reply
+
+
+def read_steps(folder: str | Path) -> list[dict]:
+    """Every step of every game under `folder`, games in name (time) order; a line cut by a
+    kill (the last of a file) is skipped."""
+    root = Path(folder).expanduser()
+    games = sorted(p for p in root.glob("game_*") if (p / "steps.jsonl").is_file())
+    if not games:
+        raise ConfigError(f"--examples {root}: no golden examples (game_*/steps.jsonl); record "
+                          f"some with `python play.py human --out DATA --examples {root}`")
+    out = []
+    for g in games:
+        for i, line in enumerate((g / "steps.jsonl").read_text().splitlines()):
+            try:
+                step = json.loads(line)
+            except ValueError:
+                continue
+            out.append(dict(step, game=g.name, line=i))
+    return out
+
+
+def shots(folder: str | Path, n: int, env_name: str) -> tuple[list[tuple[str, str]], list]:
+    """`n` (observation, reply) few-shot turns of `env_name` (a text env; the steps of its pixel
+    twin read the same text): steps whose action is not NOOP,
+    evenly spaced over everything recorded (first and last included), oldest first. Returns
+    them and where each came from ([game, line])."""
+    from fused.human.game import text_twin
+
+    steps = [s for s in read_steps(folder) if text_twin(s.get("env", "")) == env_name
+             and s["action_name"] != "NOOP"]
+    if len(steps) < n:
+        raise ConfigError(f"--shots {n}: {Path(folder).expanduser()} holds {len(steps)} golden "
+                          f"steps of {env_name} other than NOOP; record more with `python "
+                          f"play.py human --env.name {env_name} --examples ...` or ask fewer")
+    picked = [steps[int(i)] for i in np.round(np.linspace(0, len(steps) - 1, n))] if n else []
+    return ([(s["observation"], shot_reply(f"{s['action']}:{s['action_name']}"))
+             for s in picked], [[s["game"], s["line"]] for s in picked])
