@@ -189,7 +189,7 @@ def no_return_error(ds: Dataset, names: list[str]) -> DatasetError:
 
     critic = any(np.isfinite(ds.read(n, ["value"])["value"]).any() for n in names)
     return DatasetError(f"{ds.root}: no row has a valid return-to-go (every episode cut by the "
-                        f"end of the data?); {no_return_fix(critic)}")
+                        f"end of the data?); {no_return_fix(critic, ds.card().get('policy'))}")
 
 
 def load_training_data(root: str, returns: str | None = None, labels: str | None = None,

@@ -70,11 +70,16 @@ def _linear_recurrence(a, b):
     return x
 
 
-def no_return_fix(critic: bool) -> str:
+def no_return_fix(critic: bool, policy: str | None = None) -> str:
     """What to do about data where no row has a valid return-to-go: bootstrapping needs the
-    behaviour critic's values, which random and LLM play lack."""
-    return ("use `label.py returns --incomplete bootstrap`" if critic else
-            "generate more --steps (or shorter episodes, --env.max-episode-steps); its policy "
+    behaviour critic's values, which random, LLM and human play lack."""
+    if critic:
+        return "use `label.py returns --incomplete bootstrap`"
+    if policy == "human":
+        return ("play an episode to its end with `play.py human` on the same --out (or end "
+                "them sooner with --env.max-episode-steps), then rerun `label.py returns`; "
+                "a person's play has no critic to bootstrap from")
+    return ("generate more --steps (or shorter episodes, --env.max-episode-steps); its policy "
             "had no critic to bootstrap from")
 
 
@@ -133,5 +138,6 @@ def compute_returns(c: ReturnsConfig, console) -> Dataset:
         if not valid.any():  # nothing an offline run could train on: say so now, not later
             critic = bool(np.isfinite(cols["value"]).any())
             console.print(f"warning: no row of {ds.root} has a valid return-to-go (every "
-                          f"episode cut by the end of the data); {no_return_fix(critic)}")
+                          f"episode cut by the end of the data); "
+                          f"{no_return_fix(critic, ds.card().get('policy'))}")
     return ds
