@@ -63,12 +63,13 @@ def read_all(root: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def played(tmp_path_factory):
-    """A scripted play of KEYS at seed 5 with episodes of 4 steps, golden examples beside."""
+    """A scripted play of KEYS at seed 5 with episodes of 4 steps (the first crosses from the
+    first shard of 3 rows into the second), golden examples beside."""
     d = tmp_path_factory.mktemp("human")
     script = d / "keys.txt"
     script.write_text("# a scripted session\n" + "\n".join(KEYS) + "\n\n")
     human("--out", str(d / "data"), "--script", str(script), "--seed", "5",
-          "--env.max-episode-steps", "4", "--examples", str(d / "golden"))
+          "--env.max-episode-steps", "4", "--examples", str(d / "golden"), "--shard-rows", "3")
     return d
 
 
@@ -89,7 +90,9 @@ def test_script_records_what_craftax_plays(played):
     assert not cols["terminated"].any()
     card = json.loads((played / "data" / "card.json").read_text())
     assert card["human"]["episodes"] == {"0": 5, "1": 6} and card["policy"] == "human"
-    assert card["counts"] == {"rows": 7, "shards": 2, "episodes": 2}
+    assert card["counts"] == {"rows": 7, "shards": 3, "episodes": 2}
+    manifest = json.loads((played / "data" / "manifest.json").read_text())
+    assert [s["rows"] for s in manifest["shards"]] == [3, 1, 3]
     obs = ObsCodec(spec(ENV)).decode(np, cols)
     for ep, seed in ((0, 5), (1, 6)):
         rows = cols["episode_id"] == ep
@@ -120,10 +123,18 @@ def test_golden_examples_hold_the_text_and_frame_of_each_step(played):
 
 @pytest.mark.slow
 def test_recorded_play_is_a_dataset_for_label_and_offline(played, tmp_path):
-    """`label.py verify`, `label.py returns` and `offline.py bc` take the recorded play."""
-    d = str(played / "data")
+    """`label.py verify`, `label.py returns`, `label.py label` (its history follows the
+    episode that crosses shards) and `offline.py bc` take the recorded play."""
+    import shutil
+
+    d = str(tmp_path / "data")
+    shutil.copytree(played / "data", d)
     p = run("label.py", "verify", "--data", d)
-    assert p.returncode == 0 and "ok: 2 shards verified" in p.stdout, p.stdout + p.stderr
+    assert p.returncode == 0 and "ok: 3 shards verified" in p.stdout, p.stdout + p.stderr
+    p = run("label.py", "label", "--data", d, "--llm.skip-n", "2")
+    assert p.returncode == 0, p.stderr[-3000:]
+    manifest = json.loads(Path(d, "manifest.json").read_text())
+    assert len(manifest["labels"]["hidden"]["shards"]) == 3
     p = run("label.py", "returns", "--data", d, "--gamma", "0.9")
     assert p.returncode == 0, p.stderr[-2000:]
     p = run("offline.py", "bc", "smoke", "--data", d, "--out-dir", str(tmp_path), "--run-name",

@@ -1,6 +1,7 @@
 """Human play recorded as a label.py dataset, step by step, losing at most the step being taken.
 
-    D/card.json, D/manifest.json, D/shards/h<first row:09d>/   the dataset (label.py's format)
+    D/card.json, D/manifest.json, D/shards/h-<first row:09d>/  the dataset (label.py's format;
+                                        one stream, "h", whose episodes cross shards)
     D/work/human/lock                   held (flock) by the one process recording into D
     D/work/human/steps/<t:09d>.npz      each step's row, written whole (rename) before the
                                         page hears of it: the journal of rows not yet in a shard
@@ -33,7 +34,7 @@ from fused.errors import ConfigError
 from fused.human.game import Game
 from fused.runs.files import atomic_path
 
-SHARD_PREFIX = "h"
+SHARD_PREFIX = "h-"  # one stream (the name before "-"): label.py follows episodes across it
 
 
 class Recorder:
