@@ -254,22 +254,33 @@ def test_server_survives_sigkill_tabs_and_a_second_recorder(tmp_path):
         _, v = call(url, "/state?claim=1")
         assert (v["rows"], v["step"], v["episode_id"], v["seed"]) == (5, 5, 0, 3)
         assert call(url, "/key", {"key": "w", "tab": v["tab"]})[1]["rows"] == 6
+        code, err = call(url, "/new", {"seed": "../etc", "tab": v["tab"]})
+        assert code == 400 and "seed" in err["error"]
+        tab = v["tab"]
+        code, v = call(url, "/new", {"seed": 11, "tab": tab})
+        assert code == 200 and (v["episode_id"], v["seed"], v["step"]) == (1, 11, 0)
+        assert call(url, "/key", {"key": "d", "tab": tab})[1]["rows"] == 7
         os.killpg(p.pid, signal.SIGTERM)
         assert p.wait(timeout=60) == 0
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
     cols = read_all(out)
-    assert cols["t"].tolist() == list(range(6)) and cols["step"].tolist() == list(range(6))
+    assert cols["t"].tolist() == list(range(7))
+    assert cols["step"].tolist() == list(range(6)) + [0]
+    assert cols["episode_id"].tolist() == [0] * 6 + [1]
     from craftax.craftax_classic.constants import Action
 
     assert cols["action"].tolist() == [Action[a].value for a in
-                                       ["RIGHT", "RIGHT", "DOWN", "DO", "LEFT", "UP"]]
+                                       ["RIGHT", "RIGHT", "DOWN", "DO", "LEFT", "UP", "RIGHT"]]
     from fused.envspec import spec
     from fused.rl.obs_codec import ObsCodec
 
-    np.testing.assert_array_equal(ObsCodec(spec(ENV)).decode(np, cols),
-                                  craftax_reference(3, cols["action"]))
+    obs = ObsCodec(spec(ENV)).decode(np, cols)
+    np.testing.assert_array_equal(obs[:6], craftax_reference(3, cols["action"][:6]))
+    np.testing.assert_array_equal(obs[6:], craftax_reference(11, cols["action"][6:]))
+    card = json.loads((out / "card.json").read_text())
+    assert card["human"]["episodes"] == {"0": 3, "1": 11}
     assert run("label.py", "verify", "--data", str(out)).returncode == 0
 
 
