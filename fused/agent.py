@@ -11,6 +11,7 @@ from typing import NamedTuple
 import flax.linen as nn
 
 from fused.envspec import spec
+from fused.errors import ConfigError
 from fused.llm.config import LLMConfig
 from fused.llm import batching
 from fused.llm.encoder import make_llm
@@ -67,6 +68,11 @@ def make_agent(cfg: AgentConfig, num_envs: int, num_devices: int = 1,
     return Agent(network, LLMInput(llm, sizes.microbatch, sizes.refresh, num_envs))
 
 
+def needs_text(cfg: AgentConfig) -> bool:
+    """A pixel env whose policy has an LLM: its env observes the text twin after the frame."""
+    return spec(cfg.env.name).is_pixels and cfg.llm.active_backend != "none"
+
+
 def network_kind(cfg: AgentConfig) -> str:
     """mlp, cnn or gru: `--policy.kind`, `auto` being cnn on frames (pixel envs), mlp else."""
     if cfg.policy.kind != "auto":
@@ -85,6 +91,9 @@ def policy_network(cfg: AgentConfig) -> nn.Module:
             return ConvActorCritic(s.num_actions, s.image, p.layer_width)
         return (RecurrentActorCritic(s.num_actions, p.layer_width, p.num_layers, image=s.image)
                 if gru else ActorCritic(s.num_actions, p.layer_width, p.num_layers))
+    if kind == "mlp" and s.is_pixels:
+        raise ConfigError(f"--policy.kind mlp with an LLM on {cfg.env.name}: an LLM state joins "
+                          "a frame's CNN features (--policy.kind cnn or gru)")
     cls = RecurrentActorCritic if gru else AugmentedActorCritic
     return cls(s.num_actions, p.layer_width, p.num_layers, cfg.llm.projection == "layernorm",
-                cfg.llm.constant_hidden)
+                cfg.llm.constant_hidden, image=s.image)

@@ -279,3 +279,20 @@ def spec(name: str) -> EnvSpec:
     if name not in SPECS:
         raise ValueError(f"unknown env {name!r}; supported: {', '.join(SPECS)}")
     return SPECS[name]
+
+
+# A pixel env's text twin: the same game observed symbolically, which is what an LLM reads of
+# a frame's state. An env with an LLM beside its frames observes both (`text_offset`).
+TEXT_TWIN = {"Craftax-Pixels-v1": "Craftax-Symbolic-v1",
+             "Craftax-Classic-Pixels-v1": "Craftax-Classic-Symbolic-v1"}
+
+
+def text_env(name: str) -> str | None:
+    """The env whose text format an LLM reads for `name`: itself, its text twin, or None."""
+    return name if spec(name).has_text else TEXT_TWIN.get(name)
+
+
+def text_offset(name: str) -> int:
+    """Where the symbolic observation begins in an observation an LLM reads: 0, or after the
+    frame for a pixel env (its observation is then the frame, then the twin's)."""
+    return 0 if spec(name).has_text else spec(name).obs_dim

@@ -16,7 +16,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from fused.envspec import spec
+from fused.agent import needs_text
+from fused.envspec import spec, text_env, text_offset
 from fused.trained_policy import load_policy
 from fused.rl.acting import network_policy
 from fused.rl.envs import make_env
@@ -43,24 +44,27 @@ def record(run_dir: Path, checkpoint: int | None, episodes: int, seed: int, max_
     """Frames [H, W, 3] uint8 of `episodes` episodes (each to its end or max_steps) of a run's
     policy (set up for that many envs; `like`: an agent of the run whose LLM it shares)."""
     pol = load_policy(run_dir, episodes, checkpoint, llm_overrides=llm_overrides, like=like)
-    layout = spec(pol.cfg.env.name).layout
+    name = pol.cfg.env.name
+    layout = spec(text_env(name) or name).layout
+    offset = text_offset(name)
 
     def text(before, after, e):  # the observation text the policy's LLM was given
         from fused.text.format import render_text
 
-        return render_text(layout, np.asarray(before.obs[e]))
+        return render_text(layout, np.asarray(before.obs[e])[offset:])
 
     return play_frames(pol.cfg.env, network_policy(pol.agent.network), pol.agent.inputs,
                        pol.params, pol.inputs_state, episodes, seed, max_steps, greedy,
-                       text if with_text else None)
+                       text if with_text else None, needs_text(pol.cfg))
 
 
 def play_frames(env_cfg, policy, inputs, params, trained_inputs, episodes: int, seed: int,
-                max_steps: int, greedy: bool, text=None) -> list[list[np.ndarray]]:
+                max_steps: int, greedy: bool, text=None,
+                with_text: bool = False) -> list[list[np.ndarray]]:
     """Frames of `episodes` evaluation episodes (episode i in evaluation episode i's world) of
     any policy (`fused.rl.acting.Policy`); `text(before, after, e)`, when given, is put beside
     env e's frame: the text of the step acted from state `before` to `after` (host side)."""
-    env = make_env(env_cfg)
+    env = make_env(env_cfg, with_text)  # a pixel env's text twin after the frame, for an LLM
     frozen = inputs.frozen
     render = jax.jit(jax.vmap(pixel_renderer(env_cfg.name)))
     ev = make_evaluate(env, policy, inputs, episodes, 1, greedy, max_steps)

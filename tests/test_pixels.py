@@ -90,13 +90,15 @@ def test_conv_is_flax_conv(im2col):
 
 
 def test_policy_kind_auto_and_refusals():
-    """`auto` is the CNN on frames and the MLP on vectors; a CNN on a symbolic env and an LLM on
-    frames are one line each."""
+    """`auto` is the CNN on frames and the MLP on vectors, with an LLM the augmented network
+    over the CNN's features; a CNN on a symbolic env, an MLP over frames with an LLM, and an
+    LLM on an env without text are one line each."""
     from fused.agent import AgentConfig, network_kind, policy_network
     from fused.errors import ConfigError
     from fused.llm.config import LLMConfig, validate_llm
     from fused.rl.config import EnvSettings, PolicyConfig, validate_policy
-    from fused.rl.networks import ActorCritic, ConvActorCritic, RecurrentActorCritic
+    from fused.rl.networks import (ActorCritic, AugmentedActorCritic, ConvActorCritic,
+                                   RecurrentActorCritic)
 
     px = AgentConfig(env=EnvSettings(name="Craftax-Classic-Pixels-v1"))
     sym = AgentConfig(env=EnvSettings(name="Craftax-Classic-Symbolic-v1"))
@@ -106,8 +108,15 @@ def test_policy_kind_auto_and_refusals():
     assert isinstance(gru, RecurrentActorCritic) and gru.image == (63, 63, 3)
     with pytest.raises(ConfigError, match="policy.kind=cnn reads frames"):
         validate_policy(PolicyConfig("cnn"), "Craftax-Classic-Symbolic-v1")
+    # an LLM on frames: its state joins the CNN's features (the MLP over frames is refused)
+    llm = LLMConfig(backend="jax")
+    validate_llm(llm, "Craftax-Classic-Pixels-v1", 8)
+    aug = policy_network(AgentConfig(env=px.env, llm=llm))
+    assert isinstance(aug, AugmentedActorCritic) and aug.image == (63, 63, 3)
+    with pytest.raises(ConfigError, match="policy.kind mlp with an LLM"):
+        policy_network(AgentConfig(env=px.env, llm=llm, policy=PolicyConfig("mlp")))
     with pytest.raises(ConfigError, match="needs a text renderer"):
-        validate_llm(LLMConfig(backend="jax"), "Craftax-Classic-Pixels-v1", 8)
+        validate_llm(llm, "probe-memory", 8)
 
 
 def test_rnd_over_cnn_features_learns_the_frames_it_sees():
@@ -199,7 +208,7 @@ def test_a_dataset_of_frames_through_offline(tmp_path):
     assert all(np.isfinite(m["loss/actor"]) for m in metrics)
     p = run("label.py", "label", "--data", str(data), "--name", "t", "--llm.random-model",
             "tiny", ok=False)
-    assert "needs a text renderer" in p.stderr and "Traceback" not in p.stderr
+    assert "no text observation" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_a_missing_observation_column_is_one_line(tmp_path):
@@ -231,3 +240,83 @@ def test_a_dataset_too_big_for_memory_names_device_rows(monkeypatch):
         check_in_memory(OfflineConfig(data="d"), big)
     check_in_memory(OfflineConfig(data="d"), SimpleNamespace(env="Craftax-Pixels-v1",
                                                              rows=[8192] * 2))
+
+
+@pytest.mark.slow  # (compiles Classic-Pixels' renderer)
+def test_an_llm_beside_the_cnn_reads_the_text_of_the_same_state():
+    """A pixel env with an LLM observes the frame, then its text twin's observation of the
+    same state (Craftax's two envs' get_obs, the reference); the LLM's renderer reads the text
+    part as the symbolic env's renderer reads its observation (tokens equal the tokenizer on
+    the reference text); the CNN and the dataset see the frame alone."""
+    from craftax.craftax_env import make_craftax_env_from_name
+
+    from fused.envspec import spec
+    from fused.rl.envs import CraftaxEnv
+    from fused.rl.networks import AugmentedActorCritic
+    from fused.rl.obs_codec import ObsCodec
+    from fused.text.format import get_layout, render_text
+    from fused.text.render import make_renderer, render_tokens
+    from llm_jax.tokenizer import load_tokenizer
+
+    px, sym = "Craftax-Classic-Pixels-v1", "Craftax-Classic-Symbolic-v1"
+    env = CraftaxEnv(spec(px), text=True)
+    frame_dim, sym_dim = spec(px).obs_dim, spec(sym).obs_dim
+    assert env.obs_dim == frame_dim + sym_dim
+    ref_px = make_craftax_env_from_name(px, auto_reset=False)
+    ref_sym = make_craftax_env_from_name(sym, auto_reset=False)
+    obs, state = jax.jit(env.reset)(jax.random.PRNGKey(3))
+    step = jax.jit(env.step)
+    rows = []
+    for k in range(6):
+        want_px = np.asarray(jax.jit(ref_px.get_obs)(state)).reshape(-1)
+        want_sym = np.asarray(jax.jit(ref_sym.get_obs)(state)).reshape(-1)
+        np.testing.assert_allclose(np.asarray(obs[:frame_dim]), want_px, atol=1e-6)
+        np.testing.assert_array_equal(np.asarray(obs[frame_dim:]), want_sym)
+        rows.append(np.asarray(obs))
+        res = step(jax.random.PRNGKey(k), state, jnp.int32(k % 6))
+        obs, state = res.obs, res.state
+    rows = np.stack(rows)
+    tok = load_tokenizer()
+    tokens, lengths = render_tokens(make_renderer(px, tok), jnp.asarray(rows))
+    for i, o in enumerate(rows):
+        ids = tok.encode(render_text(get_layout(sym), o[frame_dim:]))
+        assert list(np.asarray(tokens[i, :int(lengths[i])])) == ids
+    net = AugmentedActorCritic(17, 32, 2, image=spec(px).image)
+    inp = {"obs": jnp.asarray(rows), "hidden": jnp.ones((6, 8))}
+    params = net.init(jax.random.PRNGKey(0), inp)
+    alone = {"obs": jnp.asarray(rows[:, :frame_dim]), "hidden": inp["hidden"]}
+    for a, b in zip(net.apply(params, inp), net.apply(params, alone)):
+        np.testing.assert_array_equal(a, b)  # the text part never reaches the CNN
+    cols, _ = ObsCodec(spec(px)).encode(np, rows)
+    assert cols["frame"].shape == (6, frame_dim)
+
+
+def _run(script, *args):
+    p = subprocess.run([sys.executable, str(ROOT / script), *args], env=subprocess_env(),
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-1500:] + p.stderr[-3000:]
+    return p
+
+
+@pytest.mark.slow
+def test_ppo_on_frames_with_an_llm_trains_evaluates_and_plays(tmp_path):
+    """train.py cpu-pixels with the tiny random Qwen3 beside the CNN trains (finite losses, a
+    checkpoint), `offline.py eval` evaluates it on the same observations, and `play.py llm`
+    plays the pixel env, recording frames."""
+    _run("train.py", "cpu-pixels", "--llm.backend", "jax", "--total-timesteps", "256",
+        "--env.num-envs", "8", "--ppo.num-steps", "16", "--ppo.update-epochs", "1",
+        "--out-dir", str(tmp_path), "--run-name", "px")
+    metrics = [json.loads(x) for x in (tmp_path / "px" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics and all(np.isfinite(m["loss/total"]) for m in metrics if "loss/total" in m)
+    assert any("llm/calls" in k or k.startswith("llm") for k in metrics[-1]), metrics[-1].keys()
+    _run("offline.py", "eval", "--run", str(tmp_path / "px"), "--episodes", "2", "--max-steps",
+        "8")
+    ev = json.loads((tmp_path / "px" / "eval.json").read_text())
+    assert ev["episodes"] == 2 and ev["length_mean"] == 8
+    _run("play.py", "llm", "--env.name", "Craftax-Classic-Pixels-v1", "--episodes", "2",
+        "--max-steps", "3", "--max-new-tokens", "4", "--out-dir", str(tmp_path), "--run-name",
+        "play", "--record", str(tmp_path / "played"))
+    from fused.data.store import Dataset
+
+    ds = Dataset(tmp_path / "played")
+    assert ds.read(ds.shard_names()[0], ["frame"])["frame"].shape == (6, 63 * 63 * 3)

@@ -16,7 +16,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from fused.agent import Agent
+from fused.agent import Agent, needs_text
 from fused.errors import ConfigError
 from fused.trained_policy import TrainedPolicy, is_offline, load_policy
 from fused.rl.envs import make_env
@@ -108,7 +108,7 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None,
     pol = load_policy(run_dir, c.episodes, c.checkpoint, llm_overrides=llm_overrides, like=like)
     if is_offline(run_dir) and pol.cfg.llm.active_backend != "none" and not c.allow_mismatch:
         check_llm_matches_labels(run_dir, pol)
-    env = make_env(pol.cfg.env)
+    env = make_env(pol.cfg.env, needs_text(pol.cfg))
     ev = make_evaluate(env, network_policy(pol.agent.network), pol.agent.inputs, c.episodes,
                        c.block_steps, c.greedy, c.max_steps)
     frozen = pol.agent.inputs.frozen

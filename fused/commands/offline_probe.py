@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fused.errors import ConfigError
+from fused.agent import needs_text
 from fused.envspec import spec
 from fused.trained_policy import load_policy
 from fused.rl.acting import network_policy
@@ -192,7 +193,7 @@ def run_probe(c: ProbeConfig, console) -> dict:
     env_name = pol.cfg.env.name
     if spec(env_name).family != "craftax":
         raise ConfigError(f"probes edit Craftax states; {run_dir} plays {env_name}")
-    env = make_env(pol.cfg.env)
+    env = make_env(pol.cfg.env, needs_text(pol.cfg))
     policy = network_policy(pol.agent.network)
     base = jax.jit(probe_states, static_argnums=(0, 1, 2, 3))(env, c.states, c.seed, c.warmup)
     # A recurrent policy reads each probed observation with the carry of the history that led

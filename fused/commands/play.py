@@ -61,7 +61,8 @@ class PlayEnv:
     """The env the LLM plays (its episodes never reset: no reset settings)."""
 
     name: EnvName = "Craftax-Classic-Symbolic-v1"
-    """Craftax-Classic-Symbolic-v1 or Craftax-Symbolic-v1."""
+    """A Craftax env: Classic or the full game, symbolic or pixels (the LLM reads the text of
+    the same state; a recording stores the env's observations, frames for a pixel env)."""
     max_episode_steps: int | None = None
     """Override the env's episode limit (truncation); None keeps the env default."""
 
@@ -77,7 +78,7 @@ class PlayConfig(PlayerSettings):
     llm: ModelConfig = ModelConfig()
     """The Qwen3 that plays."""
     env: PlayEnv = PlayEnv()
-    """The env (Craftax-Classic-Symbolic-v1 or Craftax-Symbolic-v1)."""
+    """The env (a Craftax env, symbolic or pixels)."""
     episodes: int = 8
     """Episodes, one per seed, played at once; each to its end or --max-steps (at least 2:
     eval.json gives a confidence interval)."""
@@ -312,7 +313,7 @@ def play(c: PlayConfig, run: Path, console, command: str) -> dict:
         atomic_write_json(run / "config.json", config_io.to_dict(c))
     if shots["turns"]:
         atomic_write_json(run / "shots.json", shots)
-    env = make_env(c.env.settings)
+    env = make_env(c.env.settings, text=True)  # a pixel env: the text twin after the frame
     s = spec(c.env.name)
     ev = make_evaluate(env, player.policy, Identity(), c.episodes, c.block_steps,
                        max_steps=c.max_steps, record=s if record is not None else None)
@@ -417,7 +418,7 @@ def play(c: PlayConfig, run: Path, console, command: str) -> dict:
             return player.text(np.asarray(after.carry.last_reply)[e][:n])
 
         frames = play_frames(c.env.settings, player.policy, Identity(), player.params, None, c.video,
-                             c.seed, c.video_max_steps, False, text)
+                             c.seed, c.video_max_steps, False, text, with_text=True)
         out["videos"] = [str(p) for p in write_gifs(frames, run / "videos")]
         atomic_write_json(run / "eval.json", out)
         console.print(f"{len(out['videos'])} videos -> {run / 'videos'}")

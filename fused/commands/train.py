@@ -17,7 +17,7 @@ import jax
 from jax.sharding import Mesh
 from rich.console import Console
 
-from fused.agent import Agent, AgentConfig, make_agent
+from fused.agent import Agent, AgentConfig, make_agent, needs_text
 from fused.errors import ConfigError
 from fused.llm.config import LLMConfig, validate_llm
 from fused.rl.config import (EnvConfig, ExploreConfig, PolicyConfig, PPOConfig, env_settings,
@@ -217,7 +217,7 @@ class Online(NamedTuple):
 def build(cfg: TrainConfig, num_devices: int = 1, like: Agent | None = None) -> Online:
     """Host setup (env, policy, an LLM's weights and prefix cache, shared with `like`'s where
     it has the same model); nothing compiles yet."""
-    env = make_env(cfg.env)
+    env = make_env(cfg.env, needs_text(cfg.agent))
     agent = make_agent(cfg.agent, cfg.env.num_envs, num_devices, like)
     sharded = num_devices > 1
     trainer = make_train(cfg, env, agent.network, agent.inputs, AXIS if sharded else None,

@@ -32,6 +32,7 @@ from fused.data.config import GenerateConfig, parse_part
 from fused.data.episodes import EpisodeAssembler, Rows
 from fused.data.store import (SET_NOUN, Dataset, DatasetError, attrs, commit_group, committed,
                                read_group)
+from fused.agent import needs_text
 from fused.envspec import spec
 from fused.trained_policy import load_policy
 from fused.rl.acting import epsilon_mixture, network_policy, random_policy
@@ -71,8 +72,10 @@ class ActingPolicy:
         if c.policy == "random":
             self.act, self.params, self.inputs = random_policy(s.num_actions), None, Identity()
             self.trained_inputs, self.source = None, {"policy": "random"}
+            self.text = False
             return
         pol = load_policy(c.policy, c.envs_per_stream, c.checkpoint, num_devices)
+        self.text = needs_text(pol.cfg)  # an LLM beside a CNN reads the text twin's observation
         if pol.cfg.env.name != c.env.name:
             raise ConfigError(f"env.name={c.env.name!r} but the policy {c.policy} was trained on "
                               f"{pol.cfg.env.name!r}")
@@ -137,7 +140,7 @@ class StreamWriter:
         self.ds, self.c, self.b = ds, c, behaviour
         s = spec(c.env.name)
         n = len(devices)
-        col = make_collect(s, make_env(c.env), c.env, behaviour.act,
+        col = make_collect(s, make_env(c.env, behaviour.text), c.env, behaviour.act,
                            behaviour.inputs, c.envs_per_stream, c.block_steps,
                            AXIS if n > 1 else None, n)
         init, block = col.init, col.block

@@ -29,7 +29,7 @@ import numpy as np
 from fused.errors import ConfigError
 from fused.data.config import LabelConfig, parse_part
 from fused.data.store import Dataset, DatasetError, commit_group, committed
-from fused.envspec import spec
+from fused.envspec import spec, text_env
 from fused.llm import batching
 from fused.llm.digests import folder_digest, prompt_digest
 from fused.llm.encoder import LLM, encode_observations, imagine_observations, make_llm
@@ -115,7 +115,9 @@ def label(c: LabelConfig, console, num_devices: int = 1) -> Dataset:
     card, manifest = ds.card(), ds.manifest()
     env = card["env"]
     if not spec(env).has_text:
-        raise ConfigError(f"data={ds.root} holds {env!r}, which has no text format to label")
+        raise ConfigError(f"data={ds.root} holds {env!r} frames and no text observation to "
+                          "label: text labels need a symbolic dataset (its text twin, "
+                          f"{text_env(env) or 'none'}, from the same policy and seeds)")
     done = manifest["labels"].get(c.name)
     old = card.get("labels", {}).get(c.name)
     if c.name == "behaviour":

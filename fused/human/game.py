@@ -18,19 +18,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fused.envspec import spec
+from fused.envspec import spec, text_env
 from fused.human.keys import key_map
 from fused.rl.envs import CraftaxEnv
 from fused.rl.obs_codec import ObsCodec
 
-# a pixel env's text twin: the same state observed symbolically (what an LLM reads)
-TEXT_TWIN = {"Craftax-Pixels-v1": "Craftax-Symbolic-v1",
-             "Craftax-Classic-Pixels-v1": "Craftax-Classic-Symbolic-v1"}
 BARS = ("health", "food", "drink", "energy", "mana")
 
 
 def text_twin(env_name: str) -> str:
-    return TEXT_TWIN.get(env_name, env_name)
+    """The env whose text an LLM reads for `env_name` (a pixel env's: its symbolic twin)."""
+    return text_env(env_name) or env_name
 
 
 class Game:

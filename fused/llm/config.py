@@ -8,7 +8,7 @@ import dataclasses
 import logging
 from typing import Literal
 
-from fused.envspec import TEXT_ENVS, spec
+from fused.envspec import TEXT_ENVS, text_env
 from fused.errors import ConfigError
 from llm_jax.config import Qwen3Config, Qwen3ConfigError, resolve_dtype
 from llm_jax.memory import MemoryFitError, check_fits, fixes, generation_need
@@ -210,9 +210,9 @@ def validate_llm(m: LLMConfig, env_name: str, local_envs: int, num_devices: int 
                           "serves (its tokenizer and config.json are read here)")
     if m.active_backend == "none":
         return
-    if not spec(env_name).has_text:
+    if text_env(env_name) is None:
         raise ConfigError(f"--llm needs a text renderer; env.name={env_name!r} has none "
-                          f"(use one of {', '.join(TEXT_ENVS)})")
+                          f"(use one of {', '.join(TEXT_ENVS)} or their pixel envs)")
     if m.microbatch and local_envs % m.microbatch:
         raise ConfigError(f"llm.microbatch={m.microbatch} must divide the {local_envs} envs per "
                           "device")

@@ -24,7 +24,6 @@ import numpy as np
 from fused.errors import ConfigError
 from fused.llm.config import (LLMConfig, ModelConfig, check_llm_memory, model_config, pool_every,
                               sampling_of)
-from fused.envspec import spec
 from fused.llm.vllm_host import HostEncoder
 from fused.text.buckets import at_smallest_fit, coarse_buckets, encode_buckets
 from fused.text.prompt import IMAGINE_INSTRUCTION, garbage_prefix, prompt_parts
@@ -184,8 +183,8 @@ def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0, weights_of: LLM | Non
             cache = PrefixCache(empty, empty)
         frozen = FrozenLLM(params, cache, jnp.asarray(parts.tail))
     else:
-        host = HostEncoder(cfg, spec(env_name).layout, tok, prefix_ids, parts.tail,
-                           qcfg.hidden_size)
+        host = HostEncoder(cfg, renderer.layout, tok, prefix_ids, parts.tail,
+                           qcfg.hidden_size, renderer.offset)
     stop, sampling = (), Resolved(GREEDY, {})
     if im.tokens:
         from llm_jax.tokenizer import stop_ids

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from fused.errors import ConfigError
-from fused.envspec import spec
+from fused.envspec import spec, text_env
 from fused.llm.config import ModelConfig, model_config, sampling_of
 from fused.llm.encoder import load_llm_params
 from fused.rl.acting import Policy, chosen
@@ -135,7 +135,7 @@ def make_player(model: ModelConfig, settings: PlayerSettings, env_name: str, row
     weights, every row's KV cache, the prompt pass), are ConfigErrors before anything compiles."""
     check_settings(settings)
     s = spec(env_name)
-    if not s.has_text:
+    if text_env(env_name) is None:
         raise ConfigError(f"env {env_name!r} has no text renderer; the LLM plays Craftax envs")
     tok = load_tokenizer(model.weights)
     renderer = make_renderer(env_name, tok)

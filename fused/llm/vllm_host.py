@@ -21,9 +21,9 @@ class HostEncoder:
     """Called through `io_callback` from `fused.llm.encoder.encode_observations`."""
 
     def __init__(self, cfg: LLMConfig, layout: ObsLayout, tokenizer, prefix: np.ndarray,
-                 tail: np.ndarray, hidden_size: int):
+                 tail: np.ndarray, hidden_size: int, offset: int = 0):
         self.cfg = cfg
-        self.layout = layout
+        self.layout, self.offset = layout, offset  # the symbolic part: obs[offset:]
         self.tokenizer = tokenizer
         self.prefix, self.tail = prefix.tolist(), tail.tolist()
         self.client = VLLMClient(cfg.url, model=cfg.weights)
@@ -36,7 +36,7 @@ class HostEncoder:
         t0 = time.perf_counter()
         seqs, own = [], []
         for o in np.asarray(obs):
-            ids = self.tokenizer.encode(render_text(self.layout, o)) + self.tail
+            ids = self.tokenizer.encode(render_text(self.layout, o[self.offset:])) + self.tail
             seqs.append(self.prefix + ids)
             own.append(len(ids))
         states = self.client.token_states(seqs)

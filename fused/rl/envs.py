@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fused.rl.config import EnvSettings
-from fused.envspec import EnvSpec, TextEnvName, spec
+from fused.envspec import EnvSpec, TextEnvName, spec, text_env
 from fused.rl.env_api import Env, StepResult
 from fused.rl.diagnostic_envs import make_probe
 
@@ -21,13 +21,19 @@ from fused.rl.diagnostic_envs import make_probe
 class CraftaxEnv:
     """One Craftax env, no auto-reset. Methods are pure and vmappable. A pixel env's frame
     [H, W, 3] is its observation flattened ([H * W * 3]: every env's is a vector; the CNN
-    policy reshapes it)."""
+    policy reshapes it). With `text` (a pixel env whose policy has an LLM beside the CNN) the
+    observation is the frame, then the same state's symbolic observation (its text twin's,
+    `fused.envspec.text_offset`), which the LLM's renderer reads."""
 
-    def __init__(self, env_spec: EnvSpec, max_episode_steps: int | None = None):
+    def __init__(self, env_spec: EnvSpec, max_episode_steps: int | None = None,
+                 text: bool = False):
         from craftax.craftax_env import make_craftax_env_from_name
 
         self.spec = env_spec
         self._env = make_craftax_env_from_name(env_spec.name, auto_reset=False)
+        self._twin = None
+        if text and env_spec.is_pixels:
+            self._twin = make_craftax_env_from_name(text_env(env_spec.name), auto_reset=False)
         params = self._env.default_params
         if max_episode_steps is not None:
             params = params.replace(max_timesteps=max_episode_steps)
@@ -37,18 +43,25 @@ class CraftaxEnv:
         self.obs_dim = int(np.prod(self._env.observation_space(params).shape))
         assert (self.num_actions, self.obs_dim) == (env_spec.num_actions, env_spec.obs_dim), \
             f"fused.envspec disagrees with craftax about {env_spec.name}"
+        if self._twin is not None:
+            self.obs_dim += spec(text_env(env_spec.name)).obs_dim
+
+    def _with_text(self, obs, state):
+        if self._twin is None:
+            return obs.reshape(-1)
+        return jnp.concatenate([obs.reshape(-1), self._twin.get_obs(state).reshape(-1)])
 
     def reset(self, key: jax.Array) -> tuple[jax.Array, Any]:
         obs, state = self._env.reset_env(key, self.params)
-        return obs.reshape(-1), state
+        return self._with_text(obs, state), state
 
     def observe(self, state: Any) -> jax.Array:
         """The observation of a state (after editing it, say)."""
-        return self._env.get_obs(state).reshape(-1)
+        return self._with_text(self._env.get_obs(state), state)
 
     def step(self, key: jax.Array, state: Any, action: jax.Array) -> StepResult:
         obs, next_state, reward, done, _ = self._env.step_env(key, state, action, self.params)
-        obs = obs.reshape(-1)
+        obs = self._with_text(obs, next_state)
         # Time-limit ends are truncations unless the player also died (or won) on that step.
         timed_out = next_state.timestep >= self.params.max_timesteps
         truncated = done & timed_out & (next_state.player_health > 0)
@@ -56,11 +69,13 @@ class CraftaxEnv:
                           truncated, next_state.achievements.astype(bool))
 
 
-def make_env(cfg: EnvSettings) -> Env:
+def make_env(cfg: EnvSettings, text: bool = False) -> Env:
+    """The env of `cfg`; `text`: a pixel env observes its text twin's observation after the
+    frame, for an LLM beside the CNN (`fused.agent.needs_text`)."""
     s = spec(cfg.name)
     if s.family == "probe":
         return make_probe(s, cfg.max_episode_steps)
-    return CraftaxEnv(s, cfg.max_episode_steps)
+    return CraftaxEnv(s, cfg.max_episode_steps, text)
 
 
 def rollout_observations(env_name: TextEnvName, num_states: int, seed: int,

@@ -95,13 +95,14 @@ class ConvTorso(nn.Module):
     """A frame's features, as the public baselines' `ActorCriticConv` computes them: three times
     [Conv 32 filters 5 x 5 (same padding), ReLU, max-pool 3 x 3 stride 3], flattened (512
     features at 130 x 110, 128 at 63 x 63). x: [B, H * W * C] (frames flattened, as every env
-    observation is a vector) -> [B, F]."""
+    observation is a vector; anything after the frame, the text twin's observation an LLM
+    reads, is not the CNN's) -> [B, F]."""
 
     image: tuple[int, int, int]
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = x.reshape(x.shape[0], *self.image)
+        x = x[:, :int(np.prod(self.image))].reshape(x.shape[0], *self.image)
         for i in range(3):
             x = nn.relu(Conv(32, name=f"conv_{i}")(x))
             x = nn.max_pool(x, (3, 3), strides=(3, 3))
@@ -187,6 +188,7 @@ class AugmentedMLP(nn.Module):
 
     @nn.compact
     def __call__(self, obs: jax.Array, hidden: jax.Array) -> jax.Array:
+        """obs: [B, D] (or a frame's CNN features), hidden [B, H] (or [1, H])."""
         x = nn.tanh(dense(self.width, np.sqrt(2), "obs_proj")(obs))
         if self.constant_hidden:
             hidden = hidden[:1]
@@ -206,28 +208,40 @@ class AugmentedMLP(nn.Module):
 class AugmentedActorCritic(nn.Module):
     """Separate actor and critic over (observation, a per-env feature vector such as an LLM
     hidden state). Inputs are dicts {"obs": [B, D], "hidden": [B, H]} so PPO code handles them
-    like plain observations."""
+    like plain observations. With `image` the observation is a frame: one CNN torso
+    (`ConvTorso`, shared by actor and critic as in `ConvActorCritic`) gives the features the
+    two MLPs join with the hidden state (the prior's ActorCriticConvAug)."""
 
     num_actions: int
     width: int = 512
     num_layers: int = 3
     layernorm: bool = False
     constant_hidden: bool = False
+    image: tuple[int, int, int] | None = None
 
     def setup(self):
         self.actor_mlp = AugmentedMLP(self.width, self.num_layers, self.num_actions, 0.01,
                                       self.layernorm, self.constant_hidden)
         self.critic_mlp = AugmentedMLP(self.width, self.num_layers, 1, 1.0, self.layernorm,
                                        self.constant_hidden)
+        if self.image is not None:
+            self.torso = ConvTorso(self.image)
+
+    def _obs(self, inp: dict) -> jax.Array:
+        return inp["obs"] if self.image is None else self.torso(inp["obs"])
 
     def __call__(self, inp: dict) -> tuple[jax.Array, jax.Array]:
-        return self.actor(inp), self.critic(inp)
+        if self.image is None:
+            return self.actor(inp), self.critic(inp)
+        x = self._obs(inp)  # the torso once for both
+        return (self.actor_mlp(x, inp["hidden"]),
+                self.critic_mlp(x, inp["hidden"])[:, 0])
 
     def actor(self, inp: dict) -> jax.Array:
-        return self.actor_mlp(inp["obs"], inp["hidden"])
+        return self.actor_mlp(self._obs(inp), inp["hidden"])
 
     def critic(self, inp: dict) -> jax.Array:
-        return self.critic_mlp(inp["obs"], inp["hidden"])[:, 0]
+        return self.critic_mlp(self._obs(inp), inp["hidden"])[:, 0]
 
 
 class Embed(nn.Module):
@@ -247,7 +261,8 @@ class Embed(nn.Module):
             if self.image is not None:
                 x = ConvTorso(self.image, name="torso")(x)
             return nn.relu(dense(self.width, np.sqrt(2), "embed")(x))
-        o = nn.relu(dense(self.width, np.sqrt(2), "obs_proj")(x["obs"]))
+        o = x["obs"] if self.image is None else ConvTorso(self.image, name="torso")(x["obs"])
+        o = nn.relu(dense(self.width, np.sqrt(2), "obs_proj")(o))
         h = x["hidden"][:1] if self.constant_hidden else x["hidden"]
         if self.layernorm:
             h = nn.LayerNorm(name="hidden_norm")(h)

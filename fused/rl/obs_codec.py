@@ -30,8 +30,8 @@ class ObsCodec:
 
     def encode(self, xp, obs):
         """obs [N, D] float32 -> (columns, [N] bool: the map part was 0/1, as bits need)."""
-        if self.pixels:
-            frame = xp.round(xp.clip(obs, 0.0, 1.0) * 255.0).astype(xp.uint8)
+        if self.pixels:  # the frame (a text twin's observation after it is not stored)
+            frame = xp.round(xp.clip(obs[:, :self.dim], 0.0, 1.0) * 255.0).astype(xp.uint8)
             return {"frame": frame}, xp.ones(obs.shape[0], bool)
         if not self.map_size:
             return {"obs": obs}, xp.ones(obs.shape[0], bool)

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fused.envspec import spec
+from fused.envspec import spec, text_env
 
 SLOT = "\x00OBSERVATION\x00"  # never produced by the renderer or the template
 
@@ -81,6 +81,7 @@ IMAGINE_INSTRUCTION = ("Imagine how the next few steps could go from here: what 
 
 
 def user_message(env_name: str, observation: str, instruction: str = INSTRUCTION) -> str:
+    env_name = text_env(env_name) or env_name
     examples = "\n\n".join(f"Example {i + 1}:\n{obs}\nAnswer: {answer}"
                            for i, (obs, answer) in enumerate(EXAMPLES[env_name]))
     return f"{examples}\n\nCurrent observation:\n{observation}\n\n{instruction}"
@@ -88,6 +89,8 @@ def user_message(env_name: str, observation: str, instruction: str = INSTRUCTION
 
 def prompt_messages(env_name: str, observation: str,
                     instruction: str = INSTRUCTION) -> list[dict]:
+    """The prompt's conversation; a pixel env's is its text twin's (an LLM reads text)."""
+    env_name = text_env(env_name) or env_name
     s = spec(env_name)
     layout = s.layout
     system = SYSTEM.format(
@@ -141,6 +144,7 @@ REPLY = "\x00REPLY\x00"
 def play_system(env_name: str) -> str:
     """The system turn of the player's conversation: the rules, the observation format, the
     actions, and the worked examples with their answers."""
+    env_name = text_env(env_name) or env_name
     system = prompt_messages(env_name, "")[0]["content"]
     examples = "\n\n".join(f"Example {i + 1}:\n{obs}\nAnswer: {answer}"
                            for i, (obs, answer) in enumerate(EXAMPLES[env_name]))

@@ -41,6 +41,7 @@ class Renderer(NamedTuple):
     ids: dict  # name -> fragment id (fixed fragments) or base id (families)
     max_tokens: int  # L_max
     pad_id: int
+    offset: int = 0  # where the symbolic observation begins (after a pixel env's frame)
 
 
 class _Tables:
@@ -58,8 +59,11 @@ class _Tables:
 
 
 def make_renderer(env_name: str, tokenizer) -> Renderer:
-    """Build the fragment tables for `env_name` with the (host) Qwen3 tokenizer."""
-    layout = get_layout(env_name)
+    """Build the fragment tables for `env_name` with the (host) Qwen3 tokenizer; a pixel env's
+    renderer reads its text twin's observation after the frame (`fused.envspec.text_offset`)."""
+    from fused.envspec import text_env, text_offset
+
+    layout = get_layout(text_env(env_name) or env_name)
     t = _Tables(tokenizer)
     ids = {
         "header": t.add(MAP_HEADER),
@@ -103,7 +107,8 @@ def make_renderer(env_name: str, tokenizer) -> Renderer:
     max_tokens = int(max(lengths[ids["header"]] + layout.rows * layout.cols * cell,
                          lengths[ids["empty_map"]])
                      + lengths[ids["blank"]] + lengths[ids["inventory"]] + aux)
-    return Renderer(layout, tokens, offsets, lengths, ids, max_tokens, tokenizer.pad_id)
+    return Renderer(layout, tokens, offsets, lengths, ids, max_tokens, tokenizer.pad_id,
+                    text_offset(env_name))
 
 
 def _value_ids(r: Renderer, aux: jax.Array) -> jax.Array:
@@ -190,7 +195,7 @@ def render_tokens(r: Renderer, obs: jax.Array):
     observations (Classic: L_max 1,013, random-rollout states 233 tokens on average), so the
     batch is packed at the smallest of `fused.text.buckets.pack_sizes` that its longest observation fits
     (`lax.switch`, exact for every state) and the rest is filled with padding."""
-    ids = jax.vmap(lambda o: fragment_ids(r, o))(obs)
+    ids = jax.vmap(lambda o: fragment_ids(r, o))(obs[:, r.offset:])
     longest = jnp.asarray(r.frag_lengths)[ids].sum(-1).max()
     sizes = pack_sizes(r.max_tokens)
 
