@@ -338,25 +338,15 @@ def read_images(paths: tuple[str, ...]) -> np.ndarray:
 
 
 def image_prompt(tok, folder: Path, cfg, n_images: int, text: str, chat: bool,
-                 enable_thinking: bool) -> np.ndarray:
-    """Token ids of n images before `text` (as a user turn with `chat`: the folder's own chat
-    template, which takes image items, else Qwen3's with the images' tokens written out), each
-    `<|image_pad|>` expanded to the image's token count as HF's processor does."""
-    vision = "<|vision_start|><|image_pad|><|vision_end|>"
-    if chat:
-        own = (folder / "tokenizer_config.json").is_file() and tok.folder == folder
-        content = ([{"type": "image"}] * n_images + [{"type": "text", "text": text}] if own
-                   else vision * n_images + text)
-        text = tok.apply_chat_template([{"role": "user", "content": content}],
-                                       enable_thinking=enable_thinking)
-    else:
-        text = vision * n_images + text
-    ids = np.asarray(tok.encode(text), np.int32)
-    pad = cfg.image_token_id
-    if (ids == pad).sum() != n_images:
-        raise SystemExit(f"error: the prompt holds {(ids == pad).sum()} <|image_pad|> tokens "
-                         f"for {n_images} images; leave image tokens out of the text")
-    return ids
+                 enable_thinking: bool, image_tokens: int = 1) -> np.ndarray:
+    """`llm_jax.vl.image_prompt_ids`, a prompt with image tokens of its own a SystemExit."""
+    from llm_jax.vl import image_prompt_ids
+
+    try:
+        return image_prompt_ids(tok, folder, cfg, n_images, text, chat, enable_thinking,
+                                image_tokens)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def _vl_setup(weights: str, images: tuple[str, ...], dtype_flag: str, text_tokens: int,
@@ -400,12 +390,10 @@ def run_encode_images(a: Encode, text: str) -> Path:
     import jax
     import jax.numpy as jnp
 
-    from llm_jax.model import _pool
-    from llm_jax.vl import rope_index, vl_hidden_states
+    from llm_jax.vl import image_pool_every, pool_states, rope_index, vl_hidden_states
 
     pool = a.pool
-    every = re.fullmatch(r"every:(\d+)", pool)
-    if pool not in ("none", "last", "mean", "image-mean") and not (every and int(every[1]) > 0):
+    if pool not in ("none", "last", "mean") and image_pool_every(pool) is None:
         raise SystemExit(f"error: --pool {pool}: choose none, last, mean, image-mean or every:K "
                          "(K >= 1)")
     if a.prefix_text_file is not None:
@@ -417,23 +405,13 @@ def run_encode_images(a: Encode, text: str) -> Path:
     layer = cfg.text.num_layers if a.layer is None else a.layer
     if not 0 <= layer <= cfg.text.num_layers:
         raise SystemExit(f"error: --layer {layer} must lie in 0..{cfg.text.num_layers}")
-    ids = image_prompt(tok, folder, cfg, len(a.image), text, a.chat, a.enable_thinking)
-    ids = np.repeat(ids, np.where(ids == cfg.image_token_id, int(np.prod(grid)) //
-                                  cfg.vision.spatial_merge_size ** 2, 1))
+    ids = image_prompt(tok, folder, cfg, len(a.image), text, a.chat, a.enable_thinking,
+                       int(np.prod(grid)) // cfg.vision.spatial_merge_size ** 2)
     pos, _ = rope_index(ids[None], np.array([ids.size]), cfg, grid, len(a.image))
 
     def fn(p, t, n, px, ps):
         x = vl_hidden_states(p, cfg, t, n, layer, px, grid, ps).x
-        if pool in ("none", "last", "mean"):
-            return _pool(p["text"], cfg.text, x, n, pool, a.post_norm)
-        if a.post_norm:
-            x = _pool(p["text"], cfg.text, x, n, "none", True)
-        img = (t == cfg.image_token_id)
-        pick = jnp.cumsum(img, axis=1) - 1
-        keep = img & (pick % (int(every[1]) if every else 1) == 0)
-        w = keep.astype(jnp.float32)
-        return (jnp.einsum("bth,bt->bh", x.astype(jnp.float32), w) / w.sum(1)[:, None]
-                ).astype(x.dtype)
+        return pool_states(p["text"], cfg, x, t, n, pool, a.post_norm)
 
     hidden = jax.jit(fn)(params, jnp.asarray(ids)[None], jnp.array([ids.size]), pixels,
                          jnp.asarray(pos))[0]
@@ -465,9 +443,8 @@ def run_generate_images(a: Generate) -> Path:
         resolved = resolve_sampling(a, folder)
     except GenerateError as e:
         raise SystemExit(f"error: {e}") from None
-    ids = image_prompt(tok, folder, cfg, len(a.image), a.prompt, not a.raw, a.enable_thinking)
-    ids = np.repeat(ids, np.where(ids == cfg.image_token_id, int(np.prod(grid)) //
-                                  cfg.vision.spatial_merge_size ** 2, 1))
+    ids = image_prompt(tok, folder, cfg, len(a.image), a.prompt, not a.raw, a.enable_thinking,
+                       int(np.prod(grid)) // cfg.vision.spatial_merge_size ** 2)
     try:
         check_generate(cfg.text, [ids.size], a.max_new_tokens, 0, a.layer)
     except GenerateError as e:

@@ -273,3 +273,55 @@ def vl_generate(params: dict, cfg: VLConfig, tokens, lengths, pixels, grid: tupl
                         params["text"]["embed"].dtype)
     return generate(params["text"], cfg.text, tokens, lengths, key, visual=vis,
                     pos_offset=deltas, **kw)
+
+
+def image_prompt_ids(tok, folder: Path, cfg: VLConfig, n_images: int, text: str, chat: bool,
+                     enable_thinking: bool, image_tokens: int) -> np.ndarray:
+    """Token ids of n images before `text` (as a user turn with `chat`: the folder's own chat
+    template, which takes image items, else Qwen3's with the images' tokens written out), each
+    `<|image_pad|>` expanded to `image_tokens` as HF's processor does. ValueError if the text
+    holds image tokens of its own."""
+    vision = "<|vision_start|><|image_pad|><|vision_end|>"
+    if chat:
+        own = (Path(folder) / "tokenizer_config.json").is_file() and tok.folder == folder
+        content = ([{"type": "image"}] * n_images + [{"type": "text", "text": text}] if own
+                   else vision * n_images + text)
+        text = tok.apply_chat_template([{"role": "user", "content": content}],
+                                       enable_thinking=enable_thinking)
+    else:
+        text = vision * n_images + text
+    ids = np.asarray(tok.encode(text), np.int32)
+    pad = cfg.image_token_id
+    if (ids == pad).sum() != n_images:
+        raise ValueError(f"the prompt holds {(ids == pad).sum()} <|image_pad|> tokens for "
+                         f"{n_images} images; leave image tokens out of the text")
+    return np.repeat(ids, np.where(ids == pad, image_tokens, 1)).astype(np.int32)
+
+
+def image_pool_every(pool: str) -> int | None:
+    """K of a pool over image tokens: `every:K` -> K, `image-mean` -> 1; None for any other."""
+    if pool == "image-mean":
+        return 1
+    k = pool.removeprefix("every:")
+    return int(k) if pool.startswith("every:") and k.isdigit() and int(k) >= 1 else None
+
+
+def pool_states(text_params: dict, cfg: VLConfig, x, tokens, lengths, pool: str,
+                post_norm: bool):
+    """States x [B, T, H] of rows with images pooled: `none`, `last` or `mean` as for text, or
+    over the image tokens (`image-mean`, `every:K`: the mean of every K-th image token of a
+    row, the prior system's every:8)."""
+    from llm_jax.model import _pool
+
+    if pool in ("none", "last", "mean"):
+        return _pool(text_params, cfg.text, x, lengths, pool, post_norm)
+    k = image_pool_every(pool)
+    if k is None:
+        raise ValueError(f"pool={pool!r}; use none, last, mean, image-mean or every:K")
+    if post_norm:
+        x = _pool(text_params, cfg.text, x, lengths, "none", True)
+    img = tokens == cfg.image_token_id
+    pick = jnp.cumsum(img, axis=1) - 1
+    w = (img & (pick % k == 0)).astype(jnp.float32)
+    return (jnp.einsum("bth,bt->bh", x.astype(jnp.float32), w) / w.sum(1)[:, None]
+            ).astype(x.dtype)

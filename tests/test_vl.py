@@ -323,3 +323,75 @@ def test_resize_is_pillows_bicubic_in_both_pass_orders():
         ref = np.asarray(Image.fromarray(x).resize((ww, hh), Image.BICUBIC))
         np.testing.assert_array_equal(np.asarray(resize_bicubic(jnp.asarray(x)[None], hh, ww))[0],
                                       ref, err_msg=f"{(h, w)} -> {(hh, ww)}")
+
+
+@pytest.mark.slow
+def test_label_py_labels_frames_with_a_vl_model_as_hf_computes(tmp_path):
+    """`label.py label --llm.weights VL_DIR` on a dataset of frames: each labelled row's state
+    equals HF's Qwen3-VL on that frame (the uint8 stored, HF's processor, the chat template with
+    the image, then the instruction), after layer 2, every 8th image token mean-pooled; rows
+    between calls carry the label before them; offline.py awr trains on the set; acting online
+    with a VL model is one line."""
+    import json
+    import subprocess
+    import sys
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from conftest import ROOT, subprocess_env
+    from fused.data.store import Dataset
+    from fused.llm.vl_labels import VL_INSTRUCTION
+    from llm_jax.tokenizer import packaged_tokenizer_dir
+
+    model = build_tiny_qwen3_vl(tmp_path / "vl", vocab=151_680, seed=5)
+    data = tmp_path / "data"
+
+    def run(*args, ok=True):
+        p = subprocess.run([sys.executable, *args], cwd=ROOT, env=subprocess_env(),
+                           capture_output=True, text=True, timeout=600)
+        assert (p.returncode == 0) == ok, p.stdout[-1500:] + p.stderr[-3000:]
+        return p
+
+    run("label.py", "generate", "--out", str(data), "--policy", "random", "--env.name",
+        "Craftax-Classic-Pixels-v1", "--env.reset-pool", "2", "--num-envs", "2", "--steps",
+        "12", "--env.max-episode-steps", "6", "--block-steps", "6", "--shard-rows", "16")
+    run("label.py", "label", "--data", str(data), "--name", "vl", "--llm.weights",
+        str(tmp_path / "vl"), "--llm.pool", "every:8", "--llm.layer", "2", "--llm.skip-n", "4",
+        "--batch", "4")
+    ds = Dataset(data)
+    name = ds.shard_names()[0]
+    lab = ds.read_labels("vl", name)
+    cols = ds.read(name, ["frame", "t", "step"])
+    fresh = (cols["t"] % 4 == 0) | (cols["step"] == 0)
+    rows = np.flatnonzero(fresh)[:3]
+    assert len(rows) == 3 and lab["hidden"].shape[1] == 48
+    later = np.flatnonzero(~fresh)[0]  # carries the state of the labelled row before it
+    assert lab["label_row"][later] == lab["label_row"][later - 1]
+    hf_tok = AutoTokenizer.from_pretrained(packaged_tokenizer_dir())
+    text = VL_INSTRUCTION.format(game="Craftax Classic")
+    prompt = hf_tok.apply_chat_template(
+        [{"role": "user", "content": "<|vision_start|><|image_pad|><|vision_end|>" + text}],
+        tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    for r in rows:
+        frame = cols["frame"][r].reshape(63, 63, 3)
+        pix = hf_vl_processor()(images=[frame], return_tensors="pt")
+        n = int(pix["image_grid_thw"][0].prod()) // 4
+        ids = hf_tok(prompt.replace("<|image_pad|>", "<|image_pad|>" * n),
+                     return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            ref = model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                        mm_token_type_ids=(ids == 151655).long(), **pix,
+                        output_hidden_states=True).hidden_states[2][0].numpy()
+        img = ids[0].numpy() == 151655
+        np.testing.assert_allclose(lab["hidden"][lab["label_row"][r]].astype(np.float32),
+                                   ref[img][::8].mean(0), rtol=2 ** -8, atol=1e-5)  # kept bf16
+    card = json.loads((data / "card.json").read_text())["labels"]["vl"]
+    assert card["pool"] == "every:8" and card["vision"]["image_tokens"] == 64
+    run("label.py", "returns", "--data", str(data))
+    run("offline.py", "awr", "smoke", "--data", str(data), "--labels", "vl", "--num-updates",
+        "4", "--out-dir", str(tmp_path), "--run-name", "awr")
+    metrics = [json.loads(x) for x in (tmp_path / "awr" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics and all(np.isfinite(m["loss/actor"]) for m in metrics)
+    p = run("offline.py", "eval", "--run", str(tmp_path / "awr"), ok=False)
+    assert "not built yet" in p.stderr and p.stderr.count("\n") == 1

@@ -30,6 +30,7 @@ from fused.errors import ConfigError
 from fused.data.config import LabelConfig, parse_part
 from fused.data.store import Dataset, DatasetError, commit_group, committed
 from fused.envspec import spec, text_env
+from fused.llm.vl_labels import VLLabeller, is_vl_folder
 from fused.llm import batching
 from fused.llm.digests import folder_digest, prompt_digest
 from fused.llm.encoder import LLM, encode_observations, imagine_observations, make_llm
@@ -114,7 +115,8 @@ def label(c: LabelConfig, console, num_devices: int = 1) -> Dataset:
     ds = Dataset(c.data)
     card, manifest = ds.card(), ds.manifest()
     env = card["env"]
-    if not spec(env).has_text:
+    vl = is_vl_folder(c.model.weights)
+    if not spec(env).has_text and not vl:
         raise ConfigError(f"data={ds.root} holds {env!r} frames and no text observation to "
                           "label: text labels need a symbolic dataset (its text twin, "
                           f"{text_env(env) or 'none'}, from the same policy and seeds)")
@@ -127,8 +129,12 @@ def label(c: LabelConfig, console, num_devices: int = 1) -> Dataset:
         raise ConfigError(f"label set {c.name!r} is in {ds.root}/manifest.json but card.json "
                           "does not say how it was made; pass --overwrite to redo it or --name "
                           "for another")
-    llm = make_llm(c.model, env, seed=0)
-    entry = label_card(c, llm, 0)
+    if vl:  # frames, through the vision tower
+        llm = VLLabeller(c.model, env, c.batch)
+        entry = llm.card(c, 0)
+    else:
+        llm = make_llm(c.model, env, seed=0)
+        entry = label_card(c, llm, 0)
     if old and not c.overwrite:
         if {k: v for k, v in old.items() if k in entry} != entry:
             raise ConfigError(f"label set {c.name!r} in {ds.root} was made with other settings; "
@@ -147,7 +153,7 @@ def label(c: LabelConfig, console, num_devices: int = 1) -> Dataset:
     names = [s["name"] for s in manifest["shards"]]
     rows = {s["name"]: s["rows"] for s in manifest["shards"]}
     mine = [i for i in range(len(names)) if i % nproc == proc]
-    encoder = BatchEncoder(llm, c, num_devices)
+    encoder = llm if vl else BatchEncoder(llm, c, num_devices)
     codec = ObsCodec(spec(env))
     t0, states, tokens, redone = time.time(), 0, 0, 0
     with JobProgress(console, sum(rows[names[i]] for i in mine), unit="rows",

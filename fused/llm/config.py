@@ -5,6 +5,7 @@ random model."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from typing import Literal
 
@@ -144,8 +145,10 @@ class LLMConfig(ModelConfig):
     """Hidden state after this many layers (HF convention, 0 = embeddings); None = the last.
     Later layers are not computed. The vllm backend serves only the last layer (truncate the
     checkpoint with `python -m llm_jax truncate` for another)."""
-    pool: Literal["last", "mean"] = "last"
-    """Last prompt token, or mean over the observation and instruction tokens."""
+    pool: str = "last"
+    """last (the last prompt token) or mean (over the observation and instruction tokens);
+    labelling frames with a Qwen3-VL also image-mean or every:K (the mean of every K-th image
+    token: the prior system's every:8)."""
     post_norm: bool = False
     """Apply the final RMSNorm (always on for the vllm backend, whose states are post-norm)."""
     skip_n: int = 25
@@ -195,6 +198,9 @@ def validate_llm(m: LLMConfig, env_name: str, local_envs: int, num_devices: int 
     """The --llm.* checks, the model's among them (its config.json is read, nothing loaded)."""
     if m.skip_n < 0:
         raise ConfigError(f"llm.skip_n={m.skip_n} must be >= 1, or 0 for never")
+    if m.pool not in ("last", "mean"):
+        raise ConfigError(f"llm.pool={m.pool!r}: use last or mean (image-mean and every:K pool "
+                          "a Qwen3-VL's image tokens: label.py label on frames)")
     if m.refresh_batch < 0:
         raise ConfigError(f"llm.refresh_batch={m.refresh_batch} must be >= 0 (0 = sized from "
                           "the env count)")
@@ -222,6 +228,8 @@ def validate_llm(m: LLMConfig, env_name: str, local_envs: int, num_devices: int 
                               "layer); truncate the checkpoint with `python -m llm_jax truncate`")
         if num_devices > 1:
             raise ConfigError("llm.backend vllm runs on one device; pass --num-devices 1")
+    if is_vl(m):
+        raise ConfigError(f"llm.weights={m.weights!r}: {VL_ONLINE}")
     q = model_config(m)
     if m.layer is not None and m.layer > q.num_layers:
         raise ConfigError(f"llm.layer={m.layer} but the model "
@@ -266,6 +274,41 @@ def check_llm_memory(model: ModelConfig, need: dict[str, int], generates: bool) 
         raise ConfigError(f"llm.weights={name!r} ({dtype}): {e}") from None
     log.info(f"{name} ({dtype}) {line}")
     return left
+
+
+VL_ONLINE = ("a Qwen3-VL acting online (encoding frames as envs play: train.py, offline.py "
+             "eval, play.py) is not built yet; its states of frames come from `label.py label` "
+             "on a pixel dataset, on which offline.py awr|bc train")
+
+
+def is_vl(m: ModelConfig) -> bool:
+    """--llm.weights is a Qwen3-VL checkpoint (config.json with a vision part)."""
+    try:
+        folder = m.folder
+    except ConfigError:
+        return False
+    try:
+        return folder is not None and "vision_config" in json.loads(
+            (folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def text_config(m: ModelConfig) -> Qwen3Config:
+    """The language model of --llm.*: `model_config`'s, or a Qwen3-VL folder's text part (whose
+    states a label set of frames holds)."""
+    if m.weights is not None:
+        from llm_jax.loader import WeightsError, resolve_folder
+
+        try:
+            folder = resolve_folder(m.weights)
+            if "vision_config" in json.loads((folder / "config.json").read_text()):
+                from llm_jax.vl import VLConfig
+
+                return VLConfig.from_folder(folder).text
+        except (OSError, ValueError, WeightsError):
+            pass  # model_config says what is wrong
+    return model_config(m)
 
 
 def model_config(m: ModelConfig) -> Qwen3Config:

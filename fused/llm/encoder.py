@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fused.errors import ConfigError
-from fused.llm.config import (LLMConfig, ModelConfig, check_llm_memory, model_config, pool_every,
-                              sampling_of)
+from fused.llm.config import (VL_ONLINE, LLMConfig, ModelConfig, check_llm_memory, is_vl,
+                              model_config, pool_every, sampling_of)
 from fused.llm.vllm_host import HostEncoder
 from fused.text.buckets import at_smallest_fit, coarse_buckets, encode_buckets
 from fused.text.prompt import IMAGINE_INSTRUCTION, garbage_prefix, prompt_parts
@@ -126,6 +126,8 @@ def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0, weights_of: LLM | Non
     """Host setup: weights (or a random model), tokenizer, renderer, prefix cache. Problems a
     model brings (too few layers, a prompt past its context, a foreign vocabulary) are
     ConfigErrors naming the field, raised before anything compiles."""
+    if is_vl(cfg):
+        raise ConfigError(f"llm.weights={cfg.weights!r}: {VL_ONLINE}")
     backend = cfg.active_backend
     tok = load_tokenizer(cfg.weights)
     renderer = make_renderer(env_name, tok)
