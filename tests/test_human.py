@@ -90,7 +90,7 @@ def test_script_records_what_craftax_plays(played):
     assert not cols["terminated"].any()
     card = json.loads((played / "data" / "card.json").read_text())
     assert card["human"]["episodes"] == {"0": 5, "1": 6} and card["policy"] == "human"
-    assert card["counts"] == {"rows": 7, "shards": 3, "episodes": 2}
+    assert card["counts"] == {"rows": 7, "shards": 3, "episodes": 2, "last_episode": 1}
     manifest = json.loads((played / "data" / "manifest.json").read_text())
     assert [s["rows"] for s in manifest["shards"]] == [3, 1, 3]
     obs = ObsCodec(spec(ENV)).decode(np, cols)
@@ -281,6 +281,7 @@ def test_server_survives_sigkill_tabs_and_a_second_recorder(tmp_path):
     np.testing.assert_array_equal(obs[6:], craftax_reference(11, cols["action"][6:]))
     card = json.loads((out / "card.json").read_text())
     assert card["human"]["episodes"] == {"0": 3, "1": 11}
+    assert (card["counts"]["rows"], card["counts"]["episodes"]) == (7, 2)
     assert run("label.py", "verify", "--data", str(out)).returncode == 0
 
 

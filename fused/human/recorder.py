@@ -48,6 +48,7 @@ class Recorder:
         self.work = self.ds.root / "work" / "human"
         self.steps_dir = self.work / "steps"
         self._lock_file = None
+        self._done_rows: int | None = None
         self.resumed = False
         fresh = not self.ds.card_path.exists()
         if not fresh:
@@ -92,7 +93,10 @@ class Recorder:
         self._lock_file = f
 
     def committed_rows(self) -> int:
-        return sum(s["rows"] for s in self.ds.manifest()["shards"])
+        """Rows in the manifest's shards (read once; `commit` keeps it)."""
+        if self._done_rows is None:
+            self._done_rows = sum(s["rows"] for s in self.ds.manifest()["shards"])
+        return self._done_rows
 
     def _recover(self, seed: int) -> None:
         """The journal made consistent with the manifest and the game; its rows committed; the
@@ -111,6 +115,7 @@ class Recorder:
             raise DatasetError(f"{self.work / 'game.npz'} is older than the data ({meta['t']} "
                                f"rows, the manifest has {done_rows}): remove it to start a new "
                                "game")
+        self._recount()
         self.commit()
         if meta and not meta["over"]:
             self.episode_id = meta["episode_id"]
@@ -119,6 +124,20 @@ class Recorder:
             self.episode_id = self._next_episode_id()
             self.game.new(meta["next_seed"] if meta else seed)
             self._begin_episode()
+
+    def _recount(self) -> None:
+        """The card's counts from the shards, where a kill between the manifest and the card
+        left them behind (`commit` keeps them as it goes)."""
+        card = self.ds.card()
+        if card.get("counts", {}).get("rows") == self.committed_rows():
+            return
+        names = [s["name"] for s in self.ds.manifest()["shards"]]
+        ids = [self.ds.read(n, ["episode_id"])["episode_id"] for n in names]
+        ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+        card["counts"] = {"rows": self.committed_rows(), "shards": len(names),
+                          "episodes": int(len(np.unique(ids))),
+                          "last_episode": int(ids[-1]) if len(ids) else -1}
+        self.ds.write_card(card)
 
     def _load_game(self) -> dict | None:
         path = self.work / "game.npz"
@@ -206,11 +225,14 @@ class Recorder:
         manifest = self.ds.manifest()
         manifest["shards"].append(entry)
         self.ds.write_manifest(manifest)
+        self._done_rows = first + len(files)
         card = self.ds.card()
-        episodes = {int(e) for s in manifest["shards"]
-                    for e in self.ds.read(s["name"], ["episode_id"])["episode_id"]}
-        card["counts"] = {"rows": first + len(files), "shards": len(manifest["shards"]),
-                          "episodes": len(episodes)}
+        # episodes with rows: ids only grow, and a shard may continue the last one
+        old = card.get("counts", {})
+        ids = np.unique(cols["episode_id"])
+        episodes = old.get("episodes", 0) + int((ids != old.get("last_episode", -1)).sum())
+        card["counts"] = {"rows": self._done_rows, "shards": len(manifest["shards"]),
+                          "episodes": episodes, "last_episode": int(cols["episode_id"][-1])}
         self.ds.write_card(card)
         for p in files:
             p.unlink()
