@@ -178,6 +178,26 @@ def test_bad_input_ends_in_one_line(tmp_path):
     line = one_line_error(run("play.py", "human", "--out", str(tmp_path / "other"), "--script",
                               str(ok)))
     assert "not a dataset" in line and (tmp_path / "other" / "notes.txt").read_text() == "mine"
+    # golden examples inside the dataset
+    line = one_line_error(run("play.py", "human", "--out", str(tmp_path / "d"), "--script",
+                              str(ok), "--examples", str(tmp_path / "d" / "golden")))
+    assert "inside the dataset" in line
+    # a line of one space is the space key
+    spaced = tmp_path / "spaced.txt"
+    spaced.write_text("d\n \n")
+    human("--out", str(tmp_path / "sp"), "--script", str(spaced))
+    from craftax.craftax_classic.constants import Action
+
+    assert read_all(tmp_path / "sp")["action"].tolist() == [Action.RIGHT.value, Action.DO.value]
+    # SIGTERM while starting: one line, no traceback
+    q = subprocess.Popen([sys.executable, str(ROOT / "play.py"), "human", "--out",
+                          str(tmp_path / "term"), "--port", "0"], env=subprocess_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(4)
+    q.send_signal(signal.SIGTERM)
+    so, se = q.communicate(timeout=60)
+    assert "Traceback" not in se and q.returncode in (0, 130, -signal.SIGTERM), (q.returncode,
+                                                                         so, se)
     # an unwritable parent
     (tmp_path / "ro").mkdir()
     with read_only(tmp_path / "ro"):
@@ -285,29 +305,38 @@ def test_server_survives_sigkill_tabs_and_a_second_recorder(tmp_path):
     assert run("label.py", "verify", "--data", str(out)).returncode == 0
 
 
-def _chromium():
-    from browser import chromium
+def _have(kind: str) -> bool:
+    from browser import BROWSERS
 
-    return chromium()
+    return BROWSERS[kind]() is not None
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(_chromium() is None, reason="no chromium (apt-get install chromium)")
-def test_page_in_headless_chromium_records_the_keys_pressed(tmp_path):
-    """The page in a real browser: keys pressed change the frame, the text and the step, and
-    the dataset holds the actions those keys name; the same keys from --script record the
-    same rows."""
-    from browser import Browser
+@pytest.mark.parametrize("kind", [
+    pytest.param("chromium", marks=pytest.mark.skipif(
+        not _have("chromium"), reason="no chromium (apt-get install chromium)")),
+    pytest.param("firefox", marks=pytest.mark.skipif(
+        not _have("firefox"), reason="no firefox (apt-get install firefox-esr)"))])
+def test_page_in_a_headless_browser_records_the_keys_pressed(tmp_path, kind):
+    """The page in real browsers (Chromium over DevTools, Firefox over WebDriver BiDi): keys
+    pressed, the first ones typed at once, change the frame, the text and the step, and the
+    dataset holds the actions those keys name, in order; the same keys from --script record
+    the same rows."""
+    from browser import open_page
 
     keys = ["d", "space", "space", "s", "tab", "w", "1"]
     out = tmp_path / "data"
     p, url = start_server(out, "--seed", "2")
     b = None
     try:
-        b = Browser(url, height=1040)
-        b.wait("lastView !== null && document.getElementById('frame').complete")
+        b = open_page(kind, url, height=1040)
+        b.wait("typeof lastView !== 'undefined' && lastView !== null"
+               " && document.getElementById('frame').complete")
         frames = [b.eval("document.getElementById('frame').src")]
-        for k in keys:
+        for k in keys[:3]:  # typed while the steps before are on their way: queued, in order
+            b.press(k)
+        b.wait("lastView.rows >= 3", 60)
+        for k in keys[3:]:
             n = b.eval("lastView.rows")
             b.press(k)
             b.wait(f"lastView.rows > {n}", 60)
@@ -317,7 +346,7 @@ def test_page_in_headless_chromium_records_the_keys_pressed(tmp_path):
         assert len(set(frames)) > 1
         shot = b.screenshot()
         assert shot[:8] == b"\x89PNG\r\n\x1a\n"
-        if os.environ.get("CRAFTAX_SCREENSHOT"):  # the README's picture
+        if os.environ.get("CRAFTAX_SCREENSHOT") and kind == "chromium":  # the README's picture
             Path(os.environ["CRAFTAX_SCREENSHOT"]).write_bytes(shot)
     finally:
         if b is not None:
@@ -378,6 +407,8 @@ def test_golden_shots_are_turns_of_the_chat_template_token_for_token(played):
     assert "Action: 2:RIGHT" in tok.decode(player.parts.prefix)
     with pytest.raises(Exception, match="--shots 8"):
         shots(played / "golden", 8, ENV)
+    # the pixel env reads the same text: its player takes the same shots
+    assert shots(played / "golden", 2, "Craftax-Classic-Pixels-v1") == (turns, where)
 
 
 @pytest.mark.slow

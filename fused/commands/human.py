@@ -18,6 +18,7 @@ system's golden examples (E/game_<time>/steps.jsonl with a PNG per step) for `pl
 from __future__ import annotations
 
 import dataclasses
+import os
 import shlex
 import signal
 import sys
@@ -60,9 +61,10 @@ class HumanConfig:
     port: int = 8765
     """Port of the page."""
     script: str | None = None
-    """Play the keys in this file (one key name a line: d, space, tab, ',', ...; blank lines
-    and lines starting with # are skipped) instead of serving the page; records exactly what
-    the page would."""
+    """Play the keys in this file (one key name a line, any case: d, space or a single space,
+    tab, ',', ...; empty lines and lines starting with # are skipped) instead of serving the
+    page; records exactly what the page would: after an episode ends, the next key starts the
+    next episode and takes no step."""
     examples: str | None = None
     """Also write golden examples (E/game_<time>/steps.jsonl and a PNG per step) into E."""
     shard_rows: int = 1024
@@ -80,8 +82,8 @@ def read_script(path: str, keys: dict) -> list[str]:
         raise ConfigError(f"--script {p}: no such file")
     out = []
     for i, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
+        if not line or (line.strip() and line.lstrip().startswith("#")):
+            continue  # (a line of one space is the space key; other blank lines are errors)
         k = key_name(line)
         if k not in keys:
             raise ConfigError(f"--script {p}, line {i}: {line!r} is not a key of this game; "
@@ -99,6 +101,10 @@ def validate(c: HumanConfig) -> None:
         raise ConfigError("--env.max-episode-steps must be positive")
     require_writable(Path(c.out).expanduser(), "--out")
     if c.examples:
+        out, ex = Path(c.out).expanduser().resolve(), Path(c.examples).expanduser().resolve()
+        if ex == out or out in ex.parents:
+            raise ConfigError(f"--examples {c.examples} lies inside the dataset --out {c.out}: "
+                              "give golden examples a folder of their own")
         require_writable(Path(c.examples).expanduser(), "--examples")
 
 
@@ -139,7 +145,8 @@ def run(c: HumanConfig, command: str, console: Console) -> dict:
             console.print(f"played {len(script)} keys ({steps} steps)")
         else:
             server.session = session
-            session.view()  # compile the step's display before the first visit
+            session.view()  # compile the display and a step before the first visit
+            game.warm()
             console.print(f"open {server.url()} (Ctrl-C stops; everything played is kept)")
             sys.stdout.flush()
             server.serve_forever(poll_interval=0.2)
@@ -170,4 +177,10 @@ def main(argv: list[str], prog: str) -> dict:
     # SIGTERM ends the server as Ctrl-C does (what waits is committed on the way out)
     signal.signal(signal.SIGTERM, _interrupt)
     process.setup_compilation_cache()
-    return run(c, f"{prog} human " + shlex.join(argv), console)
+    try:
+        return run(c, f"{prog} human " + shlex.join(argv), console)
+    except KeyboardInterrupt:  # before the recorder opened (after it, `run` closes it)
+        console.print("\ninterrupted while starting: nothing recorded; run the same command "
+                      "again")
+        sys.stdout.flush()
+        os._exit(130)

@@ -82,6 +82,11 @@ class Game:
         self.state, self.obs, self.seed = state, obs, int(seed)
         self.episode_return, self.over = float(episode_return), over
 
+    def warm(self) -> None:
+        """Compiles a step (its result dropped: the episode is unchanged), so the page's first
+        key is not the one that waits for the compiler."""
+        jax.block_until_ready(self._step(jnp.int32(self.seed), self.state, jnp.int32(0)))
+
     def like(self):
         """A state of this env's structure (to restore saved leaves into)."""
         return jax.eval_shape(self._reset, jnp.int32(0))[1]

@@ -34,14 +34,15 @@ def read_steps(folder: str | Path) -> list[dict]:
 
 
 def shots(folder: str | Path, n: int, env_name: str) -> tuple[list[tuple[str, str]], list]:
-    """`n` (observation, reply) few-shot turns of `env_name` (a text env; the steps of its pixel
-    twin read the same text): steps whose action is not NOOP,
+    """`n` (observation, reply) few-shot turns of `env_name`'s game (a text env and its pixel
+    twin read the same text, so either's steps serve either): steps whose action is not NOOP,
     evenly spaced over everything recorded (first and last included), oldest first. Returns
     them and where each came from ([game, line])."""
     from fused.human.game import text_twin
 
-    steps = [s for s in read_steps(folder) if text_twin(s.get("env", "")) == env_name
-             and s["action_name"] != "NOOP"]
+    steps = [s for s in read_steps(folder) if s.get("env") in (env_name, text_twin(env_name))
+             or text_twin(s.get("env", "")) == text_twin(env_name)]
+    steps = [s for s in steps if s["action_name"] != "NOOP"]
     if len(steps) < n:
         raise ConfigError(f"--shots {n}: {Path(folder).expanduser()} holds {len(steps)} golden "
                           f"steps of {env_name} other than NOOP; record more with `python "

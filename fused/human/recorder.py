@@ -53,14 +53,14 @@ class Recorder:
         fresh = not self.ds.card_path.exists()
         if not fresh:
             card = self.ds.card()  # DatasetError if foreign
-            if card["env"] != game.name:
-                raise ConfigError(f"--out {self.ds.root} holds {card['env']} play; record "
-                                  f"{game.name} into another folder (or play --env.name "
-                                  f"{card['env']})")
             if card.get("policy") != "human":
                 raise ConfigError(f"--out {self.ds.root} is a dataset of policy "
                                   f"{card.get('policy')!r}, not human play: record into "
                                   "another folder")
+            if card["env"] != game.name:
+                raise ConfigError(f"--out {self.ds.root} holds {card['env']} play; record "
+                                  f"{game.name} into another folder (or play --env.name "
+                                  f"{card['env']})")
         elif self.ds.root.exists() and any(self.ds.root.iterdir()):
             raise ConfigError(f"--out {self.ds.root} exists and is not a dataset: record into "
                               "a new or empty folder")

@@ -92,8 +92,9 @@ class Handler(BaseHTTPRequestHandler):
         except (ValueError, AssertionError):
             return self._json(400, {"error": "the request is not a JSON object"})
         if body.get("tab") != self.server.owner:
-            return self._json(409, {"error": "this game is being played in another tab; "
-                                             "reload this page to play here"})
+            return self._json(409, {"error": "this game is being played in another tab (or "
+                                             "the server restarted): reload this page to "
+                                             "play here"})
         s = self.server.session
         try:
             if u.path == "/key":

@@ -25,13 +25,14 @@ class Session:
         self.broken: str | None = None  # a write failed: no more steps
         self.examples = None
         if examples is not None:
+            for p in Path(examples).glob("game_*/.*.tmp*"):  # a frame cut by a kill
+                p.unlink()
             self.examples = Path(examples) / time.strftime("game_%Y%m%d-%H%M%S")
             k = 1
             while self.examples.exists():  # two sessions in one second
                 self.examples = Path(examples) / (time.strftime("game_%Y%m%d-%H%M%S") + f"-{k}")
                 k += 1
-            self.examples.mkdir(parents=True)
-            self.example_count = 0
+            self.example_count = 0  # (the folder is made at the first step played)
 
     def press(self, raw: str) -> bool:
         """One key: a step if it is a game key (True), nothing otherwise. After an episode
@@ -80,6 +81,7 @@ class Session:
 
     def _example(self, text: str, frame: bytes, row: dict) -> None:
         k = self.example_count
+        self.examples.mkdir(parents=True, exist_ok=True)
         png = f"frame_{k:06d}.png"
         atomic_write(self.examples / png, frame)
         line = {"env": self.game.name, "step": int(row["step"][0]), "episode_id": int(row["episode_id"][0]),
