@@ -35,13 +35,13 @@ setup_compilation_cache()
 
 # Modules in about the order of their total time on 2 cores, longest first (with pyproject's
 # --no-loadscope-reorder, xdist hands modules out in this order): a long module started last
-# would run alone at the end while the other worker idles (the README walkthrough alone is 4-5
-# minutes); the short ones fill the end.
-FIRST = ("test_readme.py", "test_label.py", "test_gpu_check.py", "test_moe_commands.py",
-         "test_player.py", "test_faults.py", "test_cli_resume.py", "test_vllm_parity.py",
-         "test_offline.py", "test_human.py", "test_policy_variants.py", "test_imagine.py", "test_fused_llm.py",
-         "test_sharding.py", "test_pixels.py", "test_vl.py", "test_decode_vllm.py",
-         "test_render.py", "test_envs.py")
+# would run alone at the end while the other worker idles (the README walkthrough, even split
+# from its frames part, is about 4 minutes); the short ones fill the end.
+FIRST = ("test_readme.py", "test_label.py", "test_readme_pixels.py", "test_gpu_check.py",
+         "test_moe_commands.py", "test_player.py", "test_faults.py", "test_cli_resume.py",
+         "test_vllm_parity.py", "test_offline.py", "test_human.py", "test_policy_variants.py",
+         "test_imagine.py", "test_fused_llm.py", "test_sharding.py", "test_pixels.py",
+         "test_vl.py", "test_decode_vllm.py", "test_render.py", "test_envs.py")
 
 
 def pytest_collection_modifyitems(items):

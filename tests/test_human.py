@@ -413,13 +413,20 @@ def test_golden_shots_are_turns_of_the_chat_template_token_for_token(played):
 
 @pytest.mark.slow
 def test_play_llm_with_golden_shots_records_them_and_refuses_bad_input(played, tmp_path):
+    """`play.py llm --examples E --shots 3` on the pixel twin of the env the shots were
+    recorded on (the LLM reads the same text; the recording stores frames)."""
+    from fused.data.store import Dataset
+
     run_ = tmp_path / "r"
-    p = run("play.py", "llm", "--episodes", "2", "--max-steps", "2", "--max-new-tokens", "4",
-            "--examples", str(played / "golden"), "--shots", "3", "--out-dir", str(tmp_path),
-            "--run-name", "r")
+    p = run("play.py", "llm", "--env.name", "Craftax-Classic-Pixels-v1", "--episodes", "2",
+            "--max-steps", "2", "--max-new-tokens", "4", "--examples", str(played / "golden"),
+            "--shots", "3", "--out-dir", str(tmp_path), "--run-name", "r", "--record",
+            str(tmp_path / "played"))
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads((run_ / "eval.json").read_text())
     assert out["llm"]["shots"] == 3 and out["episodes"] == 2
+    ds = Dataset(tmp_path / "played")
+    assert ds.read(ds.shard_names()[0], ["frame"])["frame"].shape == (4, 63 * 63 * 3)
     used = json.loads((run_ / "shots.json").read_text())
     assert [w[1] for w in used["from"]] == [0, 3, 6] and len(used["turns"]) == 3
     assert "--shots 9" in one_line_error(run("play.py", "llm", "--examples",

@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from conftest import ROOT, subprocess_env
@@ -68,6 +67,39 @@ def readme_commands() -> list[list[str]]:
     return commands
 
 
+def is_pixels(words: list[str]) -> bool:
+    """A command of the walkthrough's frames part (PPO on frames, its dataset, AWR, eval,
+    probe): run by tests/test_readme_pixels.py, beside the rest."""
+    return any(w in ("cpu-pixels", "data/px", "runs/px", "runs/awr-px") for w in words)
+
+
+def run_walkthrough(tmp_path: Path, pixels: bool) -> None:
+    """The README's commands of one part (frames, or the rest), in order, at smoke sizes."""
+    from qwen_fixtures import build_tiny_qwen3
+
+    env = subprocess_env()
+    weights = tmp_path / "Qwen3-tiny"
+
+    def run(words):
+        p = subprocess.run([sys.executable, *words], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=900)
+        assert p.returncode == 0, (" ".join(words), p.stdout[-2000:], p.stderr[-3000:])
+        return p
+
+    commands = [w for w in readme_commands() if is_pixels(w) == pixels]
+    if not pixels:
+        build_tiny_qwen3(weights, layers=3, vocab=151_680)
+        run([str(ROOT / "train.py"), "smoke", "--out-dir", "runs", "--run-name", "RUN"])
+        tools = {tuple(w[:2]) for w in commands}
+        assert {("label.py", "generate"), ("label.py", "label"), ("label.py", "returns"),
+                ("offline.py", "awr"), ("offline.py", "eval"), ("offline.py", "probe"),
+                ("offline.py", "study"), ("play.py", "llm")} <= tools, tools
+    for words in commands:
+        words = [str(weights) if w.endswith("/models/Qwen3-4B") else w for w in words]
+        words = [("2" if prev == "--llm.layer" else w) for prev, w in zip([""] + words, words)]
+        run([str(ROOT / words[0]), *words[1:], *smoke_args(words)])
+
+
 def smoke_args(words: list[str]) -> list[str]:
     keys = [k for k in SMOKE if tuple(words[:len(k)]) == k or (
         k[:2] == tuple(words[:2]) and all(w in words for w in k[2:]))]
@@ -76,46 +108,13 @@ def smoke_args(words: list[str]) -> list[str]:
 
 @pytest.mark.slow
 def test_readme_walkthrough_runs_as_written(tmp_path):
+    """Every command but the frames part (tests/test_readme_pixels.py), in order."""
     import jax
-    from qwen_fixtures import build_tiny_qwen3
 
     from fused.data.store import Dataset
     from fused.rl.config import EnvConfig
 
-    weights = tmp_path / "Qwen3-tiny"
-    build_tiny_qwen3(weights, layers=3, vocab=151_680)
-    env = subprocess_env()
-
-    def run(words):
-        p = subprocess.run([sys.executable, *words], cwd=tmp_path, env=env, capture_output=True,
-                           text=True, timeout=900)
-        assert p.returncode == 0, (" ".join(words), p.stdout[-2000:], p.stderr[-3000:])
-        return p
-
-    run([str(ROOT / "train.py"), "smoke", "--out-dir", "runs", "--run-name", "RUN"])
-    commands = readme_commands()
-    tools = {tuple(w[:2]) for w in commands}
-    assert {("label.py", "generate"), ("label.py", "label"), ("label.py", "returns"),
-            ("offline.py", "awr"), ("offline.py", "eval"), ("offline.py", "probe"),
-            ("offline.py", "study"), ("play.py", "llm")} <= tools, tools
-    for words in commands:
-        words = [str(weights) if w.endswith("/models/Qwen3-4B") else w for w in words]
-        words = [("2" if prev == "--llm.layer" else w) for prev, w in zip([""] + words, words)]
-        run([str(ROOT / words[0]), *words[1:], *smoke_args(words)])
-    # frames: PPO with the CNN (finite losses, checkpoints), its dataset stored as bytes, AWR
-    # on it streamed in windows and evaluated, the probe rendering its edited states as frames
-    rows = [json.loads(x) for x in (tmp_path / "runs/px/metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == 2 and all(np.isfinite(r["loss/value"]) for r in rows)
-    assert [c.name for c in (tmp_path / "runs/px/checkpoints").iterdir()] == ["2"]
-    edits = json.loads((tmp_path / "runs/px/probe.json").read_text())["edits"]
-    assert len(edits) >= 6 and all(np.isfinite(e["real"]["value_change"]) for e in edits.values())
-    assert sum(abs(e["real"]["value_change"]) > 1e-4 for e in edits.values()) >= len(edits) // 2
-    px = Dataset(tmp_path / "data/px")
-    assert px.card()["env"] == "Craftax-Classic-Pixels-v1"
-    assert px.read(px.manifest()["shards"][0]["name"], ["frame"])["frame"].dtype == np.uint8
-    cfg = json.loads((tmp_path / "runs/awr-px/config.json").read_text())
-    assert cfg["agent"]["policy"]["kind"] == "auto" and cfg["device_rows"] == 200
-    assert json.loads((tmp_path / "runs/awr-px/eval.json").read_text())["episodes"] == 2
+    run_walkthrough(tmp_path, pixels=False)
     # what the commands wrote for an LLM-augmented offline run (awr-l24, labels l24)
     assert json.loads((tmp_path / "runs/awr-l24/eval.json").read_text())["llm"]["layer"] == 2
     import imageio.v3 as iio
