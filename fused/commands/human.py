@@ -139,6 +139,7 @@ def run(c: HumanConfig, command: str, console: Console) -> dict:
     console.print(f"[bold]craftax-fused play human[/] {c.env.name}: {how}; "
                   f"{rec.t:,} rows recorded in {rec.ds.root}")
     session = Session(game, rec, Path(c.examples).expanduser() if c.examples else None, say)
+    stopped = False
     try:
         if script is not None:
             steps = sum(session.press(k) for k in script)
@@ -152,6 +153,7 @@ def run(c: HumanConfig, command: str, console: Console) -> dict:
             server.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:
         console.print("\nstopping")
+        stopped = True
     finally:
         if server is not None:
             server.server_close()
@@ -161,6 +163,11 @@ def run(c: HumanConfig, command: str, console: Console) -> dict:
     console.print(f"{counts['rows']:,} rows, {counts.get('episodes', 0)} episodes in "
                   f"{rec.ds.root}" + (f"; golden examples in {session.examples}"
                                       if session.examples else ""))
+    if stopped:  # Ctrl-C / SIGTERM: everything is committed; exit at once (XLA may still be
+        # compiling in another thread, and the interpreter's teardown beside it crashed: SIGSEGV)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return counts
 
 
