@@ -158,6 +158,42 @@ def test_keys_are_noop_while_the_player_sleeps():
     assert g.action_of("w") == g.action_of("space") == Action.NOOP.value
 
 
+def test_a_failed_game_save_or_a_removed_game_loses_no_recorded_row(tmp_path, monkeypatch):
+    """A row journaled whose game save failed (a kill or a full disk between the two) is not
+    committed, and reopening goes on from the saved game; with game.npz removed (as the
+    errors advise) the journal's rows are committed and a new game begins; a first run
+    stopped before its card leaves a folder that records afresh."""
+    from fused.human.game import Game
+    from fused.human.recorder import Recorder
+
+    d = tmp_path / "d"
+    rec = Recorder(d, Game(ENV), 4, "test")
+    for a in (2, 2, 5):
+        rec.step(a)
+
+    def fail():
+        raise OSError("disk full")
+
+    monkeypatch.setattr(rec, "_save_game", fail)
+    with pytest.raises(OSError):
+        rec.step(3)
+    rec.close()
+    assert read_all(d)["t"].tolist() == [0, 1, 2]
+    rec = Recorder(d, Game(ENV), 4, "test")
+    assert rec.t == 3 and int(rec.game.state.timestep) == 3 and rec.resumed
+    rec.step(1)
+    rec.step(1)
+    rec._lock_file.close()  # a kill: the two rows journaled, not committed
+    (d / "work" / "human" / "game.npz").unlink()
+    rec = Recorder(d, Game(ENV), 9, "test")
+    assert read_all(d)["t"].tolist() == [0, 1, 2, 3, 4]
+    assert (rec.episode_id, rec.game.seed, rec.t) == (1, 9, 5)
+    rec.close()
+    (tmp_path / "e" / "work" / "human").mkdir(parents=True)
+    Recorder(tmp_path / "e", Game(ENV), 0, "test").close()
+    assert json.loads((tmp_path / "e" / "card.json").read_text())["policy"] == "human"
+
+
 def test_bad_input_ends_in_one_line(tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_text("d\nspace\nx\n")  # x: no Classic action

@@ -8,8 +8,9 @@
     D/work/human/game.npz               the game after the last journaled step (its env state,
                                         seed, episode id, return), written whole after that row
 
-A step writes its row, then the game; a kill between the two leaves a row past the game's
-count, which reopening drops (the step the game never took). Rows are committed into a shard
+A step writes its row, then the game; a kill (or a failed write) between the two leaves a row
+past the saved game's count, which no commit takes and reopening drops (the step the game
+never took). Rows are committed into a shard
 (`commit`: the shard, then the manifest, then the card, then the journal files removed) when an
 episode ends, when `shard_rows` are waiting, and when the server stops; reopening commits what a
 kill left waiting and continues the game where it stood. Every episode's seed is in the card
@@ -49,6 +50,7 @@ class Recorder:
         self.steps_dir = self.work / "steps"
         self._lock_file = None
         self._done_rows: int | None = None
+        self._saved_t = 0  # rows the saved game (game.npz) has taken
         self.resumed = False
         fresh = not self.ds.card_path.exists()
         if not fresh:
@@ -61,7 +63,8 @@ class Recorder:
                 raise ConfigError(f"--out {self.ds.root} holds {card['env']} play; record "
                                   f"{game.name} into another folder (or play --env.name "
                                   f"{card['env']})")
-        elif self.ds.root.exists() and any(self.ds.root.iterdir()):
+        elif self.ds.root.exists() and any(p.name != "work" for p in self.ds.root.iterdir()):
+            # (only work/: a first run stopped before its card; it starts afresh)
             raise ConfigError(f"--out {self.ds.root} exists and is not a dataset: record into "
                               "a new or empty folder")
         self._lock()
@@ -103,8 +106,14 @@ class Recorder:
         game restored (or a new one at `seed`)."""
         self.steps_dir.mkdir(parents=True, exist_ok=True)
         meta = self._load_game()
-        self.t = meta["t"] if meta else self.committed_rows()
         done_rows = self.committed_rows()
+        if meta:
+            self.t = meta["t"]
+        else:  # no game saved (removed, say): the journal's unbroken rows are kept
+            self.t = done_rows
+            while (self.steps_dir / f"{self.t:09d}.npz").is_file():
+                self.t += 1
+        self._saved_t = self.t
         for p in self.steps_dir.glob("*.npz"):
             t = int(p.stem) if p.stem.isdigit() else -1
             if t < done_rows or t >= self.t:  # committed already, or never taken by the game
@@ -202,14 +211,23 @@ class Recorder:
         with atomic_path(self.work / "game.npz") as tmp:
             np.savez_compressed(tmp, *leaves, obs=np.asarray(self.game.obs),
                                 meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
+        self._saved_t = self.t  # rows below it are the saved game's: the ones a commit takes
 
     # --- committing --------------------------------------------------------------------------
 
     def commit(self) -> int:
         """The journal's rows as one shard (then the manifest, the card, the journal emptied).
-        Returns the rows committed."""
-        first = self.committed_rows()
-        files = sorted(p for p in self.steps_dir.glob("*.npz") if p.stem.isdigit())
+        Returns the rows committed. Only rows the saved game took (below its count) are taken;
+        the manifest is read anew, so a commit stopped after it was written is not repeated."""
+        manifest = self.ds.manifest()
+        first = self._done_rows = sum(s["rows"] for s in manifest["shards"])
+        files = []
+        for p in sorted(self.steps_dir.glob("*.npz")):
+            t = int(p.stem) if p.stem.isdigit() else -1
+            if t < first:  # committed by a commit stopped before removing its journal
+                p.unlink()
+            elif t < self._saved_t:
+                files.append(p)
         if not files:
             return 0
         rows = []
@@ -222,7 +240,6 @@ class Recorder:
                                f"{int(cols['t'][-1])} do not follow the {first} rows "
                                "committed; move the folder aside and record anew")
         entry = commit_group(self.ds.shard_dir(f"{SHARD_PREFIX}{first:09d}"), cols)
-        manifest = self.ds.manifest()
         manifest["shards"].append(entry)
         self.ds.write_manifest(manifest)
         self._done_rows = first + len(files)
