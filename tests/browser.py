@@ -17,6 +17,9 @@ SPECIAL = {"space": (" ", "Space", 32), "tab": ("Tab", "Tab", 9), ",": (",", "Co
            ".": (".", "Period", 190)}
 
 
+BIDI_KEYS = {"space": " ", "tab": "\ue004"}  # WebDriver's key values
+
+
 def chromium() -> str | None:
     for name in ("chromium", "chromium-browser", "google-chrome"):
         if shutil.which(name):
@@ -35,33 +38,27 @@ def open_page(kind: str, url: str, **kw):
     return (Browser if kind == "chromium" else Firefox)(url, **kw)
 
 
-class Browser:
-    def __init__(self, url: str, width: int = 1500, height: int = 900):
+class _Driven:
+    """A browser process and its protocol socket: launch, request / reply, wait, close."""
+
+    def _launch(self, argv: list[str], marker: str, timeout: float) -> str:
+        """Starts argv; returns the websocket address printed after `marker` on stderr."""
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     text=True)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            line = self.proc.stderr.readline()
+            if marker in line:
+                return line.split("listening on", 1)[1].strip()
+        self.close()
+        raise RuntimeError(f"{argv[0]} printed no {marker!r}")
+
+    def _connect(self, ws: str) -> None:
         from websockets.sync.client import connect
 
-        self.profile = tempfile.mkdtemp(prefix="chromium-")
-        self.proc = subprocess.Popen(
-            [chromium(), "--headless=new", "--no-sandbox", "--disable-gpu",
-             "--remote-debugging-port=0", f"--user-data-dir={self.profile}",
-             f"--window-size={width},{height}", "--no-first-run", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        ws = None
-        deadline = time.time() + 60
-        while time.time() < deadline and ws is None:
-            line = self.proc.stderr.readline()
-            if "DevTools listening on" in line:
-                ws = line.split("listening on", 1)[1].strip()
-        if ws is None:
-            self.close()
-            raise RuntimeError("chromium printed no DevTools address")
-        port = ws.split(":")[2].split("/")[0]
-        pages = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list"))
-        page = next(p for p in pages if p["type"] == "page")
-        self._conn = connect(page["webSocketDebuggerUrl"], max_size=2**26)
+        self._conn = connect(ws, max_size=2**26)
         self.ws = self._conn.__enter__()
         self.n = 0
-        self.send("Page.enable")
-        self.send("Page.navigate", url=url)
 
     def send(self, method: str, **params) -> dict:
         self.n += 1
@@ -70,14 +67,8 @@ class Browser:
             msg = json.loads(self.ws.recv(timeout=60))
             if msg.get("id") == self.n:
                 if "error" in msg:
-                    raise RuntimeError(f"{method}: {msg['error']}")
+                    raise RuntimeError(f"{method}: {msg['error']}: {msg.get('message', '')}")
                 return msg.get("result", {})
-
-    def eval(self, js: str):
-        r = self.send("Runtime.evaluate", expression=js, returnByValue=True, awaitPromise=True)
-        if "exceptionDetails" in r:
-            raise RuntimeError(f"{js}: {r['exceptionDetails']}")
-        return r["result"].get("value")
 
     def wait(self, js: str, timeout: float = 60.0):
         deadline = time.time() + timeout
@@ -91,6 +82,37 @@ class Browser:
                 return v
             time.sleep(0.1)
         raise TimeoutError(f"{js} (last error: {last})")
+
+    def close(self) -> None:
+        try:
+            self._conn.__exit__(None, None, None)
+        except Exception:
+            pass
+        self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+
+class Browser(_Driven):
+    """Chromium over its DevTools protocol."""
+
+    def __init__(self, url: str, width: int = 1500, height: int = 900):
+        self.profile = tempfile.mkdtemp(prefix="chromium-")
+        ws = self._launch([chromium(), "--headless=new", "--no-sandbox", "--disable-gpu",
+                           "--remote-debugging-port=0", f"--user-data-dir={self.profile}",
+                           f"--window-size={width},{height}", "--no-first-run", "about:blank"],
+                          "DevTools listening on", 60)
+        port = ws.split(":")[2].split("/")[0]
+        pages = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list"))
+        self._connect(next(p for p in pages if p["type"] == "page")["webSocketDebuggerUrl"])
+        self.send("Page.enable")
+        self.send("Page.navigate", url=url)
+
+    def eval(self, js: str):
+        r = self.send("Runtime.evaluate", expression=js, returnByValue=True, awaitPromise=True)
+        if "exceptionDetails" in r:
+            raise RuntimeError(f"{js}: {r['exceptionDetails']}")
+        return r["result"].get("value")
 
     def press(self, name: str) -> None:
         if name in SPECIAL:
@@ -107,56 +129,19 @@ class Browser:
     def screenshot(self) -> bytes:
         return base64.b64decode(self.send("Page.captureScreenshot", format="png")["data"])
 
-    def close(self) -> None:
-        try:
-            self._conn.__exit__(None, None, None)
-        except Exception:
-            pass
-        self.proc.kill()
-        self.proc.wait()
-        shutil.rmtree(self.profile, ignore_errors=True)
 
-
-BIDI_KEYS = {"space": " ", "tab": "\ue004"}  # WebDriver's key values
-
-
-class Firefox:
+class Firefox(_Driven):
     """Firefox headless over WebDriver BiDi (its own, from Firefox 129; ESR 128 and later)."""
 
     def __init__(self, url: str, width: int = 1500, height: int = 900):
-        from websockets.sync.client import connect
-
         self.profile = tempfile.mkdtemp(prefix="firefox-")
-        self.proc = subprocess.Popen(
-            [firefox(), "--headless",
-             "--remote-debugging-port", "0", "--profile", self.profile, "--no-remote",
-             f"--width={width}", f"--height={height}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        ws = None
-        deadline = time.time() + 90
-        while time.time() < deadline and ws is None:
-            line = self.proc.stderr.readline()
-            if "WebDriver BiDi listening on" in line:
-                ws = line.split("listening on", 1)[1].strip()
-        if ws is None:
-            self.close()
-            raise RuntimeError("firefox printed no WebDriver BiDi address")
-        self._conn = connect(ws + "/session", max_size=2**26)
-        self.ws = self._conn.__enter__()
-        self.n = 0
+        ws = self._launch([firefox(), "--headless", "--remote-debugging-port", "0", "--profile",
+                           self.profile, "--no-remote", f"--width={width}",
+                           f"--height={height}"], "WebDriver BiDi listening on", 90)
+        self._connect(ws + "/session")
         self.send("session.new", capabilities={})
         self.context = self.send("browsingContext.getTree")["contexts"][0]["context"]
         self.send("browsingContext.navigate", context=self.context, url=url, wait="complete")
-
-    def send(self, method, **params):
-        self.n += 1
-        self.ws.send(json.dumps({"id": self.n, "method": method, "params": params}))
-        while True:
-            msg = json.loads(self.ws.recv(timeout=60))
-            if msg.get("id") == self.n:
-                if msg.get("type") == "error":
-                    raise RuntimeError(f"{method}: {msg.get('error')}: {msg.get('message')}")
-                return msg.get("result", {})
 
     def eval(self, js):
         r = self.send("script.evaluate", expression=js, target={"context": self.context},
@@ -164,19 +149,6 @@ class Firefox:
         if r.get("type") == "exception":
             raise RuntimeError(f"{js}: {r['exceptionDetails'].get('text')}")
         return _value(r["result"])
-
-    def wait(self, js, timeout=60.0):
-        deadline = time.time() + timeout
-        last = None
-        while time.time() < deadline:
-            try:
-                v = self.eval(js)
-            except RuntimeError as e:
-                v, last = None, e
-            if v:
-                return v
-            time.sleep(0.1)
-        raise TimeoutError(f"{js} (last error: {last})")
 
     def press(self, name):
         key = BIDI_KEYS.get(name, name)
@@ -187,15 +159,6 @@ class Firefox:
     def screenshot(self):
         return base64.b64decode(self.send("browsingContext.captureScreenshot",
                                           context=self.context)["data"])
-
-    def close(self):
-        try:
-            self._conn.__exit__(None, None, None)
-        except Exception:
-            pass
-        self.proc.kill()
-        self.proc.wait()
-        shutil.rmtree(self.profile, ignore_errors=True)
 
 
 def _value(r):
