@@ -443,6 +443,11 @@ def test_golden_shots_are_turns_of_the_chat_template_token_for_token(played):
     assert "Action: 2:RIGHT" in tok.decode(player.parts.prefix)
     with pytest.raises(Exception, match="--shots 8"):
         shots(played / "golden", 8, ENV)
+    # a line of another tool's (no env) is skipped, not a traceback
+    game = next((played / "golden").iterdir())
+    with open(game / "steps.jsonl", "a") as f:
+        f.write(json.dumps({"observation": "x", "action": 1}) + "\n")
+    assert shots(played / "golden", 2, ENV) == (turns, where)
     # the pixel env reads the same text: its player takes the same shots
     assert shots(played / "golden", 2, "Craftax-Classic-Pixels-v1") == (turns, where)
 

@@ -309,10 +309,10 @@ def play(c: PlayConfig, run: Path, console, command: str) -> dict:
                          tuple((o, r) for o, r in shots["turns"]))
     record = Path(c.record).expanduser() if c.record else None
     run.mkdir(parents=True, exist_ok=True)
+    if shots["turns"]:  # before config.json: a resumed play always finds the shots it began with
+        atomic_write_json(run / "shots.json", shots)
     if not c.resume:
         atomic_write_json(run / "config.json", config_io.to_dict(c))
-    if shots["turns"]:
-        atomic_write_json(run / "shots.json", shots)
     env = make_env(c.env.settings, text=True)  # a pixel env: the text twin after the frame
     s = spec(c.env.name)
     ev = make_evaluate(env, player.policy, Identity(), c.episodes, c.block_steps,

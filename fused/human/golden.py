@@ -29,6 +29,9 @@ def read_steps(folder: str | Path) -> list[dict]:
                 step = json.loads(line)
             except ValueError:
                 continue
+            if not isinstance(step, dict) or not {"env", "observation", "action",
+                                                   "action_name"} <= set(step):
+                continue  # not a step this format writes (another tool's line)
             out.append(dict(step, game=g.name, line=i))
     return out
 
@@ -40,8 +43,10 @@ def shots(folder: str | Path, n: int, env_name: str) -> tuple[list[tuple[str, st
     them and where each came from ([game, line])."""
     from fused.human.game import text_twin
 
-    steps = [s for s in read_steps(folder) if s.get("env") in (env_name, text_twin(env_name))
-             or text_twin(s.get("env", "")) == text_twin(env_name)]
+    from fused.envspec import SPECS
+
+    steps = [s for s in read_steps(folder)
+             if s["env"] in SPECS and text_twin(s["env"]) == text_twin(env_name)]
     steps = [s for s in steps if s["action_name"] != "NOOP"]
     if len(steps) < n:
         raise ConfigError(f"--shots {n}: {Path(folder).expanduser()} holds {len(steps)} golden "
