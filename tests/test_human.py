@@ -101,6 +101,21 @@ def test_script_records_what_craftax_plays(played):
     assert not list((played / "data" / "work" / "human" / "steps").iterdir())
 
 
+def test_reopening_keeps_the_recordings_episode_length(played, tmp_path):
+    """Going on without --env.max-episode-steps plays the episode length the card holds."""
+    import shutil
+
+    d = tmp_path / "data"
+    shutil.copytree(played / "data", d)
+    script = tmp_path / "keys.txt"
+    script.write_text("a\na\na\n")  # the step that ends episode 1, a key that begins 2, a step
+    human("--out", str(d), "--script", str(script))
+    cols = read_all(d)
+    assert cols["step"].tolist()[-3:] == [2, 3, 0]
+    assert cols["truncated"].tolist()[-3:] == [False, True, False]
+    assert json.loads((d / "card.json").read_text())["human"]["max_episode_steps"] == 4
+
+
 def test_golden_examples_hold_the_text_and_frame_of_each_step(played):
     from PIL import Image
 
@@ -208,6 +223,10 @@ def test_bad_input_ends_in_one_line(tmp_path):
     line = one_line_error(run("play.py", "human", "--out", str(tmp_path / "d"), "--script",
                               str(ok), "--env.name", "Craftax-Symbolic-v1"))
     assert "Craftax-Classic-Symbolic-v1" in line
+    # another episode length than the recording's
+    line = one_line_error(run("play.py", "human", "--out", str(tmp_path / "d"), "--script",
+                              str(ok), "--env.max-episode-steps", "5"))
+    assert "--env.max-episode-steps" in line and "unset" in line
     # a folder that is not a dataset
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
@@ -261,10 +280,11 @@ def start_server(out: Path, *flags) -> tuple[subprocess.Popen, str]:
     raise AssertionError("".join(seen))
 
 
-def call(url: str, path: str, body: dict | None = None) -> tuple[int, dict]:
-    req = urllib.request.Request(url.rstrip("/") + path, method="POST" if body else "GET",
-                                 data=json.dumps(body).encode() if body else None,
-                                 headers={"Content-Type": "application/json"})
+def call(url: str, path: str, body: dict | None = None, **headers) -> tuple[int, dict]:
+    req = urllib.request.Request(url.rstrip("/") + path,
+                                 method="GET" if body is None else "POST",
+                                 data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", **headers})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, json.load(r)
@@ -280,13 +300,21 @@ def test_server_survives_sigkill_tabs_and_a_second_recorder(tmp_path):
     out = tmp_path / "data"
     p, url = start_server(out, "--seed", "3")
     try:
-        _, first = call(url, "/state?claim=1")
+        # nothing plays before a tab claims; only this machine's pages, in JSON
+        code, err = call(url, "/key", {"key": "d", "tab": None})
+        assert code == 409 and "another tab" in err["error"]
+        port = url.rsplit(":", 1)[1].strip("/")
+        assert call(url, "/state", Host=f"evil.example:{port}")[0] == 403
+        assert call(url, "/claim", {}, Origin="http://evil.example")[0] == 403
+        assert call(url, "/claim", {}, **{"Content-Type": "text/plain"})[0] == 415
+        assert call(url, "/state")[1]["rows"] == 0
+        _, first = call(url, "/claim", {})
         tab = first["tab"]
         for k in ["d", "d", "s", "space"]:
             code, v = call(url, "/key", {"key": k, "tab": tab})
             assert code == 200
         assert v["rows"] == 4 and v["step"] == 4
-        _, second = call(url, "/state?claim=1")
+        _, second = call(url, "/claim", {})
         code, err = call(url, "/key", {"key": "a", "tab": tab})
         assert code == 409 and "another tab" in err["error"]
         tab = second["tab"]
@@ -307,7 +335,7 @@ def test_server_survives_sigkill_tabs_and_a_second_recorder(tmp_path):
         p.wait()
     p, url = start_server(out)
     try:
-        _, v = call(url, "/state?claim=1")
+        _, v = call(url, "/claim", {})
         assert (v["rows"], v["step"], v["episode_id"], v["seed"]) == (5, 5, 0, 3)
         assert call(url, "/key", {"key": "w", "tab": v["tab"]})[1]["rows"] == 6
         code, err = call(url, "/new", {"seed": "../etc", "tab": v["tab"]})

@@ -22,6 +22,7 @@ import os
 import shlex
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Literal
 
@@ -111,11 +112,13 @@ def validate(c: HumanConfig) -> None:
 def run(c: HumanConfig, command: str, console: Console) -> dict:
     from fused.human.game import Game
     from fused.human.keys import key_map
-    from fused.human.recorder import Recorder
+    from fused.human.recorder import Recorder, check_out
     from fused.human.session import Session
 
     validate(c)
     script = read_script(c.script, key_map(c.env.name)) if c.script else None
+    card = check_out(c.out, c.env.name, c.env.max_episode_steps)  # before textures / compiles
+    max_steps = card["human"].get("max_episode_steps") if card else c.env.max_episode_steps
     server = None
     if script is None:  # the port first: a port in use ends here, before anything compiles
         from fused.human.server import Server
@@ -126,7 +129,9 @@ def run(c: HumanConfig, command: str, console: Console) -> dict:
             raise ConfigError(f"cannot serve on {c.host}:{c.port} ({e.strerror or e}): another "
                               "program holds the port; pass another --port") from None
     try:
-        game = Game(c.env.name, c.env.max_episode_steps, c.block_pixels)
+        game = Game(c.env.name, max_steps, c.block_pixels)
+        if STOP.is_set():
+            _starting_stopped(console)
         rec = Recorder(c.out, game, c.seed, command, c.shard_rows)
     except BaseException:
         if server is not None:
@@ -139,22 +144,30 @@ def run(c: HumanConfig, command: str, console: Console) -> dict:
     console.print(f"[bold]craftax-fused play human[/] {c.env.name}: {how}; "
                   f"{rec.t:,} rows recorded in {rec.ds.root}")
     session = Session(game, rec, Path(c.examples).expanduser() if c.examples else None, say)
-    stopped = False
     try:
         if script is not None:
-            steps = sum(session.press(k) for k in script)
+            steps = 0
+            for k in script:  # a stop asked for ends the script between keys
+                if STOP.is_set():
+                    break
+                steps += session.press(k)
             console.print(f"played {len(script)} keys ({steps} steps)")
         else:
             server.session = session
             session.view()  # compile the display and a step before the first visit
             game.warm()
-            console.print(f"open {server.url()} (Ctrl-C stops; everything played is kept)")
-            sys.stdout.flush()
-            server.serve_forever(poll_interval=0.2)
-    except KeyboardInterrupt:
-        console.print("\nstopping")
-        stopped = True
+            if not STOP.is_set():
+                console.print(f"open {server.url()} (Ctrl-C stops; everything played is kept)")
+                sys.stdout.flush()
+                serving = threading.Thread(target=server.serve_forever, name="page",
+                                           kwargs={"poll_interval": 0.2}, daemon=True)
+                serving.start()
+                while not STOP.wait(0.2):
+                    pass
+                server.shutdown()  # the request in progress ends first
     finally:
+        if STOP.is_set():
+            console.print("\nstopping")
         if server is not None:
             server.server_close()
         with session.lock:
@@ -163,16 +176,32 @@ def run(c: HumanConfig, command: str, console: Console) -> dict:
     console.print(f"{counts['rows']:,} rows, {counts.get('episodes', 0)} episodes in "
                   f"{rec.ds.root}" + (f"; golden examples in {session.examples}"
                                       if session.examples else ""))
-    if stopped:  # Ctrl-C / SIGTERM: everything is committed; exit at once (XLA may still be
-        # compiling in another thread, and the interpreter's teardown beside it crashed: SIGSEGV)
+    if STOP.is_set():  # Ctrl-C / SIGTERM: everything is committed; exit at once (XLA may
+        # still be compiling in another thread, and teardown beside it crashed: SIGSEGV)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
     return counts
 
 
-def _interrupt(*_):
-    raise KeyboardInterrupt
+# Ctrl-C and SIGTERM set STOP (checked between the steps of starting, between script keys, and
+# by the main thread while the page is served in another), rather than raising wherever the
+# signal lands: a KeyboardInterrupt raised inside a library's import or texture loading was
+# swallowed there, and the server went on serving.
+STOP = threading.Event()
+
+
+def _on_signal(*_) -> None:
+    if STOP.is_set():  # a second Ctrl-C: say what is happening (stopping is not cut short)
+        sys.stderr.write("still stopping: committing what was played (every step the page "
+                         "showed is already on disk; a kill loses none of it)\n")
+    STOP.set()
+
+
+def _starting_stopped(console) -> None:
+    console.print("\ninterrupted while starting: nothing recorded; run the same command again")
+    sys.stdout.flush()
+    os._exit(130)
 
 
 def main(argv: list[str], prog: str) -> dict:
@@ -181,13 +210,12 @@ def main(argv: list[str], prog: str) -> dict:
 
     console = Console(soft_wrap=True)
     c = config_io.cli(HumanConfig, argv, DESCRIPTION, f"{prog} human")
-    # SIGTERM ends the server as Ctrl-C does (what waits is committed on the way out)
-    signal.signal(signal.SIGTERM, _interrupt)
+    STOP.clear()
+    previous = {sig: signal.signal(sig, _on_signal)  # what waits is committed on the way out
+                for sig in (signal.SIGINT, signal.SIGTERM)}
     process.setup_compilation_cache()
     try:
         return run(c, f"{prog} human " + shlex.join(argv), console)
-    except KeyboardInterrupt:  # before the recorder opened (after it, `run` closes it)
-        console.print("\ninterrupted while starting: nothing recorded; run the same command "
-                      "again")
-        sys.stdout.flush()
-        os._exit(130)
+    finally:  # (called in process, by tests: the caller's handlers back)
+        for sig, h in previous.items():
+            signal.signal(sig, h)

@@ -41,7 +41,7 @@ class Game:
         from fused.text.format import get_layout
         from fused.video import pixel_renderer
 
-        self.name = env_name
+        self.name, self.max_episode_steps = env_name, max_episode_steps
         self.spec = spec(env_name)
         if self.spec.family != "craftax":
             raise ValueError(f"{env_name} is not a Craftax env; people play Craftax envs")

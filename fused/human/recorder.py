@@ -38,6 +38,31 @@ from fused.runs.files import atomic_path
 SHARD_PREFIX = "h-"  # one stream (the name before "-"): label.py follows episodes across it
 
 
+def check_out(root: str | Path, env: str, max_episode_steps: int | None = None) -> dict | None:
+    """The card of the human-play dataset at `root` recording `env` (None: a new or empty folder,
+    or one holding only work/, a first run stopped before its card); ConfigError, one line, for
+    anything else. Reads only the card: called before anything compiles or loads textures."""
+    ds = Dataset(root)
+    if not ds.card_path.exists():
+        if ds.root.exists() and any(p.name != "work" for p in ds.root.iterdir()):
+            raise ConfigError(f"--out {ds.root} exists and is not a dataset: record into "
+                              "a new or empty folder")
+        return None
+    card = ds.card()  # DatasetError if foreign
+    if card.get("policy") != "human":
+        raise ConfigError(f"--out {ds.root} is a dataset of policy {card.get('policy')!r}, not "
+                          "human play: record into another folder")
+    if card["env"] != env:
+        raise ConfigError(f"--out {ds.root} holds {card['env']} play; record {env} into "
+                          f"another folder (or play --env.name {card['env']})")
+    kept = card.get("human", {}).get("max_episode_steps")
+    if max_episode_steps is not None and max_episode_steps != kept:
+        raise ConfigError(f"--out {ds.root} was recorded with --env.max-episode-steps "
+                          f"{kept or 'unset (the env default)'}, not {max_episode_steps}: drop "
+                          "the flag to go on, or record into another folder")
+    return card
+
+
 class Recorder:
     """The dataset at `root` opened for recording `game` (created if new; reopened: the same
     env, the journal committed, the game restored). `close()` commits and releases it."""
@@ -52,26 +77,14 @@ class Recorder:
         self._done_rows: int | None = None
         self._saved_t = 0  # rows the saved game (game.npz) has taken
         self.resumed = False
-        fresh = not self.ds.card_path.exists()
-        if not fresh:
-            card = self.ds.card()  # DatasetError if foreign
-            if card.get("policy") != "human":
-                raise ConfigError(f"--out {self.ds.root} is a dataset of policy "
-                                  f"{card.get('policy')!r}, not human play: record into "
-                                  "another folder")
-            if card["env"] != game.name:
-                raise ConfigError(f"--out {self.ds.root} holds {card['env']} play; record "
-                                  f"{game.name} into another folder (or play --env.name "
-                                  f"{card['env']})")
-        elif self.ds.root.exists() and any(p.name != "work" for p in self.ds.root.iterdir()):
-            # (only work/: a first run stopped before its card; it starts afresh)
-            raise ConfigError(f"--out {self.ds.root} exists and is not a dataset: record into "
-                              "a new or empty folder")
+        fresh = check_out(self.ds.root, game.name, game.max_episode_steps) is None
         self._lock()
         if fresh:
             self.ds.write_card({"env": game.name, "policy": "human", "command": command,
                                 "commit": repo_commit(), "labels": {}, "returns": {},
-                                "counts": {"rows": 0, "shards": 0}, "human": {"episodes": {}}})
+                                "counts": {"rows": 0, "shards": 0},
+                                "human": {"episodes": {},
+                                          "max_episode_steps": game.max_episode_steps}})
             self.ds.write_manifest({"shards": [], "labels": {}, "returns": {}})
         self._recover(seed)
 

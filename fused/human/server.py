@@ -3,13 +3,17 @@ threading HTTP server: nothing from the client names a file, and no request reac
 this machine.
 
     GET  /             the page (page.html beside this file)
-    GET  /state        the game as JSON (`Session.view`); `?claim=1` makes the asking tab the
-                       one that plays (a second tab takes over; the first is told so)
+    GET  /state        the game as JSON (`Session.view`)
+    POST /claim        {}: the game as JSON and a TOKEN; the asking tab is the one that plays
+                       (a second tab takes over; the first is told so)
     POST /key          {"key": NAME, "tab": TOKEN}: one step (`keys.key_name` names)
     POST /new          {"seed": INT, "tab": TOKEN}: a new game (the running episode stays
                        recorded, cut)
 
 Steps are taken one at a time under a lock, each written to the dataset before its answer.
+Only this machine's pages play: a request naming another Host (a rebound DNS name) is refused,
+as is a POST from another Origin; POSTs must be JSON (a cross-site page cannot send JSON
+without a preflight, which is never granted), and nothing plays before a tab has claimed.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import urlparse
 
 from fused.human.session import Session
 
@@ -67,22 +71,39 @@ class Handler(BaseHTTPRequestHandler):
         v["frame"] = "data:image/png;base64," + base64.b64encode(v.pop("frame_png")).decode()
         return v
 
+    def _foreign(self) -> bool:
+        """Refuses (403) a request from another site: served on a loopback address, one whose
+        Host is not that address (a rebound DNS name); any request whose Origin is not the
+        Host it asks."""
+        host, port = self.server.server_address[:2]
+        asked, origin = self.headers.get("Host"), self.headers.get("Origin")
+        loopback = host in ("127.0.0.1", "::1", "localhost") or host.startswith("127.")
+        if (loopback and asked not in {f"{h}:{port}" for h in (host, "localhost", "127.0.0.1",
+                                                                "[::1]")}
+                or origin is not None and origin != f"http://{asked}"):
+            self._json(HTTPStatus.FORBIDDEN, {"error": "only a page of this server plays "
+                                                       f"(open {self.server.url()})"})
+            return True
+        return False
+
     def do_GET(self):
+        if self._foreign():
+            return
         u = urlparse(self.path)
         if u.path == "/":
             self._send(200, PAGE.read_bytes(), "text/html; charset=utf-8")
         elif u.path == "/state":
-            out = self._view()
-            if parse_qs(u.query).get("claim") == ["1"]:
-                with self.server.owner_lock:
-                    self.server.owner = secrets.token_hex(8)
-                    out["tab"] = self.server.owner
-            self._json(200, out)
+            self._json(200, self._view())
         else:
             self._json(404, {"error": f"no page {u.path}"})
 
     def do_POST(self):
+        if self._foreign():
+            return
         u = urlparse(self.path)
+        if self.headers.get_content_type() != "application/json":
+            return self._json(HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+                              {"error": "send JSON (Content-Type: application/json)"})
         n = int(self.headers.get("Content-Length") or 0)
         if n > MAX_BODY:
             return self._json(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": "request too large"})
@@ -91,7 +112,12 @@ class Handler(BaseHTTPRequestHandler):
             assert isinstance(body, dict)
         except (ValueError, AssertionError):
             return self._json(400, {"error": "the request is not a JSON object"})
-        if body.get("tab") != self.server.owner:
+        if u.path == "/claim":
+            out = self._view()
+            with self.server.owner_lock:
+                self.server.owner = out["tab"] = secrets.token_hex(8)
+            return self._json(200, out)
+        if self.server.owner is None or body.get("tab") != self.server.owner:
             return self._json(409, {"error": "this game is being played in another tab (or "
                                              "the server restarted): reload this page to "
                                              "play here"})
@@ -108,4 +134,7 @@ class Handler(BaseHTTPRequestHandler):
                 return self._json(404, {"error": f"no action {u.path}"})
         except OSError as e:  # the disk refused a write: the step was not taken
             return self._json(500, {"error": f"recording failed: {e}"})
+        except Exception as e:  # anything else: the page and the console say so, one line
+            s.say(f"{u.path} failed: {type(e).__name__}: {e}")
+            return self._json(500, {"error": f"{type(e).__name__}: {e}"})
         self._json(200, self._view())
