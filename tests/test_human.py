@@ -209,34 +209,23 @@ def test_a_failed_game_save_or_a_removed_game_loses_no_recorded_row(tmp_path, mo
     assert json.loads((tmp_path / "e" / "card.json").read_text())["policy"] == "human"
 
 
-def test_bad_input_ends_in_one_line(tmp_path):
+def test_bad_input_ends_in_one_line(tmp_path, monkeypatch):
+    """Each refusal is one line, made before a game is built (textures, compiles): the
+    command's one line through play.py for a bad script key, the rest in process (a Game
+    built for them would fail the test)."""
+    from fused.commands import human as human_command
+    from fused.errors import ConfigError
+    from fused.human import game as game_module
+
     bad = tmp_path / "bad.txt"
     bad.write_text("d\nspace\nx\n")  # x: no Classic action
     line = one_line_error(run("play.py", "human", "--out", str(tmp_path / "d"), "--script",
                               str(bad)))
     assert "line 3" in line and "'x'" in line
     assert not (tmp_path / "d").exists()
-    # another env's recording
     ok = tmp_path / "ok.txt"
     ok.write_text("d\n")
     human("--out", str(tmp_path / "d"), "--script", str(ok))
-    line = one_line_error(run("play.py", "human", "--out", str(tmp_path / "d"), "--script",
-                              str(ok), "--env.name", "Craftax-Symbolic-v1"))
-    assert "Craftax-Classic-Symbolic-v1" in line
-    # another episode length than the recording's
-    line = one_line_error(run("play.py", "human", "--out", str(tmp_path / "d"), "--script",
-                              str(ok), "--env.max-episode-steps", "5"))
-    assert "--env.max-episode-steps" in line and "unset" in line
-    # a folder that is not a dataset
-    (tmp_path / "other").mkdir()
-    (tmp_path / "other" / "notes.txt").write_text("mine")
-    line = one_line_error(run("play.py", "human", "--out", str(tmp_path / "other"), "--script",
-                              str(ok)))
-    assert "not a dataset" in line and (tmp_path / "other" / "notes.txt").read_text() == "mine"
-    # golden examples inside the dataset
-    line = one_line_error(run("play.py", "human", "--out", str(tmp_path / "d"), "--script",
-                              str(ok), "--examples", str(tmp_path / "d" / "golden")))
-    assert "inside the dataset" in line
     # a line of one space is the space key
     spaced = tmp_path / "spaced.txt"
     spaced.write_text("d\n \n")
@@ -244,6 +233,41 @@ def test_bad_input_ends_in_one_line(tmp_path):
     from craftax.craftax_classic.constants import Action
 
     assert read_all(tmp_path / "sp")["action"].tolist() == [Action.RIGHT.value, Action.DO.value]
+
+    def no_game(*_, **__):
+        raise AssertionError("a game was built before the refusal")
+
+    monkeypatch.setattr(game_module, "Game", no_game)
+
+    def refused(*args) -> str:
+        with pytest.raises(ConfigError) as e:
+            human(*args)
+        assert "\n" not in str(e.value)
+        return str(e.value)
+
+    # another env's recording
+    line = refused("--out", str(tmp_path / "d"), "--script", str(ok), "--env.name",
+                   "Craftax-Symbolic-v1")
+    assert "Craftax-Classic-Symbolic-v1" in line
+    # another episode length than the recording's
+    line = refused("--out", str(tmp_path / "d"), "--script", str(ok),
+                   "--env.max-episode-steps", "5")
+    assert "--env.max-episode-steps" in line and "unset" in line
+    # a folder that is not a dataset
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    line = refused("--out", str(tmp_path / "other"), "--script", str(ok))
+    assert "not a dataset" in line and (tmp_path / "other" / "notes.txt").read_text() == "mine"
+    # golden examples inside the dataset
+    line = refused("--out", str(tmp_path / "d"), "--script", str(ok), "--examples",
+                   str(tmp_path / "d" / "golden"))
+    assert "inside the dataset" in line
+    # an unwritable parent
+    (tmp_path / "ro").mkdir()
+    with read_only(tmp_path / "ro"):
+        line = refused("--out", str(tmp_path / "ro" / "d"), "--script", str(ok))
+    assert "--out" in line
+    assert not human_command.STOP.is_set()
     # SIGTERM while starting: one line, no traceback
     q = subprocess.Popen([sys.executable, str(ROOT / "play.py"), "human", "--out",
                           str(tmp_path / "term"), "--port", "0"], env=subprocess_env(),
@@ -253,12 +277,6 @@ def test_bad_input_ends_in_one_line(tmp_path):
     so, se = q.communicate(timeout=60)
     assert "Traceback" not in se and q.returncode in (0, 130, -signal.SIGTERM), (q.returncode,
                                                                          so, se)
-    # an unwritable parent
-    (tmp_path / "ro").mkdir()
-    with read_only(tmp_path / "ro"):
-        line = one_line_error(run("play.py", "human", "--out", str(tmp_path / "ro" / "d"),
-                                  "--script", str(ok)))
-    assert "--out" in line
 
 
 def start_server(out: Path, *flags) -> tuple[subprocess.Popen, str]:
