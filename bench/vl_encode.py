@@ -1,4 +1,4 @@
-"""Frames to pooled Qwen3-VL states: our label path (`fused.llm.vl_labels.VLLabeller`: the
+"""Frames to pooled Qwen3-VL states: our label path (`fused.llm.vl.VLLabeller`: the
 processor on the device, the tower, the text pass, every:8 pooling, one jitted function) vs
 HF transformers (its Qwen2-VL image processor, PIL backend, then the model's forward), the
 same random-weight checkpoint and Craftax-Classic frames, in one process.
@@ -73,7 +73,7 @@ def rows(args: Args, emit) -> None:
     import torch
 
     from fused.llm.config import LLMConfig
-    from fused.llm.vl_labels import VLLabeller
+    from fused.llm.vl import VLLabeller
     from qwen_fixtures import build_tiny_qwen3_vl, hf_vl_processor
 
     torch.set_num_threads(os.cpu_count())

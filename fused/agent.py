@@ -12,7 +12,7 @@ import flax.linen as nn
 
 from fused.envspec import spec
 from fused.errors import ConfigError
-from fused.llm.config import LLMConfig
+from fused.llm.config import LLMConfig, is_vl
 from fused.llm import batching
 from fused.llm.encoder import make_llm
 from fused.llm.policy_input import LLMInput
@@ -69,8 +69,10 @@ def make_agent(cfg: AgentConfig, num_envs: int, num_devices: int = 1,
 
 
 def needs_text(cfg: AgentConfig) -> bool:
-    """A pixel env whose policy has an LLM: its env observes the text twin after the frame."""
-    return spec(cfg.env.name).is_pixels and cfg.llm.active_backend != "none"
+    """A pixel env whose policy has a text LLM: its env observes the text twin after the frame
+    (a Qwen3-VL reads the frame itself)."""
+    return (spec(cfg.env.name).is_pixels and cfg.llm.active_backend != "none"
+            and not is_vl(cfg.llm))
 
 
 def network_kind(cfg: AgentConfig) -> str:

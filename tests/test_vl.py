@@ -325,24 +325,45 @@ def test_resize_is_pillows_bicubic_in_both_pass_orders():
                                       ref, err_msg=f"{(h, w)} -> {(hh, ww)}")
 
 
+def hf_image_states(model, frame: np.ndarray, layer: int) -> np.ndarray:
+    """HF's Qwen3-VL states after `layer` of the image tokens of a uint8 frame [H, W, 3] in the
+    label prompt (HF's processor, the chat template with the image, then the instruction)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from fused.llm.vl import VL_INSTRUCTION
+    from llm_jax.tokenizer import packaged_tokenizer_dir
+
+    hf_tok = AutoTokenizer.from_pretrained(packaged_tokenizer_dir())
+    text = VL_INSTRUCTION.format(game="Craftax Classic")
+    prompt = hf_tok.apply_chat_template(
+        [{"role": "user", "content": "<|vision_start|><|image_pad|><|vision_end|>" + text}],
+        tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    pix = hf_vl_processor()(images=[frame], return_tensors="pt")
+    n = int(pix["image_grid_thw"][0].prod()) // 4
+    ids = hf_tok(prompt.replace("<|image_pad|>", "<|image_pad|>" * n),
+                 return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                    mm_token_type_ids=(ids == 151655).long(), **pix,
+                    output_hidden_states=True).hidden_states[layer][0].numpy()
+    return ref[ids[0].numpy() == 151655]
+
+
 @pytest.mark.slow
 def test_label_py_labels_frames_with_a_vl_model_as_hf_computes(tmp_path):
     """`label.py label --llm.weights VL_DIR` on a dataset of frames: each labelled row's state
     equals HF's Qwen3-VL on that frame (the uint8 stored, HF's processor, the chat template with
     the image, then the instruction), after layer 2, every 8th image token mean-pooled; rows
-    between calls carry the label before them; offline.py awr trains on the set; acting online
-    with a VL model is one line."""
+    between calls carry the label before them; offline.py awr trains on the set, and
+    offline.py eval plays that policy online (the VL model reading its frames, as built now
+    checked against the set's card)."""
     import json
     import subprocess
     import sys
 
-    import torch
-    from transformers import AutoTokenizer
-
     from conftest import ROOT, subprocess_env
     from fused.data.store import Dataset
-    from fused.llm.vl_labels import VL_INSTRUCTION
-    from llm_jax.tokenizer import packaged_tokenizer_dir
 
     model = build_tiny_qwen3_vl(tmp_path / "vl", vocab=151_680, seed=5)
     data = tmp_path / "data"
@@ -368,24 +389,10 @@ def test_label_py_labels_frames_with_a_vl_model_as_hf_computes(tmp_path):
     assert len(rows) == 3 and lab["hidden"].shape[1] == 48
     later = np.flatnonzero(~fresh)[0]  # carries the state of the labelled row before it
     assert lab["label_row"][later] == lab["label_row"][later - 1]
-    hf_tok = AutoTokenizer.from_pretrained(packaged_tokenizer_dir())
-    text = VL_INSTRUCTION.format(game="Craftax Classic")
-    prompt = hf_tok.apply_chat_template(
-        [{"role": "user", "content": "<|vision_start|><|image_pad|><|vision_end|>" + text}],
-        tokenize=False, add_generation_prompt=True, enable_thinking=False)
     for r in rows:
-        frame = cols["frame"][r].reshape(63, 63, 3)
-        pix = hf_vl_processor()(images=[frame], return_tensors="pt")
-        n = int(pix["image_grid_thw"][0].prod()) // 4
-        ids = hf_tok(prompt.replace("<|image_pad|>", "<|image_pad|>" * n),
-                     return_tensors="pt")["input_ids"]
-        with torch.no_grad():
-            ref = model(input_ids=ids, attention_mask=torch.ones_like(ids),
-                        mm_token_type_ids=(ids == 151655).long(), **pix,
-                        output_hidden_states=True).hidden_states[2][0].numpy()
-        img = ids[0].numpy() == 151655
+        ref = hf_image_states(model, cols["frame"][r].reshape(63, 63, 3), 2)
         np.testing.assert_allclose(lab["hidden"][lab["label_row"][r]].astype(np.float32),
-                                   ref[img][::8].mean(0), rtol=2 ** -8, atol=1e-5)  # kept bf16
+                                   ref[::8].mean(0), rtol=2 ** -8, atol=1e-5)  # kept bf16
     card = json.loads((data / "card.json").read_text())["labels"]["vl"]
     assert card["pool"] == "every:8" and card["vision"]["image_tokens"] == 64
     run("label.py", "returns", "--data", str(data))
@@ -393,5 +400,74 @@ def test_label_py_labels_frames_with_a_vl_model_as_hf_computes(tmp_path):
         "4", "--out-dir", str(tmp_path), "--run-name", "awr")
     metrics = [json.loads(x) for x in (tmp_path / "awr" / "metrics.jsonl").read_text().splitlines()]
     assert metrics and all(np.isfinite(m["loss/actor"]) for m in metrics)
-    p = run("offline.py", "eval", "--run", str(tmp_path / "awr"), ok=False)
-    assert "not built yet" in p.stderr and p.stderr.count("\n") == 1
+    # the policy trained on the label set plays online, the VL model reading its frames
+    run("offline.py", "eval", "--run", str(tmp_path / "awr"), "--episodes", "2", "--max-steps",
+        "6")
+    ev = json.loads((tmp_path / "awr" / "eval.json").read_text())
+    assert ev["episodes"] == 2 and ev["length_mean"] == 6
+
+
+@pytest.mark.slow
+def test_ppo_on_frames_with_a_vl_model_acts_on_hf_states(tmp_path):
+    """train.py cpu-pixels --llm.weights VL_DIR: the fused loop reads each env's frame with the
+    Qwen3-VL (every step: --llm.skip-n 1) and trains; `label.py generate` from the run records
+    the states the policy acted on, each equal to HF's Qwen3-VL on that row's frame (the mean of
+    the image tokens after layer 2); offline.py eval plays it, and with the shuffle ablation;
+    a VL model on a symbolic env, imagining, on the vllm backend or playing (play.py llm): one
+    line each."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT, subprocess_env
+    from fused.data.store import Dataset
+
+    model = build_tiny_qwen3_vl(tmp_path / "vl", vocab=151_680, seed=7)
+    vl = ("--llm.backend", "jax", "--llm.weights", str(tmp_path / "vl"), "--llm.layer", "2",
+          "--llm.pool", "image-mean")
+
+    def run(*args, ok=True):
+        p = subprocess.run([sys.executable, *args], cwd=ROOT, env=subprocess_env(),
+                           capture_output=True, text=True, timeout=600)
+        assert (p.returncode == 0) == ok, p.stdout[-1500:] + p.stderr[-3000:]
+        return p
+
+    run("train.py", "cpu-pixels", *vl, "--llm.skip-n", "1", "--total-timesteps", "128",
+        "--env.num-envs", "4", "--ppo.num-steps", "16", "--ppo.update-epochs", "1",
+        "--ppo.num-minibatches", "2", "--out-dir", str(tmp_path), "--run-name", "px")
+    metrics = [json.loads(x) for x in (tmp_path / "px" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics and all(np.isfinite(m["loss/total"]) for m in metrics if "loss/total" in m)
+    last = metrics[-1]
+    # every step encodes every env's frame: 4 envs x 16 steps x the prompt's tokens a step
+    assert last["llm/calls"] == 16 and last["llm/tokens"] % (4 * 16) == 0, last
+    data = tmp_path / "data"
+    run("label.py", "generate", "--out", str(data), "--policy", str(tmp_path / "px"),
+        "--env.name", "Craftax-Classic-Pixels-v1", "--num-envs", "4", "--steps", "8",
+        "--block-steps", "8", "--shard-rows", "32")
+    ds = Dataset(data)
+    name = ds.shard_names()[0]
+    frames = ds.read(name, ["frame"])["frame"]
+    hidden = ds.read_labels("behaviour", name)["hidden"]
+    assert hidden.shape == (32, 48) and len(frames) == 32
+    for r in (0, 5, 30):
+        ref = hf_image_states(model, frames[r].reshape(63, 63, 3), 2).mean(0)
+        np.testing.assert_allclose(hidden[r].astype(np.float32), ref, rtol=2 ** -8,
+                                   atol=1e-5)  # stored bf16
+    run("offline.py", "eval", "--run", str(tmp_path / "px"), "--episodes", "2", "--max-steps",
+        "6")
+    assert json.loads((tmp_path / "px" / "eval.json").read_text())["length_mean"] == 6
+    # the shuffle ablation: each env acts on another env's state
+    run("train.py", "cpu-pixels", *vl, "--llm.hidden", "shuffle", "--total-timesteps", "64",
+        "--env.num-envs", "4", "--ppo.num-steps", "16", "--ppo.update-epochs", "1",
+        "--ppo.num-minibatches", "2", "--out-dir", str(tmp_path), "--run-name", "shuffled")
+    config = json.loads((tmp_path / "shuffled" / "config.json").read_text())
+    assert config["llm"]["hidden"] == "shuffle" and (tmp_path / "shuffled" / "metrics.jsonl").read_text()
+    for bad, says in ((("--env.name", "Craftax-Classic-Symbolic-v1"), "reads frames"),
+                      (("--llm.imagine.tokens", "4"), "imagine"),
+                      (("--llm.backend", "vllm"), "vLLM")):
+        p = run("train.py", "cpu-pixels", *vl, *bad, "--total-timesteps", "128",
+                "--env.num-envs", "4", "--ppo.num-steps", "16", ok=False)
+        assert says in p.stderr and p.stderr.count("\n") == 1, p.stderr
+    p = run("play.py", "llm", "--llm.weights", str(tmp_path / "vl"), "--env.name",
+            "Craftax-Classic-Pixels-v1", "--out-dir", str(tmp_path), ok=False)
+    assert "not built yet" in p.stderr and p.stderr.count("\n") == 1, p.stderr

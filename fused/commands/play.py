@@ -116,7 +116,7 @@ class PlayConfig(PlayerSettings):
 
 
 def validate(c: PlayConfig) -> None:
-    from fused.llm.config import model_config, validate_model
+    from fused.llm.config import is_vl, model_config, validate_model
     from fused.llm.player import check_settings
     from fused.rl.config import validate_env
 
@@ -134,6 +134,10 @@ def validate(c: PlayConfig) -> None:
     if not 0 <= c.video <= c.episodes:
         raise ConfigError(f"--video {c.video} must lie in 0..--episodes ({c.episodes})")
     check_settings(c)
+    if is_vl(c.llm):
+        raise ConfigError(f"llm.weights={c.llm.weights!r} is a Qwen3-VL: one playing from frames "
+                          "is not built yet (play.py llm reads text; a VL model's states of "
+                          "frames drive policies: train.py cpu-pixels --llm.weights VL_DIR)")
     model_config(c.llm)
     validate_model(c.llm)
 

@@ -30,7 +30,7 @@ from fused.errors import ConfigError
 from fused.data.config import LabelConfig, parse_part
 from fused.data.store import Dataset, DatasetError, commit_group, committed
 from fused.envspec import spec, text_env
-from fused.llm.vl_labels import VLLabeller, is_vl_folder
+from fused.llm.vl import VLLabeller, is_vl_folder
 from fused.llm import batching
 from fused.llm.digests import folder_digest, prompt_digest
 from fused.llm.encoder import LLM, encode_observations, imagine_observations, make_llm

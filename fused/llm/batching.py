@@ -139,14 +139,16 @@ def for_llm(llm, local_envs: int, platform: str | None = None) -> Batching:
     explicit --llm.microbatch / --llm.refresh-batch (non-zero) taking precedence."""
     c = llm.cfg
     max_tokens = llm.buckets[-1]
-    tail = max_tokens - llm.renderer.max_tokens
-    # Rows are typically a quarter of the renderer's worst case (Craftax-Classic: 209 of 1013).
+    if llm.vl is not None:  # a frame's prompt: one length, no prefix cache
+        typical, prefix = max_tokens, 0
+    else:  # rows are typically a quarter of the renderer's worst case (Classic: 209 of 1013)
+        typical = llm.renderer.max_tokens // 4 + max_tokens - llm.renderer.max_tokens
+        prefix = len(llm.prefix_ids)
     dev = platform or device_cost()
     if platform is None and llm.activation_room is not None:  # what the weights leave
         dev = dev._replace(activation_bytes=min(dev.activation_bytes, llm.activation_room))
-    auto = plan(llm.qcfg, llm.layer, local_envs, c.refresh_wait,
-                llm.renderer.max_tokens // 4 + tail, max_tokens, len(llm.prefix_ids), llm.dtype,
-                dev)
+    auto = plan(llm.qcfg, llm.layer, local_envs, c.refresh_wait, typical, max_tokens, prefix,
+                llm.dtype, dev)
     microbatch = c.microbatch or auto.microbatch
     refresh = min(c.refresh_batch or auto.refresh, local_envs)
     return auto._replace(microbatch=microbatch, refresh=refresh)

@@ -147,8 +147,8 @@ class LLMConfig(ModelConfig):
     checkpoint with `python -m llm_jax truncate` for another)."""
     pool: str = "last"
     """last (the last prompt token) or mean (over the observation and instruction tokens);
-    labelling frames with a Qwen3-VL also image-mean or every:K (the mean of every K-th image
-    token: the prior system's every:8)."""
+    a Qwen3-VL reading frames also image-mean or every:K (the mean of every K-th image token:
+    the prior system's every:8)."""
     post_norm: bool = False
     """Apply the final RMSNorm (always on for the vllm backend, whose states are post-norm)."""
     skip_n: int = 25
@@ -198,9 +198,10 @@ def validate_llm(m: LLMConfig, env_name: str, local_envs: int, num_devices: int 
     """The --llm.* checks, the model's among them (its config.json is read, nothing loaded)."""
     if m.skip_n < 0:
         raise ConfigError(f"llm.skip_n={m.skip_n} must be >= 1, or 0 for never")
-    if m.pool not in ("last", "mean"):
+    vl = m.active_backend != "none" and is_vl(m)  # a Qwen3-VL reads the frames
+    if m.pool not in ("last", "mean") and not vl:
         raise ConfigError(f"llm.pool={m.pool!r}: use last or mean (image-mean and every:K pool "
-                          "a Qwen3-VL's image tokens: label.py label on frames)")
+                          "a Qwen3-VL's image tokens, with --llm.weights VL_DIR on a pixel env)")
     if m.refresh_batch < 0:
         raise ConfigError(f"llm.refresh_batch={m.refresh_batch} must be >= 0 (0 = sized from "
                           "the env count)")
@@ -216,6 +217,14 @@ def validate_llm(m: LLMConfig, env_name: str, local_envs: int, num_devices: int 
                           "serves (its tokenizer and config.json are read here)")
     if m.active_backend == "none":
         return
+    if vl:
+        from fused.llm.vl import validate_vl
+
+        validate_vl(m, env_name, online=True)  # (the memory check: when the model is built)
+        if m.microbatch and local_envs % m.microbatch:
+            raise ConfigError(f"llm.microbatch={m.microbatch} must divide the {local_envs} envs "
+                              "per device")
+        return
     if text_env(env_name) is None:
         raise ConfigError(f"--llm needs a text renderer; env.name={env_name!r} has none "
                           f"(use one of {', '.join(TEXT_ENVS)} or their pixel envs)")
@@ -228,8 +237,6 @@ def validate_llm(m: LLMConfig, env_name: str, local_envs: int, num_devices: int 
                               "layer); truncate the checkpoint with `python -m llm_jax truncate`")
         if num_devices > 1:
             raise ConfigError("llm.backend vllm runs on one device; pass --num-devices 1")
-    if is_vl(m):
-        raise ConfigError(f"llm.weights={m.weights!r}: {VL_ONLINE}")
     q = model_config(m)
     if m.layer is not None and m.layer > q.num_layers:
         raise ConfigError(f"llm.layer={m.layer} but the model "
@@ -274,11 +281,6 @@ def check_llm_memory(model: ModelConfig, need: dict[str, int], generates: bool) 
         raise ConfigError(f"llm.weights={name!r} ({dtype}): {e}") from None
     log.info(f"{name} ({dtype}) {line}")
     return left
-
-
-VL_ONLINE = ("a Qwen3-VL acting online (encoding frames as envs play: train.py, offline.py "
-             "eval, play.py) is not built yet; its states of frames come from `label.py label` "
-             "on a pixel dataset, on which offline.py awr|bc train")
 
 
 def is_vl(m: ModelConfig) -> bool:

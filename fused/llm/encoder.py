@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fused.errors import ConfigError
-from fused.llm.config import (VL_ONLINE, LLMConfig, ModelConfig, check_llm_memory, is_vl,
+from fused.llm.config import (LLMConfig, ModelConfig, check_llm_memory, is_vl,
                               model_config, pool_every, sampling_of)
 from fused.llm.vllm_host import HostEncoder
 from fused.text.buckets import at_smallest_fit, coarse_buckets, encode_buckets
@@ -69,6 +69,9 @@ class LLM(NamedTuple):
     # Device bytes left for a call's activations once weights and caches are in (None: not
     # checked); auto micro-batches stay within it (`fused.llm.batching.for_llm`).
     activation_room: float | None = None
+    # A Qwen3-VL reading frames (`fused.llm.vl.VLEncoder`; renderer None, frozen.params its
+    # vision tower and text layers, prefix_ids the whole prompt, one bucket of its length)
+    vl: Any = None
 
     @property
     def imagines(self) -> bool:
@@ -127,7 +130,7 @@ def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0, weights_of: LLM | Non
     model brings (too few layers, a prompt past its context, a foreign vocabulary) are
     ConfigErrors naming the field, raised before anything compiles."""
     if is_vl(cfg):
-        raise ConfigError(f"llm.weights={cfg.weights!r}: {VL_ONLINE}")
+        return make_vl_llm(cfg, env_name, seed, weights_of)
     backend = cfg.active_backend
     tok = load_tokenizer(cfg.weights)
     renderer = make_renderer(env_name, tok)
@@ -201,6 +204,27 @@ def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0, weights_of: LLM | Non
                sampling=sampling, activation_room=room)
 
 
+def make_vl_llm(cfg: LLMConfig, env_name: str, seed: int = 0,
+                weights_of: LLM | None = None) -> LLM:
+    """`make_llm` for a Qwen3-VL (`fused.llm.vl.validate_vl` passed): it reads each env's frame
+    as `label.py label` does; an ablation of `weights_of` (the same model) shares its weights."""
+    from fused.llm.vl import VLEncoder
+
+    rows = max(cfg.microbatch, cfg.refresh_batch, 1)  # (auto call sizes fit what is left)
+    shared = (weights_of is not None and weights_of.vl is not None
+              and same_weights(cfg, weights_of.cfg))
+    enc = VLEncoder(cfg, env_name, rows,
+                    params=weights_of.frozen.params if shared else None)
+    log.info(f"{cfg.weights} ({enc.dtype}) {enc.memory_line}")
+    params, enc.params = enc.params, None  # (the chunk gets them as an argument)
+    empty = jnp.zeros((0, 0, enc.cfg.text.num_kv_heads, enc.cfg.text.head_dim), enc.dtype)
+    frozen = FrozenLLM(params, PrefixCache(empty, empty), jnp.zeros(0, jnp.int32))
+    return LLM(cfg=cfg, backend="jax", qcfg=enc.cfg.text, layer=enc.layer, renderer=None,
+               frozen=frozen, host=None, buckets=(int(enc.ids.size),), tokenizer=enc.tokenizer,
+               prefix_ids=enc.ids, attn=AttentionConfig(cfg.attention), seed=seed,
+               pad_id=enc.tokenizer.pad_id, dtype=enc.dtype, activation_room=enc.room, vl=enc)
+
+
 def append_tail(tokens, lengths, tail):
     """tokens [B, L] right-padded, lengths [B], tail [K] -> ([B, L + K], lengths + K)."""
     k = tail.shape[0]
@@ -248,7 +272,8 @@ def observation_prompts(llm: LLM, frozen: FrozenLLM, obs):
 
 def encode_observations(llm: LLM, frozen: FrozenLLM | None, obs, microbatch: int | None = None,
                         keys=None, with_load: bool = False):
-    """Hidden states of symbolic observations. obs: [B, D] -> ([B, H] float32, tokens []);
+    """Hidden states of symbolic observations (a VL model's: of frames). obs: [B, D] -> ([B, H]
+    float32, tokens []);
     with imagination (`--llm.imagine.tokens`), of the tokens generated about each (`keys` [B]:
     one per observation, for sampled imagination), and tokens counts prompts and generation.
     `with_load` (only where `llm.reports_load`): also the router load [L_sparse, E] int32,
@@ -263,6 +288,12 @@ def encode_observations(llm: LLM, frozen: FrozenLLM | None, obs, microbatch: int
 def _encode_observations(llm: LLM, frozen: FrozenLLM | None, obs, microbatch, keys, with_load):
     if llm.backend == "vllm":
         return llm.host.callback(obs)
+    if llm.vl is not None:  # frames: one prompt length, so plain micro-batches
+        n = obs.shape[0]
+        mb = microbatch or n
+        hidden = jax.lax.map(lambda f: llm.vl.fn(frozen.params, f),
+                             obs.reshape(n // mb, mb, *obs.shape[1:]))
+        return hidden.reshape(n, -1), jnp.int32(n * llm.prefix_ids.size)
     if llm.imagines:
         out = imagine_observations(llm, frozen, obs, microbatch, keys)
         return out.hidden, out.tokens

@@ -1,13 +1,14 @@
-"""Labels of frames by a Qwen3-VL: `label.py label --llm.weights VL_DIR` on a pixel dataset.
+"""A Qwen3-VL's states of game frames, on the device: for `label.py label --llm.weights VL_DIR`
+on a pixel dataset (`VLLabeller`) and for policies that read them as they act (`train.py`,
+`offline.py eval`, `label.py generate` on pixel envs with a VL model; `fused.llm.encoder`).
 
-Each labelled row's frame (stored uint8) is preprocessed on the device (`llm_jax.vision`: HF's
-processor, Pillow's bicubic bit for bit), put in a user turn of the model's chat template before
-a short instruction (`VL_INSTRUCTION`), and the residual stream after `--llm.layer` is pooled:
-`last` / `mean` as for text, or over the image tokens, `image-mean` or `every:K` (the prior
-system's every:8 of the last layer). Every frame of a dataset has one size, so every row's
+Each frame (as the env observes it, k / 255) is preprocessed on the device (`llm_jax.vision`:
+HF's processor, Pillow's bicubic bit for bit), put in a user turn of the model's chat template
+before a short instruction (`VL_INSTRUCTION`), and the residual stream after `--llm.layer` is
+pooled: `last` / `mean` as for text, or over the image tokens, `image-mean` or `every:K` (the
+prior system's every:8 of the last layer). Every frame of an env has one size, so every
 prompt has the same tokens and M-RoPE positions (computed once on the host); one jitted
-function takes a batch of frames to pooled states. The label set is a label set like any
-other (shards resumable, verified, its card entry naming the weights, prompt and pooling).
+function takes a batch of frames to pooled states.
 """
 
 from __future__ import annotations
@@ -35,15 +36,17 @@ def is_vl_folder(weights: str | None) -> bool:
     return is_vl(ModelConfig(weights=weights))
 
 
-def validate_vl(m: LLMConfig, env_name: str) -> None:
-    """--llm.* for labelling frames with a VL model, checked before anything is loaded."""
+def validate_vl(m: LLMConfig, env_name: str, online: bool = False) -> None:
+    """--llm.* for a VL model reading frames (labelling, or `online`: a policy acting on them),
+    checked before anything is loaded."""
     from llm_jax.loader import WeightsError, resolve_folder
     from llm_jax.vision import VisionConfigError
     from llm_jax.vl import VLConfig, image_pool_every
 
     if not spec(env_name).is_pixels:
-        raise ConfigError(f"llm.weights={m.weights!r} is a vision-language model: it labels "
-                          f"frames, and this dataset holds {env_name} (use a text Qwen3)")
+        raise ConfigError(f"llm.weights={m.weights!r} is a vision-language model: it reads "
+                          f"frames, and {env_name} has none (use a text Qwen3, or "
+                          f"{env_name.replace('-Symbolic', '-Pixels')})")
     try:
         cfg = VLConfig.from_folder(resolve_folder(m.weights))
     except (VisionConfigError, WeightsError, ValueError) as e:
@@ -56,27 +59,33 @@ def validate_vl(m: LLMConfig, env_name: str) -> None:
     if m.imagine.tokens:
         raise ConfigError("llm.imagine with a vision-language model: not built yet (prompt "
                           "states only)")
-    if m.hidden != "real" or m.active_backend != "jax":
-        raise ConfigError("a vision-language model labels with --llm.hidden real on the jax "
-                          "backend")
+    if m.active_backend != "jax":
+        raise ConfigError("a vision-language model runs on --llm.backend jax (the vLLM "
+                          "fallback serves text only)")
+    allowed = ("real", "zero", "shuffle") if online else ("real",)
+    if m.hidden not in allowed:
+        raise ConfigError(f"llm.hidden={m.hidden} with a vision-language model: use "
+                          f"{' or '.join(allowed)}")
 
 
-class VLLabeller:
-    """Frames [M, H * W * 3] (as the dataset codec decodes them, k / 255) -> pooled states
-    [M, H_text] float32, in jitted batches of `batch` frames (the last one padded)."""
+class VLEncoder:
+    """A Qwen3-VL's pooled states of an env's frames: `fn(params, frames [M, H * W * 3] in
+    [0, 1], the frame first in each row) -> [M, H_text] float32`, for calls of `rows` frames
+    (the memory check counts that many). `params` holds the vision tower and the text model's
+    first `layer` layers."""
 
-    def __init__(self, m: LLMConfig, env_name: str, batch: int):
+    def __init__(self, m: LLMConfig, env_name: str, rows: int, params: dict | None = None):
         from llm_jax.loader import resolve_folder
         from llm_jax.memory import MemoryFitError, check_fits, fixes, generation_need, itemsize
         from llm_jax.tokenizer import load_tokenizer
         from llm_jax.vision import preprocess
-        from llm_jax.vl import (VLConfig, image_prompt_ids, load_vl_params, pool_states,
-                                rope_index, vl_hidden_states)
+        from llm_jax.vl import VLConfig, image_prompt_ids, load_vl_params, rope_index
+        from llm_jax.weights import first_layers
 
         s = spec(env_name)
         folder = resolve_folder(m.weights)
         cfg = VLConfig.from_folder(folder)
-        self.cfg, self.m, self.batch, self.image = cfg, m, batch, s.image
+        self.cfg, self.m, self.image = cfg, m, s.image
         self.layer = cfg.text.num_layers if m.layer is None else m.layer
         dtype = self.dtype = m.compute_dtype
         h, w, _ = s.image
@@ -90,34 +99,53 @@ class VLLabeller:
         except ValueError as e:
             raise ConfigError(f"llm.weights={m.weights!r}: {e}") from None
         self.ids, self.grid, self.per_image = ids, tuple(int(g) for g in grid), per_image
-        pos, _ = rope_index(ids[None], np.array([ids.size]), cfg, self.grid, 1)
-        need = generation_need(cfg.text, dtype, self.layer, batch, ids.size, 0, 0)
+        self.positions, _ = rope_index(ids[None], np.array([ids.size]), cfg, self.grid, 1)
+        need = generation_need(cfg.text, dtype, self.layer, rows, ids.size, 0, 0)
         v = cfg.vision
         patches = per_image * v.spatial_merge_size ** 2
         need["vision weights"] = v.num_params() * itemsize(dtype)
-        need["vision activations"] = batch * (
+        need["vision activations"] = rows * (
             patches * (v.hidden_size * 4 + v.intermediate_size) * itemsize(dtype)
             + v.num_heads * patches ** 2 * 4)
         try:
-            check_fits(need, fixes(dtype, "--llm.dtype", "--llm.layer", "--batch"))
+            left, self.memory_line = check_fits(need, fixes(
+                dtype, "--llm.dtype", "--llm.layer", "--llm.microbatch / --batch"))
         except MemoryFitError as e:
             raise ConfigError(f"llm.weights={m.weights!r} ({dtype}): {e}") from None
-        _, self.params = load_vl_params(folder, jnp.dtype(dtype))
-        tokens = jnp.asarray(np.repeat(ids[None], batch, 0))
-        lengths = jnp.full(batch, ids.size, jnp.int32)
-        positions = jnp.asarray(np.repeat(pos, batch, 1))
-        layer, grid_ = self.layer, self.grid
-
-        def encode(params, frames):
-            u8 = jnp.round(jnp.clip(frames, 0.0, 1.0) * 255.0).astype(jnp.uint8)
-            pixels, _ = preprocess(u8.reshape(frames.shape[0], h, w, 3), cfg.processor)
-            x = vl_hidden_states(params, cfg, tokens, lengths, layer, pixels, grid_,
-                                 positions).x
-            return pool_states(params["text"], cfg, x, tokens, lengths, m.pool,
-                               m.post_norm).astype(jnp.float32)
-
-        self.fn = jax.jit(encode)
+        self.room = left + need["activations"] + need["vision activations"]
+        if params is None:  # (given: another encoder's of the same model, layer and dtype)
+            _, params = load_vl_params(folder, jnp.dtype(dtype))
+            params["text"] = {k: v for k, v in first_layers(params["text"], cfg.text,
+                                                              self.layer).items()
+                              if k != "lm_head"}
+        self.params = params
         self.hidden_size = cfg.text.hidden_size
+
+    def fn(self, params, frames):
+        from llm_jax.vision import preprocess
+        from llm_jax.vl import pool_states, vl_hidden_states
+
+        h, w, _ = self.image
+        n = frames.shape[0]
+        u8 = jnp.round(jnp.clip(frames[:, :h * w * 3], 0.0, 1.0) * 255.0).astype(jnp.uint8)
+        pixels, _ = preprocess(u8.reshape(n, h, w, 3), self.cfg.processor)
+        tokens = jnp.asarray(np.repeat(self.ids[None], n, 0))
+        lengths = jnp.full(n, self.ids.size, jnp.int32)
+        positions = jnp.asarray(np.repeat(self.positions, n, 1))
+        x = vl_hidden_states(params, self.cfg, tokens, lengths, self.layer, pixels, self.grid,
+                             positions).x
+        return pool_states(params["text"], self.cfg, x, tokens, lengths, self.m.pool,
+                           self.m.post_norm).astype(jnp.float32)
+
+
+class VLLabeller(VLEncoder):
+    """Frames [M, H * W * 3] (as the dataset codec decodes them, k / 255) -> pooled states
+    [M, H_text] float32, in jitted batches of `batch` frames (the last one padded)."""
+
+    def __init__(self, m: LLMConfig, env_name: str, batch: int):
+        super().__init__(m, env_name, batch)
+        self.batch = batch
+        self._jit = jax.jit(self.fn)
 
     def __call__(self, obs: np.ndarray, keys: np.ndarray):
         """As `fused.data.labelling.BatchEncoder`: (hidden [M, H], tokens encoded, no
@@ -128,7 +156,7 @@ class VLLabeller:
             n = len(chunk)
             if n < self.batch:
                 chunk = np.concatenate([chunk, np.repeat(chunk[:1], self.batch - n, 0)])
-            out.append(np.asarray(self.fn(self.params, jnp.asarray(chunk)))[:n])
+            out.append(np.asarray(self._jit(self.params, jnp.asarray(chunk)))[:n])
         hidden = np.concatenate(out) if out else np.zeros((0, self.hidden_size), np.float32)
         tokens = -(-len(obs) // self.batch) * self.batch * self.ids.size
         return hidden, tokens, (np.zeros((len(obs), 0), np.int32), np.zeros(len(obs), np.int32))
