@@ -1,4 +1,4 @@
-"""The prepared GPU check: every GPU figure of the project, in four parts, each step time-boxed.
+"""The prepared GPU check: every GPU figure of the project, in five parts, each step time-boxed.
 
     bash scripts/gpu_check.sh OUT [--part N]   # a lent GPU machine (wheels carried in .whl/)
     bash scripts/gpu_check.sh --cpu-smoke OUT  # every step at tiny shapes, on a CPU
@@ -17,7 +17,9 @@ oldest. The parts, in order of what matters most:
   3. our PPO beside the public Craftax PPO (Craftax-Symbolic, 1,024 envs; the public code from
      `.peers/craftax_baselines`, prepared by `scripts/gpu_prepare.sh`, never committed), decode
      of the 4B at batch 64;
-  4. the same pair on frames (Craftax-Pixels, the public pixel PPO's sizes).
+  4. the same pair on frames (Craftax-Pixels, the public pixel PPO's sizes);
+  5. the Qwen3-VL-4B shape's states of 1,024 Craftax-Pixels frames (random weights, bf16):
+     frames/s and MFU.
 `--only STEP ...` picks steps by name instead. Each step runs in its own process under a time
 box, so a slow one cannot starve the rest, and the part within `--budget` seconds (a step is
 given what is left if less than its box, and skipped when under 20 s are). Its JSON rows are
@@ -121,6 +123,11 @@ def steps(out: Path, bandwidth: float) -> list[Step]:
               "--update-epochs", "1", "--num-minibatches", "2", "--width", "32", "--updates",
               "1", "2", "--repeats", "1"], (290, 120), 4, needs=PEER / "ppo.py",
              needs_module="distrax"),
+        # on an H200 not yet run: ~1.2 TFLOP a frame, ~1.2 PFLOP a call; a box for compiles
+        Step("vl_4b_1024", ["bench/vl_encode.py", "--shape", "qwen3-vl-4b", "--frames", "1024",
+                            "--microbatch", "128", "--repeats", "3"],
+             ["bench/vl_encode.py", "--shape", "tiny", "--frames", "8", "--microbatch", "4",
+              "--repeats", "1", "--dtype", "float32"], (300, 90), 5),
     ]
 
 
@@ -220,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on a CPU")
-    ap.add_argument("--part", type=int, choices=(1, 2, 3, 4), default=None,
+    ap.add_argument("--part", type=int, choices=(1, 2, 3, 4, 5), default=None,
                     help="the part to run (default 1 on a GPU; every step in the smoke run)")
     ap.add_argument("--only", nargs="*", help="step names to run instead of a part")
     ap.add_argument("--budget", type=float, default=None,
@@ -280,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = [r["step"] for r in results if r["status"] == "failed"]
     print(f"done in {time.time() - t0:.0f} s -> {a.out}"
           + (f"; failed: {', '.join(failed)}" if failed else "")
-          + (f"; the next part: --part {part + 1}" if part and part < 4 and not a.only else ""))
+          + (f"; the next part: --part {part + 1}" if part and part < 5 and not a.only else ""))
     return 1 if failed else 0
 
 

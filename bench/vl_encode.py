@@ -4,11 +4,18 @@ HF transformers (its Qwen2-VL image processor, PIL backend, then the model's for
 same random-weight checkpoint and Craftax-Classic frames, in one process.
 
     python bench/vl_encode.py --out docs/bench_vl_encode.json
+    python bench/vl_encode.py --shape qwen3-vl-4b --frames 1024 --out r.json   # a GPU row
 
 Rows: name (jax | hf_torch), model, params, batch (frames), tokens (per frame's prompt),
 frames_per_s, compile_s (ours), vs_hf (ours, median over rounds of HF's time / ours). Both
 sides take uint8 frames and return the last layer's states, pooled over every 8th image token;
 timed in alternating rounds (`bench/llm_encode.py`'s `interleaved`).
+
+With --shape, a released shape with random weights made on the device (no checkpoint, no HF):
+--frames Craftax-Pixels frames (130 x 110: 72 image tokens) through the tower and the text
+model in one jitted call (micro-batches of --microbatch under `lax.map`), in --dtype; the row
+`vl_gpu` gives frames_per_s, flops_per_frame (tower + text, matmuls and attention) and mfu
+against a large matmul measured in the same process.
 """
 
 from __future__ import annotations
@@ -51,6 +58,56 @@ class Args:
     """Timed rounds (median)."""
     out: str | None = None
     """JSON rows output."""
+    shape: str | None = None
+    """A released shape with random weights instead of the HF comparison (see SHAPES)."""
+    frames: int = 1024
+    """With --shape: frames per call."""
+    microbatch: int = 128
+    """With --shape: frames per micro-batch inside the call."""
+    dtype: str = "bfloat16"
+    """With --shape: weights and compute dtype."""
+
+
+# Released Qwen3-VL shapes (config.json fields; Qwen3-VL-4B-Instruct's), and the tiny one the
+# CPU smoke run of the GPU check uses.
+SHAPES = {
+    "qwen3-vl-4b": {
+        "text": dict(hidden_size=2560, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, intermediate_size=9728,
+                     vocab_size=151_936, rope_theta=5_000_000.0,
+                     max_position_embeddings=262_144, rms_norm_eps=1e-6,
+                     mrope_section=[24, 20, 20]),
+        "vision": dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16,
+                       out_hidden_size=2560, num_position_embeddings=2304,
+                       deepstack_visual_indexes=[5, 11, 17])},
+    "tiny": {
+        "text": dict(hidden_size=48, num_hidden_layers=3, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=16, intermediate_size=96,
+                     vocab_size=151_936, rope_theta=5_000_000.0, max_position_embeddings=4096,
+                     rms_norm_eps=1e-6, mrope_section=[4, 2, 2]),
+        "vision": dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=4,
+                       out_hidden_size=48, num_position_embeddings=64,
+                       deepstack_visual_indexes=[0])},
+}
+
+
+def shape_folder(name: str) -> Path:
+    """A folder holding only the config.json of shape `name` (the packaged tokenizer serves)."""
+    import json
+
+    s = SHAPES[name]
+    rope = dict(rope_type="default", rope_theta=s["text"]["rope_theta"],
+                mrope_section=s["text"]["mrope_section"], mrope_interleaved=True)
+    text = dict({k: v for k, v in s["text"].items() if k not in ("rope_theta", "mrope_section")},
+                model_type="qwen3_vl_text", hidden_act="silu", rope_parameters=rope,
+                attention_bias=False)
+    vision = dict(s["vision"], patch_size=16, temporal_patch_size=2, spatial_merge_size=2,
+                  in_channels=3, hidden_act="gelu_pytorch_tanh")
+    folder = Path(tempfile.mkdtemp(prefix=f"bench-vl-{name}-"))
+    (folder / "config.json").write_text(json.dumps(dict(
+        model_type="qwen3_vl", text_config=text, vision_config=vision, tie_word_embeddings=True,
+        image_token_id=151655, vision_start_token_id=151652, vision_end_token_id=151653)))
+    return folder
 
 
 def frames(n: int) -> np.ndarray:
@@ -91,11 +148,11 @@ def rows(args: Args, emit) -> None:
             ids = torch.tensor(np.repeat(lab.ids[None], b, 0), dtype=torch.long)
             img = ids == 151655
             t0 = time.perf_counter()
-            ours_out = np.asarray(lab.fn(lab.params, x))
+            ours_out = np.asarray(lab.encode(lab.params, x))
             compile_s = time.perf_counter() - t0
 
             def ours():
-                return np.asarray(lab.fn(lab.params, x))
+                return np.asarray(lab.encode(lab.params, x))
 
             def hf():
                 pix = proc(images=list(shots[:b]), return_tensors="pt")
@@ -117,8 +174,57 @@ def rows(args: Args, emit) -> None:
             emit(dict(base, name="hf_torch", frames_per_s=b / statistics.median(theirs)))
 
 
+def gpu_rows(args: Args, emit) -> None:
+    """One call of --frames Craftax-Pixels frames through a random-weight --shape."""
+    import jax
+    import jax.numpy as jnp
+
+    from fused.llm.config import LLMConfig
+    from fused.llm.vl import VLEncoder
+    from fused_sps import matmul_flops
+    from llm_jax.vl import VLConfig, random_vl_params, vision_flops
+
+    if args.frames % args.microbatch:
+        raise SystemExit(f"--microbatch {args.microbatch} must divide --frames {args.frames}")
+    env = "Craftax-Pixels-v1"
+    folder = shape_folder(args.shape)
+    cfg = VLConfig.from_folder(folder)
+    params = random_vl_params(cfg, 0, jnp.dtype(args.dtype))
+    enc = VLEncoder(LLMConfig(weights=str(folder), pool="every:8", dtype=args.dtype), env,
+                    args.microbatch, params=params)
+    mb = args.microbatch
+
+    @jax.jit
+    def encode(p, x):
+        return jax.lax.map(lambda f: enc.fn(p, f), x.reshape(-1, mb, x.shape[-1])).reshape(
+            x.shape[0], -1)
+
+    h, w, _ = enc.image
+    x = jax.random.uniform(jax.random.PRNGKey(1), (args.frames, h * w * 3))
+    t0 = time.perf_counter()
+    jax.block_until_ready(encode(params, x))
+    compile_s = time.perf_counter() - t0
+    times = []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(encode(params, x))
+        times.append(time.perf_counter() - t0)
+    dt = statistics.median(times)
+    tokens = int(enc.ids.size)
+    patches = enc.per_image * cfg.vision.spatial_merge_size ** 2
+    flops = (vision_flops(cfg.vision, patches)
+             + tokens * cfg.text.flops_per_token(enc.layer, 0, tokens))
+    peak = matmul_flops(args.dtype)
+    emit({"name": "vl_gpu", "model": args.shape, "device": str(jax.devices()[0]),
+          "dtype": args.dtype, "frames": args.frames, "microbatch": mb, "tokens": tokens,
+          "image_tokens": enc.per_image, "frames_per_s": args.frames / dt, "seconds": dt,
+          "compile_s": compile_s, "flops_per_frame": flops, "matmul_flops_per_s": peak,
+          "mfu": args.frames * flops / dt / peak,
+          "finite": bool(np.isfinite(np.asarray(out, np.float32)).all()), "rounds": args.repeats})
+
+
 def main(args: Args):
-    run_rows(args.out, lambda emit: rows(args, emit))
+    run_rows(args.out, lambda emit: (gpu_rows if args.shape else rows)(args, emit))
 
 
 if __name__ == "__main__":

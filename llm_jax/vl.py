@@ -179,6 +179,40 @@ def load_vl_params(folder: str | Path, dtype=jnp.float32) -> tuple[VLConfig, dic
     return cfg, {"text": text, "vision": read_vision_params(reader.read, cfg.vision, dtype)}
 
 
+def random_vl_params(cfg: VLConfig, seed: int = 0, dtype=jnp.float32,
+                     layers: int | None = None) -> dict:
+    """Random weights of `cfg`'s shape (normal, std 0.02; LayerNorms 1 and 0; biases 0), the
+    text model's first `layers` layers: for speed figures of a released shape without its
+    checkpoint (outputs mean nothing)."""
+    from functools import partial
+
+    from llm_jax.weights import init_params
+
+    rng = np.random.default_rng(seed)
+    shapes = vision_tensors(cfg.vision)
+
+    def read(name):
+        if name.endswith("bias"):
+            return np.zeros(shapes[name], np.float32)
+        if name.endswith("norm.weight") or ".norm1." in name or ".norm2." in name:
+            return np.ones(shapes[name], np.float32)
+        return rng.standard_normal(shapes[name], np.float32) * 0.02
+
+    text = jax.jit(partial(init_params, cfg.text, dtype=dtype, layers=layers))(
+        jax.random.PRNGKey(seed))
+    return {"text": text, "vision": read_vision_params(read, cfg.vision, dtype)}
+
+
+def vision_flops(cfg: VisionConfig, patches: int) -> float:
+    """Matmul FLOPs of the tower on one image of `patches` patches: the patch embedding, each
+    block's projections, MLP and full attention, the merger and the DeepStack mergers."""
+    h, f, g, o = cfg.hidden_size, cfg.intermediate_size, cfg.merged_size, cfg.out_hidden_size
+    merged = patches // cfg.spatial_merge_size ** 2
+    block = 2 * patches * (4 * h * h + 2 * h * f) + 4 * patches * patches * h
+    mergers = (1 + len(cfg.deepstack_visual_indexes)) * 2 * merged * (g * g + g * o)
+    return 2 * patches * cfg.patch_dim * h + cfg.depth * block + mergers
+
+
 # ------------------------------------------------------------------ positions and the pass
 
 

@@ -5,7 +5,7 @@
 #                                              jax 0.11, CUDA 13) plus the wheels carried in
 #                                              .whl/ and the peer in .peers/ (gpu_prepare.sh)
 #   bash scripts/gpu_check.sh --cpu-smoke OUT  the same steps at tiny shapes on this CPU
-# Flags after OUT go to bench/gpu_check.py (--part N: one of four parts, each one call of
+# Flags after OUT go to bench/gpu_check.py (--part N: one of five parts, each one call of
 # ~9 minutes; --only STEP ...; --budget SECONDS).
 set -uo pipefail
 cd "$(dirname "$0")/.."

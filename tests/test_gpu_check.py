@@ -97,7 +97,7 @@ def test_gpu_check_cpu_smoke_runs_every_step(tmp_path):
         assert status.pop(public) in ("ok", "skipped"), status
     assert set(status.values()) == {"ok"}, status
     assert {"decode_4b", "fused_0.6b_1024", "moe_30b_encode", "moe_30b_decode", "kernel",
-            "ppo_ours_1024", "ppo_pixels_ours_1024"} <= set(status)
+            "ppo_ours_1024", "ppo_pixels_ours_1024", "vl_4b_1024"} <= set(status)
     by = {}
     for r in rows:
         by.setdefault((r.get("step"), r["name"]), []).append(r)
@@ -111,6 +111,9 @@ def test_gpu_check_cpu_smoke_runs_every_step(tmp_path):
     assert all(r["rel_err"] < 0.02 and r["finite"] for r in by[("kernel", "kernel")])
     assert by[("ppo_ours_1024", "ppo")][0]["steps_per_s"] > 0
     assert by[("ppo_pixels_ours_1024", "ppo_cnn")][0]["steps_per_s"] > 0
+    vl = by[("vl_4b_1024", "vl_gpu")][0]
+    assert vl["finite"] and vl["frames_per_s"] > 0 and 0 < vl["mfu"] < 1
+    assert vl["image_tokens"] == 72  # a 130 x 110 frame
     report_ = json.loads((out / "report.json").read_text())
     assert report_["decode"]["device_events"] > 0 and report_["fused"]["device_events"] > 0
     assert "fraction_of_bandwidth_bound" in report_["decode"]
@@ -120,14 +123,14 @@ def test_gpu_check_cpu_smoke_runs_every_step(tmp_path):
 
 def test_gpu_check_parts_pick_their_steps(tmp_path, monkeypatch):
     """`--part N` on a GPU runs that part's steps alone (here with no budget left, so each is
-    skipped with a row naming it, and nothing compiles); every GPU step is in one of the four
+    skipped with a row naming it, and nothing compiles); every GPU step is in one of the five
     parts; a step name that does not exist ends in one line listing the steps."""
     sys.path.insert(0, str(ROOT / "bench"))
     import gpu_check
 
     monkeypatch.setattr(gpu_check, "device_bandwidth", lambda: (4.8e12, "test"))
     seen = {}
-    for part in (1, 2, 3, 4):
+    for part in (1, 2, 3, 4, 5):
         out = tmp_path / f"p{part}"
         assert gpu_check.main([str(out), "--part", str(part), "--budget", "1"]) == 0
         rows = [json.loads(x) for x in (out / "rows.jsonl").read_text().splitlines()]
@@ -135,6 +138,7 @@ def test_gpu_check_parts_pick_their_steps(tmp_path, monkeypatch):
         assert all(r["status"] == "skipped" for r in rows if r["name"] == "step")
     assert seen[1] == ["decode_4b", "fused_0.6b_1024", "kernel", "fused_4b_l24_128"]
     assert seen[4] == ["ppo_pixels_ours_1024", "ppo_pixels_public_1024"]
+    assert seen[5] == ["vl_4b_1024"]
     gpu_steps = [s.name for s in gpu_check.steps(tmp_path, 1.0) if s.gpu is not None]
     assert sorted(sum(seen.values(), [])) == sorted(gpu_steps)
     with pytest.raises(SystemExit):

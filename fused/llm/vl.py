@@ -145,7 +145,7 @@ class VLLabeller(VLEncoder):
     def __init__(self, m: LLMConfig, env_name: str, batch: int):
         super().__init__(m, env_name, batch)
         self.batch = batch
-        self._jit = jax.jit(self.fn)
+        self.encode = jax.jit(self.fn)
 
     def __call__(self, obs: np.ndarray, keys: np.ndarray):
         """As `fused.data.labelling.BatchEncoder`: (hidden [M, H], tokens encoded, no
@@ -156,7 +156,7 @@ class VLLabeller(VLEncoder):
             n = len(chunk)
             if n < self.batch:
                 chunk = np.concatenate([chunk, np.repeat(chunk[:1], self.batch - n, 0)])
-            out.append(np.asarray(self._jit(self.params, jnp.asarray(chunk)))[:n])
+            out.append(np.asarray(self.encode(self.params, jnp.asarray(chunk)))[:n])
         hidden = np.concatenate(out) if out else np.zeros((0, self.hidden_size), np.float32)
         tokens = -(-len(obs) // self.batch) * self.batch * self.ids.size
         return hidden, tokens, (np.zeros((len(obs), 0), np.int32), np.zeros(len(obs), np.int32))
