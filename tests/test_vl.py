@@ -325,10 +325,9 @@ def test_resize_is_pillows_bicubic_in_both_pass_orders():
                                       ref, err_msg=f"{(h, w)} -> {(hh, ww)}")
 
 
-def hf_image_states(model, frame: np.ndarray, layer: int) -> np.ndarray:
-    """HF's Qwen3-VL states after `layer` of the image tokens of a uint8 frame [H, W, 3] in the
-    label prompt (HF's processor, the chat template with the image, then the instruction)."""
-    import torch
+def hf_prompt(frame: np.ndarray):
+    """HF's input ids and pixel inputs of a uint8 frame [H, W, 3] in the label prompt (HF's
+    processor, the chat template with the image, then the instruction)."""
     from transformers import AutoTokenizer
 
     from fused.llm.vl import VL_INSTRUCTION
@@ -343,11 +342,36 @@ def hf_image_states(model, frame: np.ndarray, layer: int) -> np.ndarray:
     n = int(pix["image_grid_thw"][0].prod()) // 4
     ids = hf_tok(prompt.replace("<|image_pad|>", "<|image_pad|>" * n),
                  return_tensors="pt")["input_ids"]
+    return ids, pix
+
+
+def hf_image_states(model, frame: np.ndarray, layer: int) -> np.ndarray:
+    """HF's Qwen3-VL states after `layer` of the image tokens of a frame in the label prompt."""
+    import torch
+
+    ids, pix = hf_prompt(frame)
     with torch.no_grad():
         ref = model(input_ids=ids, attention_mask=torch.ones_like(ids),
                     mm_token_type_ids=(ids == 151655).long(), **pix,
                     output_hidden_states=True).hidden_states[layer][0].numpy()
     return ref[ids[0].numpy() == 151655]
+
+
+def hf_imagined(model, frame: np.ndarray, layer: int, n_new: int, stop: list[int]):
+    """HF `generate`'s greedy tokens after a frame's label prompt (stopping at `stop`), and
+    each generated token's state after `layer` at its own position."""
+    import torch
+
+    ids, pix = hf_prompt(frame)
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                             mm_token_type_ids=(ids == 151655).long(), **pix,
+                             max_new_tokens=n_new, do_sample=False, eos_token_id=stop,
+                             pad_token_id=0)
+        states = model(input_ids=out, attention_mask=torch.ones_like(out),
+                       mm_token_type_ids=(out == 151655).long(), **pix,
+                       output_hidden_states=True).hidden_states[layer]
+    return out[0, ids.shape[1]:].numpy(), states[0, ids.shape[1]:].numpy()
 
 
 @pytest.mark.slow
@@ -413,8 +437,8 @@ def test_ppo_on_frames_with_a_vl_model_acts_on_hf_states(tmp_path):
     Qwen3-VL (every step: --llm.skip-n 1) and trains; `label.py generate` from the run records
     the states the policy acted on, each equal to HF's Qwen3-VL on that row's frame (the mean of
     the image tokens after layer 2); offline.py eval plays it, and with the shuffle ablation;
-    a VL model on a symbolic env, imagining, on the vllm backend or playing (play.py llm): one
-    line each."""
+    a VL model on a symbolic env, with a garbage prompt, on the vllm backend or playing
+    (play.py llm): one line each."""
     import json
     import subprocess
     import sys
@@ -463,7 +487,7 @@ def test_ppo_on_frames_with_a_vl_model_acts_on_hf_states(tmp_path):
     config = json.loads((tmp_path / "shuffled" / "config.json").read_text())
     assert config["llm"]["hidden"] == "shuffle" and (tmp_path / "shuffled" / "metrics.jsonl").read_text()
     for bad, says in ((("--env.name", "Craftax-Classic-Symbolic-v1"), "reads frames"),
-                      (("--llm.imagine.tokens", "4"), "imagine"),
+                      (("--llm.hidden", "garbage-prompt"), "garbage-prompt"),
                       (("--llm.backend", "vllm"), "vLLM")):
         p = run("train.py", "cpu-pixels", *vl, *bad, "--total-timesteps", "128",
                 "--env.num-envs", "4", "--ppo.num-steps", "16", ok=False)
@@ -504,3 +528,63 @@ def test_vision_flops_equal_xlas_count_of_the_tower():
         cost = cost[0] if isinstance(cost, list) else cost
         ratio = vision_flops(v, int(np.prod(grid))) / cost["flops"]
         assert 0.9 < ratio <= 1.0, (size, deep, ratio)
+
+
+@pytest.mark.slow
+def test_imagination_with_frames_is_hf_generation_states_pooled(tmp_path):
+    """`label.py label --llm.weights VL_DIR --imagine.tokens N` on frames: each labelled row's
+    tokens equal HF `generate`'s greedy ones after that frame's prompt, its text the tokens'
+    text, and its state the mean of every 2nd generated token's state after layer 2 as HF
+    computes them; the same imagination runs in the fused PPO loop (its tokens counted)."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT, subprocess_env
+    from fused.data.labelling import imagined_texts
+    from fused.data.store import Dataset
+    from llm_jax.tokenizer import load_tokenizer, stop_ids
+
+    model = build_tiny_qwen3_vl(tmp_path / "vl", vocab=151_680, seed=11)
+    data = tmp_path / "data"
+
+    def run(*args):
+        p = subprocess.run([sys.executable, *args], cwd=ROOT, env=subprocess_env(),
+                           capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stdout[-1500:] + p.stderr[-3000:]
+
+    run("label.py", "generate", "--out", str(data), "--policy", "random", "--env.name",
+        "Craftax-Classic-Pixels-v1", "--num-envs", "2", "--steps", "4", "--block-steps", "4",
+        "--shard-rows", "8")
+    run("label.py", "label", "--data", str(data), "--name", "im", "--llm.weights",
+        str(tmp_path / "vl"), "--llm.layer", "2", "--llm.skip-n", "4", "--batch", "2",
+        "--imagine.tokens", "5", "--imagine.pool", "every:2", "--imagine.greedy",
+        "--imagine.keep-text")
+    ds = Dataset(data)
+    entry = ds.card()["labels"]["im"]
+    assert entry["pool"] == "imagine:every:2" and entry["imagine"]["tokens"] == 5
+    name = ds.shard_names()[0]
+    frames = ds.read(name, ["frame"])["frame"]
+    lab = ds.read_labels("im", name)
+    texts = imagined_texts(lab)
+    tok = load_tokenizer(tmp_path / "vl")
+    stop = list(stop_ids(tmp_path / "vl", tok, 151_680, chat=True))
+    assert lab["label_row"].tolist() == [0] * 4 + [1] * 4  # each env's first step's frame
+    for j, r in ((0, 0), (1, 4)):
+        new, states = hf_imagined(model, frames[r].reshape(63, 63, 3), 2, 5, stop)
+        assert lab["imagined_len"][j] == len(new) and len(new) >= 2
+        assert list(lab["imagined"][j, :len(new)]) == list(new)
+        assert texts[j] == tok.decode(new.tolist())
+        want = states[::2].mean(0)
+        np.testing.assert_allclose(lab["hidden"][j].astype(np.float32), want,
+                                   rtol=2 ** -8, atol=1e-5)  # stored bf16
+    # online: the fused loop imagines after each frame (skip 1: 4 envs x 16 steps a update)
+    run("train.py", "cpu-pixels", "--llm.weights", str(tmp_path / "vl"), "--llm.layer", "2",
+        "--llm.skip-n", "1", "--llm.imagine.tokens", "3", "--llm.imagine.greedy",
+        "--total-timesteps", "64", "--env.num-envs", "4", "--ppo.num-steps", "16",
+        "--ppo.update-epochs", "1", "--ppo.num-minibatches", "2", "--out-dir", str(tmp_path),
+        "--run-name", "im")
+    row = [json.loads(x) for x in (tmp_path / "im" / "metrics.jsonl").read_text().splitlines()
+           if "llm/tokens" in x][-1]
+    prompts = 4 * 16 * entry["prompt_tokens"]  # (the same prompt as the label set's)
+    assert prompts < row["llm/tokens"] <= prompts + 4 * 16 * 3, row

@@ -204,14 +204,14 @@ def label_shard(ds: Dataset, names: list[str], i: int, c: LabelConfig, codec: Ob
     hidden, tokens, imagined = encoder(states, keys)
     columns = {"hidden": hidden.astype(STORAGE[c.dtype]), "label_row": label_row}
     if c.imagine.tokens and c.imagine.keep_text:
-        columns.update(text_columns(encoder.llm, *imagined))
+        columns.update(text_columns(encoder.tokenizer, *imagined))
     commit_group(target, columns)
     return len(states), tokens
 
 
-def text_columns(llm: LLM, generated: np.ndarray, num: np.ndarray) -> dict:
+def text_columns(tokenizer, generated: np.ndarray, num: np.ndarray) -> dict:
     """The imagined tokens and their text (UTF-8 bytes, zero-padded) as label columns."""
-    texts = [llm.tokenizer.decode(g[:n].tolist()).encode() for g, n in zip(generated, num)]
+    texts = [tokenizer.decode(g[:n].tolist()).encode() for g, n in zip(generated, num)]
     width = max([len(t) for t in texts] + [1])
     raw = np.zeros((len(texts), width), np.uint8)
     for j, t in enumerate(texts):
@@ -233,7 +233,7 @@ class BatchEncoder:
     first row); with imagination also the generated tokens [M, N] and their counts [M]."""
 
     def __init__(self, llm: LLM, c: LabelConfig, num_devices: int):
-        self.llm, self.batch = llm, c.batch
+        self.llm, self.batch, self.tokenizer = llm, c.batch, llm.tokenizer
         local = c.batch // num_devices
         microbatch = batching.for_llm(llm, local).microbatch
 

@@ -219,10 +219,13 @@ def make_vl_llm(cfg: LLMConfig, env_name: str, seed: int = 0,
     params, enc.params = enc.params, None  # (the chunk gets them as an argument)
     empty = jnp.zeros((0, 0, enc.cfg.text.num_kv_heads, enc.cfg.text.head_dim), enc.dtype)
     frozen = FrozenLLM(params, PrefixCache(empty, empty), jnp.zeros(0, jnp.int32))
+    if enc.sampling is not None:
+        log.info(f"imagination sampling: {enc.sampling.describe()}")
     return LLM(cfg=cfg, backend="jax", qcfg=enc.cfg.text, layer=enc.layer, renderer=None,
                frozen=frozen, host=None, buckets=(int(enc.ids.size),), tokenizer=enc.tokenizer,
                prefix_ids=enc.ids, attn=AttentionConfig(cfg.attention), seed=seed,
-               pad_id=enc.tokenizer.pad_id, dtype=enc.dtype, activation_room=enc.room, vl=enc)
+               stop_ids=enc.stop_ids, pad_id=enc.tokenizer.pad_id, dtype=enc.dtype,
+               sampling=enc.sampling or Resolved(GREEDY, {}), activation_room=enc.room, vl=enc)
 
 
 def append_tail(tokens, lengths, tail):
@@ -291,9 +294,18 @@ def _encode_observations(llm: LLM, frozen: FrozenLLM | None, obs, microbatch, ke
     if llm.vl is not None:  # frames: one prompt length, so plain micro-batches
         n = obs.shape[0]
         mb = microbatch or n
-        hidden = jax.lax.map(lambda f: llm.vl.fn(frozen.params, f),
-                             obs.reshape(n // mb, mb, *obs.shape[1:]))
-        return hidden.reshape(n, -1), jnp.int32(n * llm.prefix_ids.size)
+        frames = obs.reshape(n // mb, mb, *obs.shape[1:])
+        prompts = jnp.int32(n * llm.prefix_ids.size)
+        if not llm.imagines:
+            hidden = jax.lax.map(lambda f: llm.vl.fn(frozen.params, f), frames)
+            return hidden.reshape(n, -1), prompts
+        if keys is None:
+            if not llm.sampling.sampling.greedy:
+                raise ValueError("sampled imagination needs a key per observation")
+            keys = jax.random.split(jax.random.PRNGKey(0), n)
+        hidden, _, num = jax.lax.map(lambda a: llm.vl.imagine(frozen.params, *a),
+                                     (frames, keys.reshape(n // mb, mb, *keys.shape[1:])))
+        return hidden.reshape(n, -1), prompts + num.sum()
     if llm.imagines:
         out = imagine_observations(llm, frozen, obs, microbatch, keys)
         return out.hidden, out.tokens

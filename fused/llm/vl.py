@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -57,8 +58,10 @@ def validate_vl(m: LLMConfig, env_name: str, online: bool = False) -> None:
         raise ConfigError(f"llm.layer={m.layer} but the model has {cfg.text.num_layers} "
                           f"layers; pick 0..{cfg.text.num_layers}")
     if m.imagine.tokens:
-        raise ConfigError("llm.imagine with a vision-language model: not built yet (prompt "
-                          "states only)")
+        from fused.llm.config import sampling_of, validate_imagine
+
+        validate_imagine(m.imagine)
+        sampling_of(m.imagine, m, "--llm.imagine.")
     if m.active_backend != "jax":
         raise ConfigError("a vision-language model runs on --llm.backend jax (the vLLM "
                           "fallback serves text only)")
@@ -72,7 +75,9 @@ class VLEncoder:
     """A Qwen3-VL's pooled states of an env's frames: `fn(params, frames [M, H * W * 3] in
     [0, 1], the frame first in each row) -> [M, H_text] float32`, for calls of `rows` frames
     (the memory check counts that many). `params` holds the vision tower and the text model's
-    first `layer` layers."""
+    first `layer` layers (every layer with imagination: `imagine(params, frames, keys)`
+    generates up to `imagine.tokens` tokens after each frame's prompt and pools their states,
+    as the text path's imagination does)."""
 
     def __init__(self, m: LLMConfig, env_name: str, rows: int, params: dict | None = None):
         from llm_jax.loader import resolve_folder
@@ -93,14 +98,20 @@ class VLEncoder:
         per_image = int(np.prod(grid)) // cfg.vision.spatial_merge_size ** 2
         tok = load_tokenizer(m.weights)
         self.tokenizer = tok
-        text = VL_INSTRUCTION.format(game=s.title)
+        im = m.imagine
+        text = (Path(im.prompt).expanduser().read_text().strip() if im.tokens and im.prompt
+                else VL_INSTRUCTION.format(game=s.title))
         try:
-            ids = image_prompt_ids(tok, folder, cfg, 1, text, True, False, per_image)
+            ids = image_prompt_ids(tok, folder, cfg, 1, text, True,
+                                   bool(im.tokens and im.thinking), per_image)
         except ValueError as e:
             raise ConfigError(f"llm.weights={m.weights!r}: {e}") from None
         self.ids, self.grid, self.per_image = ids, tuple(int(g) for g in grid), per_image
-        self.positions, _ = rope_index(ids[None], np.array([ids.size]), cfg, self.grid, 1)
-        need = generation_need(cfg.text, dtype, self.layer, rows, ids.size, 0, 0)
+        self.positions, self.deltas = rope_index(ids[None], np.array([ids.size]), cfg,
+                                                 self.grid, 1)
+        self.instruction = text
+        computed = cfg.text.num_layers if im.tokens else self.layer  # generating: every layer
+        need = generation_need(cfg.text, dtype, computed, rows, ids.size, im.tokens, 0)
         v = cfg.vision
         patches = per_image * v.spatial_merge_size ** 2
         need["vision weights"] = v.num_params() * itemsize(dtype)
@@ -115,27 +126,57 @@ class VLEncoder:
         self.room = left + need["activations"] + need["vision activations"]
         if params is None:  # (given: another encoder's of the same model, layer and dtype)
             _, params = load_vl_params(folder, jnp.dtype(dtype))
-            params["text"] = {k: v for k, v in first_layers(params["text"], cfg.text,
-                                                              self.layer).items()
-                              if k != "lm_head"}
+            if not im.tokens:  # layers past the state's are never computed, nor logits
+                params["text"] = {k: v for k, v in first_layers(params["text"], cfg.text,
+                                                                  self.layer).items()
+                                  if k != "lm_head"}
         self.params = params
+        self.stop_ids, self.sampling = (), None
+        if im.tokens:
+            from fused.llm.config import sampling_of
+            from llm_jax.tokenizer import stop_ids
+
+            self.stop_ids = stop_ids(folder, tok, cfg.text.vocab_size, chat=True)
+            self.sampling = sampling_of(im, m, "--llm.imagine.")
         self.hidden_size = cfg.text.hidden_size
 
-    def fn(self, params, frames):
+    def _rows(self, frames):
+        """(pixels, tokens, lengths, positions) of a batch of frames' prompts."""
         from llm_jax.vision import preprocess
-        from llm_jax.vl import pool_states, vl_hidden_states
 
         h, w, _ = self.image
         n = frames.shape[0]
         u8 = jnp.round(jnp.clip(frames[:, :h * w * 3], 0.0, 1.0) * 255.0).astype(jnp.uint8)
         pixels, _ = preprocess(u8.reshape(n, h, w, 3), self.cfg.processor)
-        tokens = jnp.asarray(np.repeat(self.ids[None], n, 0))
-        lengths = jnp.full(n, self.ids.size, jnp.int32)
-        positions = jnp.asarray(np.repeat(self.positions, n, 1))
+        return (pixels, jnp.asarray(np.repeat(self.ids[None], n, 0)),
+                jnp.full(n, self.ids.size, jnp.int32),
+                jnp.asarray(np.repeat(self.positions, n, 1)))
+
+    def fn(self, params, frames):
+        from llm_jax.vl import pool_states, vl_hidden_states
+
+        pixels, tokens, lengths, positions = self._rows(frames)
         x = vl_hidden_states(params, self.cfg, tokens, lengths, self.layer, pixels, self.grid,
                              positions).x
         return pool_states(params["text"], self.cfg, x, tokens, lengths, self.m.pool,
                            self.m.post_norm).astype(jnp.float32)
+
+    def imagine(self, params, frames, keys):
+        """(pooled states [M, H] float32 of the tokens generated after each frame's prompt,
+        the tokens [M, N] (the pad id past the end), their counts [M]); `keys` [M]: each row's
+        draws (sampled imagination)."""
+        from fused.llm.encoder import pool_generated
+        from llm_jax.vl import vl_generate
+
+        im = self.m.imagine
+        pixels, tokens, lengths, positions = self._rows(frames)
+        deltas = jnp.asarray(np.repeat(self.deltas, frames.shape[0]))
+        out = vl_generate(params, self.cfg, tokens, lengths, pixels, self.grid, positions,
+                          deltas, None, max_new_tokens=im.tokens,
+                          pad_id=self.tokenizer.pad_id, sampling=self.sampling.sampling,
+                          stop_ids=self.stop_ids, hidden_layer=self.layer,
+                          post_norm=self.m.post_norm, row_keys=keys)
+        return pool_generated(out.hidden, out.num_tokens, im.pool), out.tokens, out.num_tokens
 
 
 class VLLabeller(VLEncoder):
@@ -146,20 +187,34 @@ class VLLabeller(VLEncoder):
         super().__init__(m, env_name, batch)
         self.batch = batch
         self.encode = jax.jit(self.fn)
+        self.generate = jax.jit(self.imagine) if m.imagine.tokens else None
 
     def __call__(self, obs: np.ndarray, keys: np.ndarray):
-        """As `fused.data.labelling.BatchEncoder`: (hidden [M, H], tokens encoded, no
-        imagination)."""
-        out = []
+        """As `fused.data.labelling.BatchEncoder`: (hidden [M, H], tokens encoded (prompts and
+        generated), (generated tokens [M, N], their counts [M]))."""
+        out, gen, num = [], [], []
+        n_new = self.m.imagine.tokens
         for s in range(0, len(obs), self.batch):
-            chunk = obs[s:s + self.batch]
+            chunk, k = obs[s:s + self.batch], keys[s:s + self.batch]
             n = len(chunk)
             if n < self.batch:
                 chunk = np.concatenate([chunk, np.repeat(chunk[:1], self.batch - n, 0)])
-            out.append(np.asarray(self.encode(self.params, jnp.asarray(chunk)))[:n])
+                k = np.concatenate([k, np.repeat(k[:1], self.batch - n, 0)])
+            if self.generate is None:
+                out.append(np.asarray(self.encode(self.params, jnp.asarray(chunk)))[:n])
+                continue
+            h, g, c = self.generate(self.params, jnp.asarray(chunk), jnp.asarray(k))
+            out.append(np.asarray(h)[:n])
+            gen.append(np.asarray(g)[:n])
+            num.append(np.asarray(c)[:n])
         hidden = np.concatenate(out) if out else np.zeros((0, self.hidden_size), np.float32)
         tokens = -(-len(obs) // self.batch) * self.batch * self.ids.size
-        return hidden, tokens, (np.zeros((len(obs), 0), np.int32), np.zeros(len(obs), np.int32))
+        if self.generate is None:
+            return hidden, tokens, (np.zeros((len(obs), 0), np.int32),
+                                    np.zeros(len(obs), np.int32))
+        gen = np.concatenate(gen) if gen else np.zeros((0, n_new), np.int32)
+        num = np.concatenate(num) if num else np.zeros(0, np.int32)
+        return hidden, tokens + int(num.sum()), (gen, num)
 
     def card(self, c, seed: int) -> dict:
         """The label set's card entry."""
@@ -171,10 +226,13 @@ class VLLabeller(VLEncoder):
             "grid": list(self.grid), "image_tokens": self.per_image,
             "instruction": VL_INSTRUCTION}, "weights_digest": folder_digest(m.weights, "",
                                                                             seed),
-                 "model": dict(self.cfg.text.__dict__), "layer": self.layer, "pool": m.pool,
+                 "model": dict(self.cfg.text.__dict__), "layer": self.layer, "pool": m.pooled,
                  "post_norm": m.post_norm,
                  "prompt_digest": hashlib.sha256(self.ids.tobytes()).hexdigest(),
                  "prompt_tokens": int(self.ids.size), "skip_n": m.skip_n, "dtype": c.dtype,
                  "compute_dtype": self.dtype, "hidden": m.hidden}
+        if m.imagine.tokens:
+            entry["imagine"] = dict(to_dict(c.imagine), sampling=self.sampling.record())
+            entry["vision"]["instruction"] = self.instruction
         return json.loads(json.dumps(entry))
 
