@@ -98,6 +98,18 @@ class DecodeState(NamedTuple):
     hidden: jax.Array | None  # [B, N, H]
 
 
+def pool_generated(hidden, num, every: int | None):
+    """hidden [B, N, H] states of generated tokens (num [B] of them, `Generated.hidden` and
+    `num_tokens`) -> [B, H] float32: the last one's (`every` None), else the mean of tokens
+    0, every, 2 * every, ... (1: all of them)."""
+    h = hidden.astype(jnp.float32)
+    if every is None:
+        return h[jnp.arange(h.shape[0]), num - 1]
+    pos = jnp.arange(h.shape[1])[None]
+    take = ((pos < num[:, None]) & (pos % every == 0)).astype(jnp.float32)
+    return jnp.einsum("bnh,bn->bh", h, take) / take.sum(1, keepdims=True)
+
+
 def check_generate(cfg: Qwen3Config, prompt_lengths: Sequence[int], max_new_tokens: int,
                    prefix_len: int = 0, hidden_layer: int | None = None) -> None:
     """Host-side checks before anything compiles; GenerateError (one line) when a prompt is

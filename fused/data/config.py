@@ -191,7 +191,8 @@ def validate_label(c: LabelConfig, env_name: str, num_devices: int = 1) -> None:
     if not c.name or "/" in c.name or c.name.startswith("."):
         raise ConfigError(f"name={c.name!r} must be a plain folder name")
     validate_imagine(c.imagine, "imagine")
-    from fused.llm.vl import is_vl_folder, validate_vl
+    from fused.llm.config import validate_vl
+    from fused.llm.vl import is_vl_folder
 
     if is_vl_folder(c.llm.weights):  # a Qwen3-VL labels frames
         validate_vl(c.model, env_name)

@@ -218,8 +218,6 @@ def validate_llm(m: LLMConfig, env_name: str, local_envs: int, num_devices: int 
     if m.active_backend == "none":
         return
     if vl:
-        from fused.llm.vl import validate_vl
-
         validate_vl(m, env_name, online=True)  # (the memory check: when the model is built)
         if m.microbatch and local_envs % m.microbatch:
             raise ConfigError(f"llm.microbatch={m.microbatch} must divide the {local_envs} envs "
@@ -281,6 +279,39 @@ def check_llm_memory(model: ModelConfig, need: dict[str, int], generates: bool) 
         raise ConfigError(f"llm.weights={name!r} ({dtype}): {e}") from None
     log.info(f"{name} ({dtype}) {line}")
     return left
+
+
+def validate_vl(m: LLMConfig, env_name: str, online: bool = False) -> None:
+    """--llm.* for a VL model reading frames (labelling, or `online`: a policy acting on them),
+    checked before anything is loaded."""
+    from fused.envspec import spec
+    from llm_jax.loader import WeightsError, resolve_folder
+    from llm_jax.vision import VisionConfigError
+    from llm_jax.vl import VLConfig, image_pool_every
+
+    if not spec(env_name).is_pixels:
+        raise ConfigError(f"llm.weights={m.weights!r} is a vision-language model: it reads "
+                          f"frames, and {env_name} has none (use a text Qwen3, or "
+                          f"{env_name.replace('-Symbolic', '-Pixels')})")
+    try:
+        cfg = VLConfig.from_folder(resolve_folder(m.weights))
+    except (VisionConfigError, WeightsError, ValueError) as e:
+        raise ConfigError(f"llm.weights={m.weights!r}: {e}") from None
+    if m.pool not in ("last", "mean") and image_pool_every(m.pool) is None:
+        raise ConfigError(f"llm.pool={m.pool!r}: use last, mean, image-mean or every:K")
+    if m.layer is not None and not 0 <= m.layer <= cfg.text.num_layers:
+        raise ConfigError(f"llm.layer={m.layer} but the model has {cfg.text.num_layers} "
+                          f"layers; pick 0..{cfg.text.num_layers}")
+    if m.imagine.tokens:
+        validate_imagine(m.imagine)
+        sampling_of(m.imagine, m, "--llm.imagine.")
+    if m.active_backend != "jax":
+        raise ConfigError("a vision-language model runs on --llm.backend jax (the vLLM "
+                          "fallback serves text only)")
+    allowed = ("real", "zero", "shuffle") if online else ("real",)
+    if m.hidden not in allowed:
+        raise ConfigError(f"llm.hidden={m.hidden} with a vision-language model: use "
+                          f"{' or '.join(allowed)}")
 
 
 def is_vl(m: ModelConfig) -> bool:

@@ -8,8 +8,6 @@ import hashlib
 
 import numpy as np
 
-from fused.llm.encoder import LLM
-
 
 def folder_digest(folder: str | None, random_model: str, seed: int) -> str:
     """sha256 over a weights folder's files (sorted names and bytes); a random model is named."""
@@ -27,8 +25,9 @@ def folder_digest(folder: str | None, random_model: str, seed: int) -> str:
     return h.hexdigest()
 
 
-def prompt_digest(llm: LLM) -> str:
-    """sha256 of the prompt's token ids around an observation (prefix, then tail)."""
+def prompt_digest(llm) -> str:
+    """sha256 of the prompt's token ids around an observation (prefix, then tail) of a
+    `fused.llm.encoder.LLM`."""
     return hashlib.sha256(np.asarray(llm.prefix_ids, np.int32).tobytes()
                           + np.asarray(llm.frozen.tail if llm.frozen else llm.host.tail,
                                        np.int32).tobytes()).hexdigest()

@@ -206,7 +206,7 @@ def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0, weights_of: LLM | Non
 
 def make_vl_llm(cfg: LLMConfig, env_name: str, seed: int = 0,
                 weights_of: LLM | None = None) -> LLM:
-    """`make_llm` for a Qwen3-VL (`fused.llm.vl.validate_vl` passed): it reads each env's frame
+    """`make_llm` for a Qwen3-VL (`fused.llm.config.validate_vl` passed): it reads each env's frame
     as `label.py label` does; an ablation of `weights_of` (the same model) shares its weights."""
     from fused.llm.vl import VLEncoder
 
@@ -325,14 +325,11 @@ class Imagined(NamedTuple):
 
 
 def pool_generated(hidden, num, pool: str):
-    """hidden [B, N, H] states of generated tokens (num [B] of them) -> [B, H] float32: their
-    mean, the last one's, or (`every:K`) the mean of tokens 0, K, 2K, ..."""
-    h = hidden.astype(jnp.float32)
-    if pool == "last":
-        return h[jnp.arange(h.shape[0]), num - 1]
-    pos = jnp.arange(h.shape[1])[None]
-    take = ((pos < num[:, None]) & (pos % pool_every(pool) == 0)).astype(jnp.float32)
-    return jnp.einsum("bnh,bn->bh", h, take) / take.sum(1, keepdims=True)
+    """`llm_jax.decode.pool_generated` by an imagination pool's name: `last`, `mean` or
+    `every:K` (the mean of generated tokens 0, K, 2K, ...)."""
+    from llm_jax.decode import pool_generated as pool_by
+
+    return pool_by(hidden, num, None if pool == "last" else pool_every(pool))
 
 
 def imagine_observations(llm: LLM, frozen: FrozenLLM, obs, microbatch: int | None = None,

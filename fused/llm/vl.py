@@ -37,40 +37,6 @@ def is_vl_folder(weights: str | None) -> bool:
     return is_vl(ModelConfig(weights=weights))
 
 
-def validate_vl(m: LLMConfig, env_name: str, online: bool = False) -> None:
-    """--llm.* for a VL model reading frames (labelling, or `online`: a policy acting on them),
-    checked before anything is loaded."""
-    from llm_jax.loader import WeightsError, resolve_folder
-    from llm_jax.vision import VisionConfigError
-    from llm_jax.vl import VLConfig, image_pool_every
-
-    if not spec(env_name).is_pixels:
-        raise ConfigError(f"llm.weights={m.weights!r} is a vision-language model: it reads "
-                          f"frames, and {env_name} has none (use a text Qwen3, or "
-                          f"{env_name.replace('-Symbolic', '-Pixels')})")
-    try:
-        cfg = VLConfig.from_folder(resolve_folder(m.weights))
-    except (VisionConfigError, WeightsError, ValueError) as e:
-        raise ConfigError(f"llm.weights={m.weights!r}: {e}") from None
-    if m.pool not in ("last", "mean") and image_pool_every(m.pool) is None:
-        raise ConfigError(f"llm.pool={m.pool!r}: use last, mean, image-mean or every:K")
-    if m.layer is not None and not 0 <= m.layer <= cfg.text.num_layers:
-        raise ConfigError(f"llm.layer={m.layer} but the model has {cfg.text.num_layers} "
-                          f"layers; pick 0..{cfg.text.num_layers}")
-    if m.imagine.tokens:
-        from fused.llm.config import sampling_of, validate_imagine
-
-        validate_imagine(m.imagine)
-        sampling_of(m.imagine, m, "--llm.imagine.")
-    if m.active_backend != "jax":
-        raise ConfigError("a vision-language model runs on --llm.backend jax (the vLLM "
-                          "fallback serves text only)")
-    allowed = ("real", "zero", "shuffle") if online else ("real",)
-    if m.hidden not in allowed:
-        raise ConfigError(f"llm.hidden={m.hidden} with a vision-language model: use "
-                          f"{' or '.join(allowed)}")
-
-
 class VLEncoder:
     """A Qwen3-VL's pooled states of an env's frames: `fn(params, frames [M, H * W * 3] in
     [0, 1], the frame first in each row) -> [M, H_text] float32`, for calls of `rows` frames
@@ -165,7 +131,8 @@ class VLEncoder:
         """(pooled states [M, H] float32 of the tokens generated after each frame's prompt,
         the tokens [M, N] (the pad id past the end), their counts [M]); `keys` [M]: each row's
         draws (sampled imagination)."""
-        from fused.llm.encoder import pool_generated
+        from fused.llm.config import pool_every
+        from llm_jax.decode import pool_generated
         from llm_jax.vl import vl_generate
 
         im = self.m.imagine
@@ -176,7 +143,8 @@ class VLEncoder:
                           pad_id=self.tokenizer.pad_id, sampling=self.sampling.sampling,
                           stop_ids=self.stop_ids, hidden_layer=self.layer,
                           post_norm=self.m.post_norm, row_keys=keys)
-        return pool_generated(out.hidden, out.num_tokens, im.pool), out.tokens, out.num_tokens
+        every = None if im.pool == "last" else pool_every(im.pool)
+        return pool_generated(out.hidden, out.num_tokens, every), out.tokens, out.num_tokens
 
 
 class VLLabeller(VLEncoder):
