@@ -323,6 +323,7 @@ def test_server_survives_sigkill_tabs_and_a_second_recorder(tmp_path):
         assert code == 409 and "another tab" in err["error"]
         port = url.rsplit(":", 1)[1].strip("/")
         assert call(url, "/state", Host=f"evil.example:{port}")[0] == 403
+        assert call(url, "/state", Host="localhost:9000")[0] == 200  # an SSH tunnel's port
         assert call(url, "/claim", {}, Origin="http://evil.example")[0] == 403
         assert call(url, "/claim", {}, **{"Content-Type": "text/plain"})[0] == 415
         assert call(url, "/state")[1]["rows"] == 0

@@ -73,14 +73,15 @@ class Handler(BaseHTTPRequestHandler):
 
     def _foreign(self) -> bool:
         """Refuses (403) a request from another site: served on a loopback address, one whose
-        Host is not that address (a rebound DNS name); any request whose Origin is not the
-        Host it asks."""
-        host, port = self.server.server_address[:2]
-        asked, origin = self.headers.get("Host"), self.headers.get("Origin")
-        loopback = host in ("127.0.0.1", "::1", "localhost") or host.startswith("127.")
-        if (loopback and asked not in {f"{h}:{port}" for h in (host, "localhost", "127.0.0.1",
-                                                                "[::1]")}
+        Host names no loopback address (a rebound DNS name; any port, as an SSH tunnel's local
+        one); any request whose Origin is not the Host it asks."""
+        host = self.server.server_address[0]
+        asked, origin = self.headers.get("Host") or "", self.headers.get("Origin")
+        name = asked.rsplit(":", 1)[0] if not asked.endswith("]") else asked
+        loopback = host in ("::1", "localhost") or host.startswith("127.")
+        if (loopback and not (name in ("localhost", "[::1]") or name.startswith("127."))
                 or origin is not None and origin != f"http://{asked}"):
+            self.close_connection = True  # (a POST's body is left unread)
             self._json(HTTPStatus.FORBIDDEN, {"error": "only a page of this server plays "
                                                        f"(open {self.server.url()})"})
             return True
@@ -102,10 +103,12 @@ class Handler(BaseHTTPRequestHandler):
             return
         u = urlparse(self.path)
         if self.headers.get_content_type() != "application/json":
+            self.close_connection = True  # (its body is left unread)
             return self._json(HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
                               {"error": "send JSON (Content-Type: application/json)"})
         n = int(self.headers.get("Content-Length") or 0)
         if n > MAX_BODY:
+            self.close_connection = True
             return self._json(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": "request too large"})
         try:
             body = json.loads(self.rfile.read(n) or b"{}")
