@@ -324,6 +324,7 @@ def test_server_survives_sigkill_tabs_and_a_second_recorder(tmp_path):
         port = url.rsplit(":", 1)[1].strip("/")
         assert call(url, "/state", Host=f"evil.example:{port}")[0] == 403
         assert call(url, "/state", Host="localhost:9000")[0] == 200  # an SSH tunnel's port
+        assert call(url, "/state", Host=f"127.0.0.1.evil.example:{port}")[0] == 403
         assert call(url, "/claim", {}, Origin="http://evil.example")[0] == 403
         assert call(url, "/claim", {}, **{"Content-Type": "text/plain"})[0] == 415
         assert call(url, "/state")[1]["rows"] == 0

@@ -479,8 +479,9 @@ def test_ppo_on_frames_with_a_vl_model_acts_on_hf_states(tmp_path):
         np.testing.assert_allclose(hidden[r].astype(np.float32), ref, rtol=2 ** -8,
                                    atol=1e-5)  # stored bf16
     run("offline.py", "eval", "--run", str(tmp_path / "px"), "--episodes", "2", "--max-steps",
-        "6")
-    assert json.loads((tmp_path / "px" / "eval.json").read_text())["length_mean"] == 6
+        "6", "--video", "1", "--video-max-steps", "3")
+    ev = json.loads((tmp_path / "px" / "eval.json").read_text())
+    assert ev["length_mean"] == 6 and len(ev["videos"]) == 1  # (frames alone: no text twin)
     for bad, says in ((("--env.name", "Craftax-Classic-Symbolic-v1"), "reads frames"),
                       (("--llm.hidden", "garbage-prompt"), "garbage-prompt"),
                       (("--llm.backend", "vllm"), "vLLM")):

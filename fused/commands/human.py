@@ -23,6 +23,7 @@ import shlex
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Literal
 
@@ -118,7 +119,9 @@ def run(c: HumanConfig, command: str, console: Console) -> dict:
     validate(c)
     script = read_script(c.script, key_map(c.env.name)) if c.script else None
     card = check_out(c.out, c.env.name, c.env.max_episode_steps)  # before textures / compiles
-    max_steps = card["human"].get("max_episode_steps") if card else c.env.max_episode_steps
+    kept = (card or {}).get("human", {})  # (a recording older than the kept length: the flag)
+    max_steps = (kept["max_episode_steps"] if "max_episode_steps" in kept
+                 else c.env.max_episode_steps)
     server = None
     if script is None:  # the port first: a port in use ends here, before anything compiles
         from fused.human.server import Server
@@ -162,15 +165,16 @@ def run(c: HumanConfig, command: str, console: Console) -> dict:
                 serving = threading.Thread(target=server.serve_forever, name="page",
                                            kwargs={"poll_interval": 0.2}, daemon=True)
                 serving.start()
-                while not STOP.wait(0.2):
-                    pass
-                server.shutdown()  # the request in progress ends first
+                while not STOP.is_set():
+                    time.sleep(0.2)
+                server.shutdown()  # (requests already taken may still be under way)
     finally:
         if STOP.is_set():
             console.print("\nstopping")
         if server is not None:
             server.server_close()
-        with session.lock:
+        with session.lock:  # a request still under way finds recording stopped
+            session.broken = "the server is stopping: nothing more is recorded"
             rec.close()
     counts = rec.ds.card()["counts"]
     console.print(f"{counts['rows']:,} rows, {counts.get('episodes', 0)} episodes in "
@@ -188,7 +192,24 @@ def run(c: HumanConfig, command: str, console: Console) -> dict:
 # by the main thread while the page is served in another), rather than raising wherever the
 # signal lands: a KeyboardInterrupt raised inside a library's import or texture loading was
 # swallowed there, and the server went on serving.
-STOP = threading.Event()
+class _Stop:
+    """A flag without a lock (an Event's lock, taken by a handler that interrupted the main
+    thread inside it, would deadlock)."""
+
+    def __init__(self):
+        self.asked = False
+
+    def set(self):
+        self.asked = True
+
+    def clear(self):
+        self.asked = False
+
+    def is_set(self) -> bool:
+        return self.asked
+
+
+STOP = _Stop()
 
 
 def _on_signal(*_) -> None:

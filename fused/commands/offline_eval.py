@@ -18,6 +18,7 @@ import numpy as np
 
 from fused.agent import Agent, needs_text
 from fused.errors import ConfigError
+from fused.llm.config import is_vl
 from fused.trained_policy import TrainedPolicy, is_offline, load_policy
 from fused.rl.envs import make_env
 from fused.rl.evaluate import make_evaluate, summarise
@@ -133,7 +134,8 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None,
         from fused.video import record, write_gifs
 
         frames = record(run_dir, pol.step, c.video, c.seed, c.video_max_steps, c.greedy,
-                        c.video_text and pol.cfg.llm.active_backend != "none", like=pol.agent,
+                        c.video_text and pol.cfg.llm.active_backend != "none"
+                        and not is_vl(pol.cfg.llm), like=pol.agent,
                         llm_overrides=llm_overrides)
         out["videos"] = [str(p) for p in write_gifs(frames, run_dir / "videos")]
         atomic_write_json(path, out)

@@ -55,8 +55,10 @@ def check_out(root: str | Path, env: str, max_episode_steps: int | None = None) 
     if card["env"] != env:
         raise ConfigError(f"--out {ds.root} holds {card['env']} play; record {env} into "
                           f"another folder (or play --env.name {card['env']})")
-    kept = card.get("human", {}).get("max_episode_steps")
-    if max_episode_steps is not None and max_episode_steps != kept:
+    human = card.get("human", {})
+    kept = human.get("max_episode_steps")  # (absent: recorded before it was kept; the flag)
+    if "max_episode_steps" in human and max_episode_steps is not None and (
+            max_episode_steps != kept):
         raise ConfigError(f"--out {ds.root} was recorded with --env.max-episode-steps "
                           f"{kept or 'unset (the env default)'}, not {max_episode_steps}: drop "
                           "the flag to go on, or record into another folder")

@@ -48,6 +48,16 @@ class Server(ThreadingHTTPServer):
         return f"http://{host}:{port}/"
 
 
+def _loopback(name: str) -> bool:
+    """`localhost` or a loopback IP address (not a DNS name that merely starts with 127.)."""
+    import ipaddress
+
+    try:
+        return name == "localhost" or ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
 class Handler(BaseHTTPRequestHandler):
     server: Server
     protocol_version = "HTTP/1.1"
@@ -78,8 +88,7 @@ class Handler(BaseHTTPRequestHandler):
         host = self.server.server_address[0]
         asked, origin = self.headers.get("Host") or "", self.headers.get("Origin")
         name = asked.rsplit(":", 1)[0] if not asked.endswith("]") else asked
-        loopback = host in ("::1", "localhost") or host.startswith("127.")
-        if (loopback and not (name in ("localhost", "[::1]") or name.startswith("127."))
+        if (_loopback(host) and not _loopback(name.strip("[]"))
                 or origin is not None and origin != f"http://{asked}"):
             self.close_connection = True  # (a POST's body is left unread)
             self._json(HTTPStatus.FORBIDDEN, {"error": "only a page of this server plays "

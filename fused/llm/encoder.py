@@ -210,6 +210,10 @@ def make_vl_llm(cfg: LLMConfig, env_name: str, seed: int = 0,
     as `label.py label` does; an ablation of `weights_of` (the same model) shares its weights."""
     from fused.llm.vl import VLEncoder
 
+    if cfg.hidden == "garbage-prompt":
+        raise ConfigError("llm.hidden=garbage-prompt with a vision-language model: not built "
+                          "(its prompt is the frame and one instruction); use real, zero or "
+                          "shuffle")
     rows = max(cfg.microbatch, cfg.refresh_batch, 1)  # (auto call sizes fit what is left)
     shared = (weights_of is not None and weights_of.vl is not None
               and same_weights(cfg, weights_of.cfg))

@@ -81,6 +81,8 @@ class VLEncoder:
         v = cfg.vision
         patches = per_image * v.spatial_merge_size ** 2
         need["vision weights"] = v.num_params() * itemsize(dtype)
+        if params is not None:  # shared: already on the device, counted as in use there
+            need.pop("weights"), need.pop("vision weights")
         need["vision activations"] = rows * (
             patches * (v.hidden_size * 4 + v.intermediate_size) * itemsize(dtype)
             + v.num_heads * patches ** 2 * 4)
@@ -91,7 +93,12 @@ class VLEncoder:
             raise ConfigError(f"llm.weights={m.weights!r} ({dtype}): {e}") from None
         self.room = left + need["activations"] + need["vision activations"]
         if params is None:  # (given: another encoder's of the same model, layer and dtype)
-            _, params = load_vl_params(folder, jnp.dtype(dtype))
+            from llm_jax.loader import WeightsError
+
+            try:
+                _, params = load_vl_params(folder, jnp.dtype(dtype))
+            except WeightsError as e:
+                raise ConfigError(f"llm.weights={m.weights!r}: {e}") from None
             if not im.tokens:  # layers past the state's are never computed, nor logits
                 params["text"] = {k: v for k, v in first_layers(params["text"], cfg.text,
                                                                   self.layer).items()
