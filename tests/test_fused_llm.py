@@ -363,6 +363,12 @@ def test_call_sizes_from_env_count_and_cost_model():
     cap = int(batching.DEVICE_COSTS["gpu"].activation_bytes // row)
     p = batching.plan(big, 24, 1024, 4, 236, 1040, 790, "bfloat16", "gpu")
     assert p.microbatch == max(d for d in (1, 2, 4, 8, 16, 32, 64, 128) if d <= cap)
+    # a VL model's vision tower holds more per row: fewer rows fit (by hand)
+    extra = 3 * row
+    cap_vl = int(batching.DEVICE_COSTS["gpu"].activation_bytes // (row + extra))
+    p_vl = batching.plan(big, 24, 1024, 4, 236, 1040, 790, "bfloat16", "gpu", extra)
+    assert p_vl.microbatch == max(d for d in (1, 2, 4, 8, 16, 32, 64, 128) if d <= cap_vl)
+    assert p_vl.microbatch < p.microbatch
     # One call's cost: weights read once + launches, rows' FLOPs at the matmul rate (by hand).
     dev = batching.DEVICE_COSTS["gpu"]
     fixed, per_row = batching.call_cost(big, 24, 236, "bfloat16", dev)

@@ -118,14 +118,16 @@ def divisors(n: int) -> list[int]:
 
 
 def plan(q: Qwen3Config, layers: int, local_envs: int, refresh_wait: int, tokens: int,
-         max_tokens: int, prefix: int, dtype: str, device: str | DeviceCost) -> Batching:
+         max_tokens: int, prefix: int, dtype: str, device: str | DeviceCost,
+         extra_row_bytes: float = 0) -> Batching:
     """Micro-batch and refresh sizes (divisors of `local_envs`, the envs per device) for rows of
     typically `tokens` and at most `max_tokens` tokens after a `prefix`-token prompt, on
-    `device` (a platform's name, "cpu", "gpu", "tpu", or a device's `device_cost`)."""
+    `device` (a platform's name, "cpu", "gpu", "tpu", or a device's `device_cost`);
+    `extra_row_bytes`: what else a row holds at once (a VL model's vision tower)."""
     dev = device if isinstance(device, DeviceCost) else DEVICE_COSTS.get(device,
                                                                         DEVICE_COSTS["gpu"])
     divs = divisors(local_envs)
-    row_bytes = row_activation_bytes(q, max_tokens, prefix, dtype)
+    row_bytes = row_activation_bytes(q, max_tokens, prefix, dtype) + extra_row_bytes
     cap = max(1, int(dev.activation_bytes // row_bytes))
     microbatch = max(d for d in divs if d <= cap)
     waiting = local_envs * refresh_wait / EPISODE_STEPS  # envs ending within refresh_wait steps
@@ -148,7 +150,7 @@ def for_llm(llm, local_envs: int, platform: str | None = None) -> Batching:
     if platform is None and llm.activation_room is not None:  # what the weights leave
         dev = dev._replace(activation_bytes=min(dev.activation_bytes, llm.activation_room))
     auto = plan(llm.qcfg, llm.layer, local_envs, c.refresh_wait, typical, max_tokens, prefix,
-                llm.dtype, dev)
+                llm.dtype, dev, llm.vl.vision_row_bytes if llm.vl is not None else 0)
     microbatch = c.microbatch or auto.microbatch
     refresh = min(c.refresh_batch or auto.refresh, local_envs)
     return auto._replace(microbatch=microbatch, refresh=refresh)

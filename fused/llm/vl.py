@@ -83,9 +83,9 @@ class VLEncoder:
         need["vision weights"] = v.num_params() * itemsize(dtype)
         if params is not None:  # shared: already on the device, counted as in use there
             need.pop("weights"), need.pop("vision weights")
-        need["vision activations"] = rows * (
-            patches * (v.hidden_size * 4 + v.intermediate_size) * itemsize(dtype)
-            + v.num_heads * patches ** 2 * 4)
+        self.vision_row_bytes = (patches * (v.hidden_size * 4 + v.intermediate_size)
+                                 * itemsize(dtype) + v.num_heads * patches ** 2 * 4)
+        need["vision activations"] = rows * self.vision_row_bytes
         try:
             left, self.memory_line = check_fits(need, fixes(
                 dtype, "--llm.dtype", "--llm.layer", "--llm.microbatch / --batch"))
