@@ -257,12 +257,7 @@ class BatchEncoder:
 
     def __call__(self, obs: np.ndarray, keys: np.ndarray):
         out, gen, num, tokens = [], [], [], 0
-        for s in range(0, len(obs), self.batch):
-            chunk, k = obs[s:s + self.batch], keys[s:s + self.batch]
-            n = len(chunk)
-            if n < self.batch:
-                chunk = np.concatenate([chunk, np.repeat(chunk[:1], self.batch - n, 0)])
-                k = np.concatenate([k, np.repeat(k[:1], self.batch - n, 0)])
+        for chunk, k, n in batching.padded_batches(obs, keys, self.batch):
             h, tok, g, m = self.fn(jnp.asarray(chunk), jnp.asarray(k), self.llm.frozen)
             out.append(np.asarray(h)[:n])
             gen.append(np.asarray(g)[:n])

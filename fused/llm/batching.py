@@ -154,3 +154,17 @@ def for_llm(llm, local_envs: int, platform: str | None = None) -> Batching:
     microbatch = c.microbatch or auto.microbatch
     refresh = min(c.refresh_batch or auto.refresh, local_envs)
     return auto._replace(microbatch=microbatch, refresh=refresh)
+
+
+def padded_batches(obs, keys, batch: int):
+    """(rows, keys, n) of `batch` rows at a time of `obs` [M, ...] and `keys` [M, ...], the last
+    batch topped up with copies of its first row (one compiled shape), n its real rows."""
+    import numpy as np
+
+    for s in range(0, len(obs), batch):
+        chunk, k = obs[s:s + batch], keys[s:s + batch]
+        n = len(chunk)
+        if n < batch:
+            chunk = np.concatenate([chunk, np.repeat(chunk[:1], batch - n, 0)])
+            k = np.concatenate([k, np.repeat(k[:1], batch - n, 0)])
+        yield chunk, k, n

@@ -169,12 +169,9 @@ class VLLabeller(VLEncoder):
         generated), (generated tokens [M, N], their counts [M]))."""
         out, gen, num = [], [], []
         n_new = self.m.imagine.tokens
-        for s in range(0, len(obs), self.batch):
-            chunk, k = obs[s:s + self.batch], keys[s:s + self.batch]
-            n = len(chunk)
-            if n < self.batch:
-                chunk = np.concatenate([chunk, np.repeat(chunk[:1], self.batch - n, 0)])
-                k = np.concatenate([k, np.repeat(k[:1], self.batch - n, 0)])
+        from fused.llm.batching import padded_batches
+
+        for chunk, k, n in padded_batches(obs, keys, self.batch):
             if self.generate is None:
                 out.append(np.asarray(self.encode(self.params, jnp.asarray(chunk)))[:n])
                 continue
