@@ -29,7 +29,7 @@ TRUNCATE = "A copy of a checkpoint cut after its first L layers (a vLLM server's
 @dataclasses.dataclass(frozen=True)
 class Encode:
     weights: str
-    """HuggingFace Qwen3 model folder (dense or MoE)."""
+    """HuggingFace Qwen3 model folder (dense or MoE; with --image a Qwen3-VL one, dense or MoE)."""
     out: str
     """Output .npz with `hidden` ([T, H] for pool none, else [H]) and `token_ids` [T]."""
     text: str | None = None
@@ -67,7 +67,7 @@ class Generate(SamplingFlags):
     transformers and vLLM do); greedy where the checkpoint has none."""
 
     weights: str
-    """HuggingFace Qwen3 model folder (dense or MoE)."""
+    """HuggingFace Qwen3 model folder (dense or MoE; with --image a Qwen3-VL one, dense or MoE)."""
     out: str
     """Output .json: settings, prefix_ids, and per prompt {prompt, prompt_ids, tokens, text}
     (+ hidden [n, H] with --layer)."""
@@ -109,7 +109,7 @@ class Generate(SamplingFlags):
 @dataclasses.dataclass(frozen=True)
 class Truncate:
     weights: str
-    """HuggingFace Qwen3 model folder (dense or MoE)."""
+    """HuggingFace Qwen3 model folder (dense or MoE; with --image a Qwen3-VL one, dense or MoE)."""
     layers: int
     """Keep the first L layers."""
     out: str

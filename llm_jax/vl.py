@@ -1,7 +1,9 @@
-"""Qwen3-VL (dense) in JAX: config, safetensors loader, and the text pass with images: image
-tokens from the vision tower (`llm_jax.vision`) in place of `<|image_pad|>`, interleaved
-M-RoPE over (t, row, col) positions, DeepStack states added after the first decoder layers;
-the text model otherwise is Qwen3's (`llm_jax.model`, the same blocks and weights tables).
+"""Qwen3-VL (dense, and the MoE variant) in JAX: config, safetensors loader, and the text pass
+with images: image tokens from the vision tower (`llm_jax.vision`) in place of `<|image_pad|>`,
+interleaved M-RoPE over (t, row, col) positions, DeepStack states added after the first decoder
+layers; the text model otherwise is Qwen3's or Qwen3-MoE's (`llm_jax.model`, the same blocks and
+weights tables; a VL-MoE checkpoint's stacked expert tensors are read through
+`stacked_experts`).
 
 Positions (HF `get_rope_index`): text runs count on from the previous position on all three
 axes; an image of llm grid (1, h, w) starting at position p puts its tokens at (p, p + row,
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import jax
@@ -23,6 +26,10 @@ from llm_jax.loader import (TensorReader, WeightsError, check_tensors, expected_
                             model_kind, read_params, resolve_folder)
 from llm_jax.model import HiddenStates, Visual, hidden_states
 from llm_jax.vision import ProcessorConfig, VisionConfig, VisionConfigError, vision_tower
+
+
+# config.json model_type -> its text model's
+TEXT_TYPES = {"qwen3_vl": "qwen3", "qwen3_vl_moe": "qwen3_moe"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,16 +44,20 @@ class VLConfig:
 
     @classmethod
     def from_dict(cls, d: dict, processor: dict | None = None) -> "VLConfig":
-        if d.get("model_type") != "qwen3_vl":
-            raise Qwen3ConfigError(f"model_type={d.get('model_type')!r}, not 'qwen3_vl' (a "
-                                   "Qwen3-VL dense model)")
+        arch = d.get("model_type")
+        if arch not in TEXT_TYPES:
+            raise Qwen3ConfigError(f"model_type={arch!r}, not 'qwen3_vl' or 'qwen3_vl_moe' (a "
+                                   "Qwen3-VL model)")
         t = dict(d["text_config"])
+        # HF's VL-MoE router always renormalises the top-k weights, whatever the config says
+        moe = {"norm_topk_prob": True} if arch == "qwen3_vl_moe" else {}
         # transformers 5 writes rope_parameters; released configs (4.57) rope_scaling
         rope = t.get("rope_parameters") or t.get("rope_scaling") or {}
         section = tuple(rope.get("mrope_section", (24, 20, 20)))
         # the text model is Qwen3's; tie_word_embeddings lives at the top level of VL configs
         text = Qwen3Config.from_dict(dict(
-            {k: v for k, v in t.items() if k != "rope_scaling"}, model_type="qwen3",
+            {k: v for k, v in t.items() if k != "rope_scaling"}, model_type=TEXT_TYPES[arch],
+            **moe,
             tie_word_embeddings=d.get("tie_word_embeddings", t.get("tie_word_embeddings", False)),
             rope_parameters=dict({k: v for k, v in rope.items()
                                   if k not in ("mrope_section", "mrope_interleaved", "type")},
@@ -172,11 +183,56 @@ def load_vl_params(folder: str | Path, dtype=jnp.float32) -> tuple[VLConfig, dic
     cfg = VLConfig.from_folder(folder)
     reader = TensorReader(folder)
     expected = {text_name(n): s for n, s in expected_tensors(cfg.text).items()}
+    read = reader.read
+    if cfg.text.is_moe:
+        expected, read = stacked_experts(reader, cfg.text, expected)
     expected.update(vision_tensors(cfg.vision))
     check_tensors(folder, reader, expected, "a Qwen3-VL " + model_kind(cfg.text),
                   ignored=("lm_head.weight",))
-    text = read_params(lambda n: reader.read(text_name(n)), cfg.text, dtype)
+    text = read_params(lambda n: read(text_name(n)), cfg.text, dtype)
     return cfg, {"text": text, "vision": read_vision_params(reader.read, cfg.vision, dtype)}
+
+
+PER_EXPERT = re.compile(r"^(model\.language_model\.layers\.\d+\.mlp\.experts)\.(\d+)\."
+                        r"(gate|up|down)_proj\.weight$")
+
+
+def stacked_experts(reader: TensorReader, cfg: Qwen3Config, expected: dict):
+    """A Qwen3-VL-MoE checkpoint stacks each sparse layer's experts in two tensors,
+    `mlp.experts.gate_up_proj` and `down_proj`: [E, H, 2F] (gate, then up; x @ W) and [E, F, H]
+    as released, or their transposes [E, 2F, H], [E, H, F] as transformers 5's save_pretrained
+    writes them. Told apart by shape as HF's loader does (the transposed layout where both
+    fit: a square tensor is taken as it is). Returns `expected` with the per-expert names of
+    `llm_jax.weights` replaced by the stacked tensors (in the layout the file has) and a reader
+    serving each per-expert HF Linear weight from them (one stacked tensor held at a time)."""
+    e, h, f = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+    released = {"gate_up_proj": (e, h, 2 * f), "down_proj": (e, f, h)}
+    out, transposed = {}, {}
+    for name, shape in expected.items():
+        m = PER_EXPERT.match(name)
+        if not m:
+            out[name] = shape
+            continue
+        for proj, want in released.items():
+            full = f"{m.group(1)}.{proj}"
+            saved = (want[0], want[2], want[1])
+            transposed[full] = full in reader.files and reader.shape(full) == saved
+            out[full] = saved if transposed[full] else want
+    held: dict[str, np.ndarray] = {}
+
+    def read(name: str) -> np.ndarray:
+        m = PER_EXPERT.match(name)
+        if not m:
+            return reader.read(name)
+        full = f"{m.group(1)}.{'down_proj' if m.group(3) == 'down' else 'gate_up_proj'}"
+        if full not in held:
+            held.clear()
+            w = reader.read(full)
+            held[full] = w.transpose(0, 2, 1) if transposed[full] else w
+        w = held[full][int(m.group(2))]  # [H, 2F] or [F, H]: x @ w
+        return {"gate": w[:, :f], "up": w[:, f:], "down": w}[m.group(3)].T  # [out, in]
+
+    return out, read
 
 
 def random_vl_params(cfg: VLConfig, seed: int = 0, dtype=jnp.float32,

