@@ -264,6 +264,39 @@ def test_hub_ids_resolve_from_the_local_cache(tmp_path, monkeypatch):
         model_config(LLMConfig(backend="jax", weights="Org/Missing"))
 
 
+SIGNAL_IN_A_CALLBACK = """
+import gc, os, signal
+from rich.console import Console
+from fused.runs.interrupts import interrupts_exit, stop_if_interrupted
+
+def callback(phase, info):
+    if phase == "start" and not getattr(callback, "sent", False):
+        callback.sent = True
+        os.kill(os.getpid(), signal.SIGTERM)
+        sum(range(100))  # the handler runs here, inside the callback
+
+with interrupts_exit(Console(), "python job.py"):
+    gc.callbacks.append(callback)
+    gc.collect()
+    gc.callbacks.remove(callback)
+    print("past the callback")
+    stop_if_interrupted()
+    print("ran to the end")
+"""
+
+
+def test_a_signal_landing_in_a_callback_still_stops_the_job():
+    """A SIGTERM whose handler runs inside a garbage-collection callback (as one did inside
+    jax's, 1 s into `label.py label`): an exception raised there is dropped by Python, so the
+    job stops at its next safe point instead, with its one line and exit 130."""
+    p = subprocess.run([sys.executable, "-c", SIGNAL_IN_A_CALLBACK], cwd=ROOT,
+                       env=subprocess_env(), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 130, (p.stdout, p.stderr)
+    assert "past the callback" in p.stdout and "ran to the end" not in p.stdout
+    assert "resume with `python job.py`" in p.stdout and "Traceback" not in p.stderr
+    assert p.stderr.strip() == "SIGTERM: stopping after this batch (again to stop at once)"
+
+
 @pytest.mark.slow
 def test_sigint_during_generate_is_one_line_and_the_rerun_is_exact(dataset, tmp_path):
     out = tmp_path / "k"

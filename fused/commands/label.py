@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None):
     console = Console(soft_wrap=True)
     argv = sys.argv[1:] if argv is None else argv
     cmd, cfg = parse(argv)
-    from fused.runs.run_dir import interrupts_exit
+    from fused.runs.interrupts import interrupts_exit
 
     process.one_line_warnings()
     process.log_to(console)

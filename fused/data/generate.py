@@ -42,6 +42,7 @@ from fused.rl.policy_input import Identity
 from fused.rl.sharding import AXIS
 from fused.runs.cluster import barrier
 from fused.runs.config_io import to_dict
+from fused.runs.interrupts import stop_if_interrupted
 from fused.runs.progress import JobProgress
 
 # Fields that do not change the data (a rerun may differ in them).
@@ -190,6 +191,7 @@ class StreamWriter:
                 shards += 1
             t0 = t_next
             progress.advance(valid * c.envs_per_stream)
+            stop_if_interrupted()  # a safe point: committed shards and resume points kept
             if point:
                 self.save_resume_point(work, state, t0, shards, asm)
                 last_point = time.monotonic()

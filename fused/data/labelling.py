@@ -37,6 +37,7 @@ from fused.llm.encoder import LLM, encode_observations, imagine_observations, ma
 from fused.rl.obs_codec import ObsCodec
 from fused.runs.cluster import barrier
 from fused.runs.config_io import to_dict
+from fused.runs.interrupts import stop_if_interrupted
 from fused.runs.progress import JobProgress
 
 STORAGE = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
@@ -258,6 +259,7 @@ class BatchEncoder:
     def __call__(self, obs: np.ndarray, keys: np.ndarray):
         out, gen, num, tokens = [], [], [], 0
         for chunk, k, n in batching.padded_batches(obs, keys, self.batch):
+            stop_if_interrupted()
             h, tok, g, m = self.fn(jnp.asarray(chunk), jnp.asarray(k), self.llm.frozen)
             out.append(np.asarray(h)[:n])
             gen.append(np.asarray(g)[:n])

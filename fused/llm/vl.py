@@ -170,8 +170,10 @@ class VLLabeller(VLEncoder):
         out, gen, num = [], [], []
         n_new = self.m.imagine.tokens
         from fused.llm.batching import padded_batches
+        from fused.runs.interrupts import stop_if_interrupted
 
         for chunk, k, n in padded_batches(obs, keys, self.batch):
+            stop_if_interrupted()
             if self.generate is None:
                 out.append(np.asarray(self.encode(self.params, jnp.asarray(chunk)))[:n])
                 continue

@@ -8,11 +8,9 @@ wandb/, and the chores around them (signals, the progress bar, the console).
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import os
 import signal
-import sys
 from pathlib import Path
 
 from fused.runs.settings import WandbConfig
@@ -97,30 +95,6 @@ class RunDir:
         return wandb.init(project=w.project, entity=w.entity, mode=mode, dir=str(self.path),
                           config=to_dict(cfg), name=self.path.name,
                           id=self.path.name.replace("/", "_")[:120], resume="allow")
-
-
-@contextlib.contextmanager
-def interrupts_exit(console, resume_command: str):
-    """SIGINT / SIGTERM end the job with one line naming the command that resumes it (exit
-    130); the previous handlers are restored afterwards. For jobs whose committed work is kept
-    and whose rerun finishes them (label.py)."""
-    def to_interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, to_interrupt)
-    try:
-        yield
-    except KeyboardInterrupt:
-        console.print(f"\ninterrupted: the work committed so far is kept; resume with "
-                      f"`{resume_command}`")
-        # Exit at once: the unwinding has removed every temporary, and an XLA compile still
-        # running in another thread crashed the interpreter's teardown (SIGSEGV) when the
-        # signal came during a compilation.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(130)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 class StopFlag:
