@@ -497,7 +497,7 @@ def test_label_py_labels_frames_with_a_vl_model_as_hf_computes(tmp_path):
 @pytest.mark.slow
 def test_ppo_on_frames_with_a_vl_model_acts_on_hf_states(tmp_path):
     """train.py cpu-pixels --llm.weights VL_DIR: the fused loop reads each env's frame with the
-    Qwen3-VL (every step: --llm.skip-n 1) and trains; `label.py generate` from the run records
+    Qwen3-VL (here the MoE variant; every step: --llm.skip-n 1) and trains; `label.py generate` from the run records
     the states the policy acted on, each equal to HF's Qwen3-VL on that row's frame (the mean of
     the image tokens after layer 2); offline.py eval plays it (the ablations zero / shuffle act
     on the states after encoding, whatever made them: tests/test_fused_llm.py);
@@ -510,7 +510,8 @@ def test_ppo_on_frames_with_a_vl_model_acts_on_hf_states(tmp_path):
     from conftest import ROOT, subprocess_env
     from fused.data.store import Dataset
 
-    model = build_tiny_qwen3_vl(tmp_path / "vl", vocab=151_680, seed=7)
+    model = build_tiny_qwen3_vl(tmp_path / "vl", vocab=151_680, seed=7, experts=4, top_k=2,
+                                router_scale=4.0)  # (a MoE: the dense text pass is the labels')
     vl = ("--llm.backend", "jax", "--llm.weights", str(tmp_path / "vl"), "--llm.layer", "2",
           "--llm.pool", "image-mean")
 

@@ -84,8 +84,9 @@ class LLM(NamedTuple):
     @property
     def reports_load(self) -> bool:
         """Encoding returns router load statistics: the jax backend on a MoE model whose
-        computed layers include sparse ones (not imagination, whose decoding keeps none)."""
-        return (self.backend == "jax" and not self.imagines
+        computed layers include sparse ones (not imagination, whose decoding keeps none, nor a
+        Qwen3-VL-MoE reading frames, whose pass with images keeps none either)."""
+        return (self.backend == "jax" and not self.imagines and self.vl is None
                 and any(self.qcfg.sparse_layers[:self.layer]))
 
 
@@ -286,8 +287,8 @@ def encode_observations(llm: LLM, frozen: FrozenLLM | None, obs, microbatch: int
     `with_load` (only where `llm.reports_load`): also the router load [L_sparse, E] int32,
     assignments of the encoded tokens to each expert of each computed sparse layer."""
     if with_load and not llm.reports_load:
-        raise ValueError("router load asked of an LLM that reports none (dense, vllm backend "
-                         "or imagination)")
+        raise ValueError("router load asked of an LLM that reports none (dense, vllm backend, "
+                         "imagination or frames)")
     with jax.named_scope("llm"):  # in profiles: `bench/trace_report.py` groups device time by it
         return _encode_observations(llm, frozen, obs, microbatch, keys, with_load)
 
