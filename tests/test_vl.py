@@ -497,12 +497,12 @@ def test_label_py_labels_frames_with_a_vl_model_as_hf_computes(tmp_path):
 @pytest.mark.slow
 def test_ppo_on_frames_with_a_vl_model_acts_on_hf_states(tmp_path):
     """train.py cpu-pixels --llm.weights VL_DIR: the fused loop reads each env's frame with the
-    Qwen3-VL (here the MoE variant; every step: --llm.skip-n 1) and trains; `label.py generate` from the run records
-    the states the policy acted on, each equal to HF's Qwen3-VL on that row's frame (the mean of
-    the image tokens after layer 2); offline.py eval plays it (the ablations zero / shuffle act
-    on the states after encoding, whatever made them: tests/test_fused_llm.py);
-    a VL model on a symbolic env, with a garbage prompt, on the vllm backend or playing
-    (play.py llm): one line each."""
+    Qwen3-VL (here the MoE variant; every step: --llm.skip-n 1) and trains; `label.py generate`
+    from the run records the states the policy acted on, each equal to HF's Qwen3-VL on that
+    row's frame (the mean of the image tokens after layer 2); offline.py eval plays it (the
+    ablations zero / shuffle act on the states after encoding, whatever made them:
+    tests/test_fused_llm.py) and `offline.py probe` reads it; a VL model on a symbolic env,
+    with a garbage prompt, on the vllm backend or playing (play.py llm): one line each."""
     import json
     import subprocess
     import sys
@@ -546,6 +546,13 @@ def test_ppo_on_frames_with_a_vl_model_acts_on_hf_states(tmp_path):
         "6", "--video", "1", "--video-max-steps", "3")
     ev = json.loads((tmp_path / "px" / "eval.json").read_text())
     assert ev["length_mean"] == 6 and len(ev["videos"]) == 1  # (frames alone: no text twin)
+    # the probe: edits rendered as frames, read by the VL model; no garbage-prompt variant
+    run("offline.py", "probe", "--run", str(tmp_path / "px"), "--states", "3", "--warmup", "2",
+        "--eval-episodes", "0")
+    probe = json.loads((tmp_path / "px" / "probe.json").read_text())
+    assert set(probe["edits"]["food_low"]) == {"real", "zero", "shuffle"}
+    assert set(probe["ablations"]["zombie_adjacent"]) == {"zero", "shuffle", "counterfactual"}
+    assert np.isfinite([v["kl"] for a in probe["ablations"].values() for v in a.values()]).all()
     for bad, says in ((("--env.name", "Craftax-Classic-Symbolic-v1"), "reads frames"),
                       (("--llm.hidden", "garbage-prompt"), "garbage-prompt"),
                       (("--llm.backend", "vllm"), "vLLM")):

@@ -12,7 +12,8 @@ Hidden-state variants, for an LLM-augmented policy: `real` (the state encoded as
 would), `zero`, `shuffle` (real states permuted across the probe states), `garbage` (the
 observation after a shuffled prompt prefix) and, for the threats, `counterfactual` (the
 unedited observation with the hidden state of the edited one: the text describes a threat
-that is not on the map). A plain policy has only `real`.
+that is not on the map). A plain policy has only `real`; a Qwen3-VL-augmented one (its
+prompt is the frame and one instruction) has no `garbage`.
 
 Reported per edit and variant: mean V(edited) - V(base) and mean KL(pi(base) || pi(edited));
 per edit, the ablation's effect against `real` on the same edited states (value change, KL);
@@ -213,8 +214,11 @@ def run_probe(c: ProbeConfig, console) -> dict:
     for n in names:
         obs[n] = observe(jax.jit(jax.vmap(EDITS[n][0]))(base))
     llm = pol.cfg.llm.active_backend != "none"
-    variants = ["real", "zero", "shuffle", "garbage", "counterfactual"] if llm else ["real"]
-    inputs = hidden_inputs(pol, obs, c.seed) if llm else None
+    # A Qwen3-VL's prompt is the frame and one instruction: no garbage-prompt variant
+    vl = llm and pol.agent.inputs.llm.vl is not None
+    variants = (["real", "zero", "shuffle"] + ([] if vl else ["garbage"]) + ["counterfactual"]
+                if llm else ["real"])
+    inputs = hidden_inputs(pol, obs, c.seed, garbage=not vl) if llm else None
 
     def outputs(name, variant):
         if not llm:
@@ -250,7 +254,7 @@ def run_probe(c: ProbeConfig, console) -> dict:
                                                     else outputs("base", "real")[1], la)).mean())}
             results["ablations"][n] = row
     if c.eval_episodes and llm:
-        results["eval"] = ablation_returns(c, run_dir, console, pol.agent)
+        results["eval"] = ablation_returns(c, run_dir, console, pol.agent, garbage=not vl)
     out = run_dir / "probe.json"
     atomic_write_json(out, results)
     atomic_write(run_dir / "probe.md", table(results))
@@ -260,17 +264,19 @@ def run_probe(c: ProbeConfig, console) -> dict:
     return results
 
 
-def hidden_inputs(pol, obs: dict, seed: int) -> Callable:
-    """(edit name, variant) -> the normalised hidden states the policy would see [S, H]."""
+def hidden_inputs(pol, obs: dict, seed: int, garbage: bool = True) -> Callable:
+    """(edit name, variant) -> the normalised hidden states the policy would see [S, H]
+    (`garbage`: the garbage-prompt variant is built)."""
     from fused.llm.encoder import encode_observations, make_llm
     from fused.llm.norm import normalize
 
     llm = pol.agent.inputs.llm
-    garbage = make_llm(dataclasses.replace(pol.cfg.llm, hidden="garbage-prompt"),
-                       pol.cfg.env.name, pol.cfg.seed, weights_of=llm)
     mb = pol.agent.inputs.microbatch
     enc_real = jax.jit(lambda f, o: encode_observations(llm, f, o, mb)[0])
-    enc_garbage = jax.jit(lambda f, o: encode_observations(garbage, f, o, mb)[0])
+    if garbage:
+        garbage = make_llm(dataclasses.replace(pol.cfg.llm, hidden="garbage-prompt"),
+                           pol.cfg.env.name, pol.cfg.seed, weights_of=llm)
+        enc_garbage = jax.jit(lambda f, o: encode_observations(garbage, f, o, mb)[0])
     raw = {n: enc_real(llm.frozen, o) for n, o in obs.items()}
     norm = pol.inputs_state.norm if pol.inputs_state is not None else None
     perm = jax.random.permutation(jax.random.PRNGKey(seed), next(iter(obs.values())).shape[0])
@@ -292,12 +298,14 @@ def hidden_inputs(pol, obs: dict, seed: int) -> Callable:
     return get
 
 
-def ablation_returns(c: ProbeConfig, run_dir: Path, console, like) -> dict:
-    """Evaluation returns under each hidden-state ablation, all on `like`'s LLM weights."""
+def ablation_returns(c: ProbeConfig, run_dir: Path, console, like, garbage: bool = True
+                     ) -> dict:
+    """Evaluation returns under each hidden-state ablation, all on `like`'s LLM weights
+    (`garbage`: garbage-prompt among them)."""
     from fused.commands.offline_eval import EvalConfig, evaluate
 
     out = {}
-    for hidden in ("real", "zero", "shuffle", "garbage-prompt"):
+    for hidden in ("real", "zero", "shuffle") + (("garbage-prompt",) if garbage else ()):
         ev = EvalConfig(run=str(run_dir), episodes=c.eval_episodes, seed=c.seed,
                         max_steps=c.eval_max_steps, checkpoint=c.checkpoint, plot=False,
                         allow_mismatch=c.allow_mismatch or hidden != "real",
@@ -318,7 +326,8 @@ def table(r: dict) -> str:
         rows.append(f"| {n} | " + " | ".join(
             f"{e[v]['value_change']:+.3f}, {e[v]['kl']:.3f}" for v in variants) + " |")
     if r["ablations"]:
-        kinds = ["zero", "shuffle", "garbage", "counterfactual"]
+        kinds = [k for k in ("zero", "shuffle", "garbage", "counterfactual")
+                 if any(k in a for a in r["ablations"].values())]
         rows += ["", "| state | " + " | ".join(f"{k} vs real: dV, KL" for k in kinds) + " |",
                  "|---|" + "---|" * len(kinds)]
         for n, a in r["ablations"].items():
