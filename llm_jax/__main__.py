@@ -109,7 +109,7 @@ class Generate(SamplingFlags):
 @dataclasses.dataclass(frozen=True)
 class Truncate:
     weights: str
-    """HuggingFace Qwen3 model folder (dense or MoE; with --image a Qwen3-VL one, dense or MoE)."""
+    """HuggingFace Qwen3 model folder (dense or MoE)."""
     layers: int
     """Keep the first L layers."""
     out: str

@@ -174,9 +174,11 @@ def text_name(name: str) -> str:
     return "model.language_model." + name[len("model."):] if name.startswith("model.") else name
 
 
-def load_vl_params(folder: str | Path, dtype=jnp.float32) -> tuple[VLConfig, dict]:
+def load_vl_params(folder: str | Path, dtype=jnp.float32, layers: int | None = None
+                   ) -> tuple[VLConfig, dict]:
     """(config, {"text": Qwen3 params, "vision": tower params}) of a Qwen3-VL folder; every
-    tensor's name and shape checked first, all problems in one line."""
+    tensor's name and shape checked first, all problems in one line. With `layers`, only the
+    text model's first `layers` layers are read (`first_layers` of the whole)."""
     folder = resolve_folder(folder)
     if not folder.is_dir():
         raise WeightsError(f"{folder} is not a folder; pass a HuggingFace Qwen3-VL model folder")
@@ -189,7 +191,7 @@ def load_vl_params(folder: str | Path, dtype=jnp.float32) -> tuple[VLConfig, dic
     expected.update(vision_tensors(cfg.vision))
     check_tensors(folder, reader, expected, "a Qwen3-VL " + model_kind(cfg.text),
                   ignored=("lm_head.weight",))
-    text = read_params(lambda n: read(text_name(n)), cfg.text, dtype)
+    text = read_params(lambda n: read(text_name(n)), cfg.text, dtype, layers)
     return cfg, {"text": text, "vision": read_vision_params(reader.read, cfg.vision, dtype)}
 
 
@@ -215,6 +217,8 @@ def stacked_experts(reader: TensorReader, cfg: Qwen3Config, expected: dict):
             continue
         for proj, want in released.items():
             full = f"{m.group(1)}.{proj}"
+            if full in out:
+                continue
             saved = (want[0], want[2], want[1])
             transposed[full] = full in reader.files and reader.shape(full) == saved
             out[full] = saved if transposed[full] else want

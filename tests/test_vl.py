@@ -211,6 +211,12 @@ def test_vl_moe_reads_released_and_saved_expert_layouts_as_hf_does(tmp_path):
     _, params_saved = load_vl_params(tmp_path / "saved")
     assert cfg.text.is_moe and cfg.text.norm_topk_prob
     jax.tree.map(np.testing.assert_array_equal, params, params_saved)
+    # reading the first layers only (labels, online) equals cutting the whole
+    from llm_jax.weights import first_layers
+
+    _, cut = load_vl_params(released, layers=1)
+    jax.tree.map(np.testing.assert_array_equal, cut["text"],
+                 first_layers(params["text"], cfg.text, 1))
     imgs = classic_frames(1)
     pixels, grid = preprocess(jnp.asarray(imgs), cfg.processor)
     # a row with the frame and a text row (this random model repeats one token after a frame)

@@ -42,7 +42,7 @@ from fused.rl.policy_input import Identity
 from fused.rl.sharding import AXIS
 from fused.runs.cluster import barrier
 from fused.runs.config_io import to_dict
-from fused.runs.interrupts import stop_if_interrupted
+from fused.runs.interrupts import interrupt_requested, stop_if_interrupted
 from fused.runs.progress import JobProgress
 
 # Fields that do not change the data (a rerun may differ in them).
@@ -104,7 +104,9 @@ def generate(c: GenerateConfig, console) -> Dataset:
     with JobProgress(console, len(mine) * c.steps * c.envs_per_stream, unit="steps",
                      description="generating", rate=True) as progress:
         for g in mine:
+            stop_if_interrupted()
             writer.run(g, progress)
+    stop_if_interrupted()
     if part is not None:
         console.print(f"part {c.part} done ({len(mine)} streams); when every part is, run the "
                       "same command without --part to write the manifest")
@@ -182,7 +184,8 @@ class StreamWriter:
         while running is not None:
             state, rec = running
             t_next = t0 + c.block_steps
-            point = t_next < c.steps and time.monotonic() - last_point >= c.resume_seconds
+            point = t_next < c.steps and (time.monotonic() - last_point >= c.resume_seconds
+                                          or interrupt_requested())  # (saved, then stop)
             running = self.dispatch(state, t_next) if t_next < c.steps and not point else None
             rows = host_rows(jax.device_get(rec), t0, g * c.envs_per_stream)
             valid = min(c.block_steps, c.steps - t0)
@@ -191,10 +194,10 @@ class StreamWriter:
                 shards += 1
             t0 = t_next
             progress.advance(valid * c.envs_per_stream)
-            stop_if_interrupted()  # a safe point: committed shards and resume points kept
             if point:
                 self.save_resume_point(work, state, t0, shards, asm)
                 last_point = time.monotonic()
+                stop_if_interrupted()  # a safe point: committed shards and this resume point
                 running = self.dispatch(state, t0)
         for shard in asm.finish():
             self.commit(g, shards, shard)

@@ -160,6 +160,7 @@ def label(c: LabelConfig, console, num_devices: int = 1) -> Dataset:
     with JobProgress(console, sum(rows[names[i]] for i in mine), unit="rows",
                      description=f"labelling {c.name}", rate=True) as progress:
         for i in mine:
+            stop_if_interrupted()
             target = ds.label_dir(c.name, names[i])
             if done and not c.overwrite and ds.problem("labels", names[i], c.name):
                 shutil.rmtree(target, ignore_errors=True)  # stale (damage `committed` finds)

@@ -27,6 +27,7 @@ from fused.errors import ConfigError
 from fused.data.config import ReturnsConfig
 from fused.data.store import Dataset, commit_group, committed
 from fused.runs.cluster import barrier
+from fused.runs.interrupts import stop_if_interrupted
 
 COLUMNS = ("reward", "terminated", "truncated", "episode_id", "value", "truncation_value")
 
@@ -95,7 +96,10 @@ def compute_returns(c: ReturnsConfig, console) -> Dataset:
                           "or --name for another")
     t0 = time.time()
     shards = manifest["shards"]
-    parts = [ds.read(s["name"], list(COLUMNS)) for s in shards]
+    parts = []
+    for s in shards:  # (read and verified shard by shard: a safe point each)
+        stop_if_interrupted()
+        parts.append(ds.read(s["name"], list(COLUMNS)))
     cols = {k: np.concatenate([p[k] for p in parts]) for k in COLUMNS}
     if c.incomplete == "bootstrap" and not np.isfinite(cols["value"]).any():
         raise ConfigError("incomplete=bootstrap needs the behaviour critic's values; this "
@@ -106,6 +110,7 @@ def compute_returns(c: ReturnsConfig, console) -> Dataset:
     ds.returns_dir(name).mkdir(parents=True, exist_ok=True)
     offset, redone = 0, 0
     for i, s in enumerate(shards):
+        stop_if_interrupted()
         n = s["rows"]
         if done is not None and ds.problem("returns", s["name"], name) is None:
             offset += n  # a complete set: rewrite only what is stale or damaged

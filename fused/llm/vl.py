@@ -51,7 +51,6 @@ class VLEncoder:
         from llm_jax.tokenizer import load_tokenizer
         from llm_jax.vision import preprocess
         from llm_jax.vl import VLConfig, image_prompt_ids, load_vl_params, rope_index
-        from llm_jax.weights import first_layers
 
         s = spec(env_name)
         folder = resolve_folder(m.weights)
@@ -95,14 +94,15 @@ class VLEncoder:
         if params is None:  # (given: another encoder's of the same model, layer and dtype)
             from llm_jax.loader import WeightsError
 
+            # layers past the state's are never computed, nor logits: never read (the memory
+            # check counted only the computed ones)
             try:
-                _, params = load_vl_params(folder, jnp.dtype(dtype))
+                _, params = load_vl_params(folder, jnp.dtype(dtype),
+                                           None if im.tokens else self.layer)
             except WeightsError as e:
                 raise ConfigError(f"llm.weights={m.weights!r}: {e}") from None
-            if not im.tokens:  # layers past the state's are never computed, nor logits
-                params["text"] = {k: v for k, v in first_layers(params["text"], cfg.text,
-                                                                  self.layer).items()
-                                  if k != "lm_head"}
+            if not im.tokens:
+                params["text"].pop("lm_head", None)
         self.params = params
         self.stop_ids, self.sampling = (), None
         if im.tokens:

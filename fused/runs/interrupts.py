@@ -6,8 +6,10 @@ A signal only sets a flag; the job's loops call `stop_if_interrupted` between ba
 blocks. Raising KeyboardInterrupt wherever the signal lands was not enough: landing in a
 callback Python calls for its own purposes (jax's garbage-collection callback) the exception is
 printed as "Exception ignored" and dropped, and the job ran on to the end (measured: one
-SIGTERM in five, 1 s into labelling). A second signal raises at once (a wait with no safe
-point: a long compile, another process's barrier).
+SIGTERM in five, 1 s into labelling). A second signal kills the job at once with the signal's
+default action (a wait with no safe point, a long compile or another process's barrier, runs
+in C++, where no Python handler can raise); what it had committed is kept and the rerun
+finishes, as after SIGKILL.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ class _Requested:
     value = False
 
 
+def interrupt_requested() -> bool:
+    """Whether a signal asked the job to stop (a loop may first save what it would lose)."""
+    return _Requested.value
+
+
 def stop_if_interrupted() -> None:
     """A safe point: KeyboardInterrupt if a signal asked the job to stop."""
     if _Requested.value:
@@ -36,16 +43,21 @@ def interrupts_exit(console, resume_command: str):
     """SIGINT / SIGTERM end the job at its next `stop_if_interrupted` with one line naming the
     command that resumes it (exit 130); the previous handlers are restored afterwards."""
     def on_signal(signum, frame):
-        if _Requested.value:
-            raise KeyboardInterrupt
         _Requested.value = True
-        os.write(sys.stderr.fileno(), f"\n{signal.Signals(signum).name}: stopping after this "
-                 "batch (again to stop at once)\n".encode())
+        for sig in previous:  # a second signal: its default action, at once
+            signal.signal(sig, signal.SIG_DFL)
+        try:
+            os.write(sys.stderr.fileno(), f"\n{signal.Signals(signum).name}: stopping after "
+                     "this batch (again to stop at once)\n".encode())
+        except OSError:  # (stderr closed: the stop still comes)
+            pass
 
     _Requested.value = False
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
+        if _Requested.value:
+            console.print("(the job had finished before it could stop)")
     except KeyboardInterrupt:
         console.print(f"\ninterrupted: the work committed so far is kept; resume with "
                       f"`{resume_command}`")
