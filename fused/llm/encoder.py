@@ -45,6 +45,9 @@ class FrozenLLM(NamedTuple):
     params: Any  # Qwen3 params, first `layer` layers only (all of them with imagination)
     prefix: PrefixCache
     tail: jax.Array  # [K] int32
+    # [] bool: `--llm.hidden shuffle` (data, not a branch: real and shuffled runs and
+    # evaluations share one compiled program)
+    shuffle: jax.Array
 
 
 class LLM(NamedTuple):
@@ -187,7 +190,8 @@ def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0, weights_of: LLM | Non
         elif cache is None:  # embeddings only: no attention, an empty cache
             empty = jnp.zeros((0, len(prefix_ids), qcfg.num_kv_heads, qcfg.head_dim), dtype)
             cache = PrefixCache(empty, empty)
-        frozen = FrozenLLM(params, cache, jnp.asarray(parts.tail))
+        frozen = FrozenLLM(params, cache, jnp.asarray(parts.tail),
+                           jnp.asarray(cfg.hidden == "shuffle"))
     else:
         host = HostEncoder(cfg, renderer.layout, tok, prefix_ids, parts.tail,
                            qcfg.hidden_size, renderer.offset)
@@ -223,7 +227,8 @@ def make_vl_llm(cfg: LLMConfig, env_name: str, seed: int = 0,
     log.info(f"{cfg.weights} ({enc.dtype}) {enc.memory_line}")
     params, enc.params = enc.params, None  # (the chunk gets them as an argument)
     empty = jnp.zeros((0, 0, enc.cfg.text.num_kv_heads, enc.cfg.text.head_dim), enc.dtype)
-    frozen = FrozenLLM(params, PrefixCache(empty, empty), jnp.zeros(0, jnp.int32))
+    frozen = FrozenLLM(params, PrefixCache(empty, empty), jnp.zeros(0, jnp.int32),
+                       jnp.asarray(cfg.hidden == "shuffle"))
     if enc.sampling is not None:
         log.info(f"imagination sampling: {enc.sampling.describe()}")
     return LLM(cfg=cfg, backend="jax", qcfg=enc.cfg.text, layer=enc.layer, renderer=None,

@@ -43,10 +43,15 @@ def policy_hidden(llm: LLM, s: LLMState) -> jax.Array:
     return normalize(s.norm, h) if llm.cfg.normalize else h
 
 
-def _ablate(llm: LLM, hidden, key):
-    if llm.cfg.hidden == "shuffle":
+def _ablate(llm: LLM, frozen: FrozenLLM | None, hidden, key):
+    """`--llm.hidden shuffle`: the rows' states permuted; a flag of the jax backend's frozen
+    arrays (so one program serves real and shuffle), of the config for the vllm backend."""
+    if frozen is None:
+        if llm.cfg.hidden != "shuffle":
+            return hidden
         return hidden[jax.random.permutation(key, hidden.shape[0])]
-    return hidden
+    return jnp.where(frozen.shuffle, hidden[jax.random.permutation(key, hidden.shape[0])],
+                     hidden)
 
 
 def llm_step(llm: LLM, frozen: FrozenLLM | None, s: LLMState, obs, done, step, key, microbatch,
@@ -88,7 +93,7 @@ def llm_step(llm: LLM, frozen: FrozenLLM | None, s: LLMState, obs, done, step, k
     def full(s):
         keys = None if k_imagine_full is None else jax.random.split(k_imagine_full, n)
         h, tokens, load = encode(obs, microbatch, keys)
-        h = _ablate(llm, h, k_full)
+        h = _ablate(llm, frozen, h, k_full)
         norm = update_norm(s.norm, h, jnp.ones(n), axis_name)
         m = {"llm/calls": jnp.float32(1), "llm/refreshed": zero,
              "llm/tokens": tokens.astype(jnp.float32)}
@@ -110,7 +115,7 @@ def llm_step(llm: LLM, frozen: FrozenLLM | None, s: LLMState, obs, done, step, k
             keys = (None if k_imagine_part is None
                     else jax.random.split(jax.random.fold_in(k_imagine_part, j), r))
             h, t, lj = encode(obs[idx], None, keys)
-            h = _ablate(llm, h, jax.random.fold_in(k_part, j))
+            h = _ablate(llm, frozen, h, jax.random.fold_in(k_part, j))
             hidden = hidden.at[idx].set(jnp.where(valid[:, None], h, hidden[idx]))
             load = None if load is None else load + lj
             return hidden, done_rows.at[idx].set(done_rows[idx] | valid), tokens + t, load
