@@ -31,6 +31,7 @@ from rich.console import Console
 
 from fused.errors import ConfigError
 from fused.runs.files import require_writable
+from fused.runs.interrupts import Flag
 
 DESCRIPTION = ("You play Craftax on a local web page (or from a --script of keys); every step is "
                "recorded into a label.py dataset at --out.")
@@ -192,24 +193,7 @@ def run(c: HumanConfig, command: str, console: Console) -> dict:
 # by the main thread while the page is served in another), rather than raising wherever the
 # signal lands: a KeyboardInterrupt raised inside a library's import or texture loading was
 # swallowed there, and the server went on serving.
-class _Stop:
-    """A flag without a lock (an Event's lock, taken by a handler that interrupted the main
-    thread inside it, would deadlock)."""
-
-    def __init__(self):
-        self.asked = False
-
-    def set(self):
-        self.asked = True
-
-    def clear(self):
-        self.asked = False
-
-    def is_set(self) -> bool:
-        return self.asked
-
-
-STOP = _Stop()
+STOP = Flag()
 
 
 def _on_signal(*_) -> None:

@@ -20,21 +20,34 @@ import signal
 import sys
 
 
-class _Requested:
-    """Whether a signal asked the running job to stop (a class attribute: no lock, which a
-    signal handler interrupting its own thread could not take)."""
+class Flag:
+    """A flag a signal handler sets, without a lock (a lock, such as an Event's, taken by a
+    handler that interrupted its own thread inside it would deadlock). Also play.py human's."""
 
-    value = False
+    def __init__(self):
+        self.asked = False
+
+    def set(self):
+        self.asked = True
+
+    def clear(self):
+        self.asked = False
+
+    def is_set(self) -> bool:
+        return self.asked
+
+
+_REQUESTED = Flag()  # a signal asked the running job to stop
 
 
 def interrupt_requested() -> bool:
     """Whether a signal asked the job to stop (a loop may first save what it would lose)."""
-    return _Requested.value
+    return _REQUESTED.is_set()
 
 
 def stop_if_interrupted() -> None:
     """A safe point: KeyboardInterrupt if a signal asked the job to stop."""
-    if _Requested.value:
+    if _REQUESTED.is_set():
         raise KeyboardInterrupt
 
 
@@ -43,7 +56,7 @@ def interrupts_exit(console, resume_command: str):
     """SIGINT / SIGTERM end the job at its next `stop_if_interrupted` with one line naming the
     command that resumes it (exit 130); the previous handlers are restored afterwards."""
     def on_signal(signum, frame):
-        _Requested.value = True
+        _REQUESTED.set()
         for sig in previous:  # a second signal: its default action, at once
             signal.signal(sig, signal.SIG_DFL)
         try:
@@ -52,11 +65,11 @@ def interrupts_exit(console, resume_command: str):
         except OSError:  # (stderr closed: the stop still comes)
             pass
 
-    _Requested.value = False
+    _REQUESTED.clear()
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
-        if _Requested.value:
+        if _REQUESTED.is_set():
             console.print("(the job had finished before it could stop)")
     except KeyboardInterrupt:
         console.print(f"\ninterrupted: the work committed so far is kept; resume with "
@@ -70,4 +83,4 @@ def interrupts_exit(console, resume_command: str):
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        _Requested.value = False
+        _REQUESTED.clear()
