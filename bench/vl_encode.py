@@ -210,13 +210,16 @@ def gpu_rows(args: Args, emit) -> None:
         out = jax.block_until_ready(encode(params, x))
         times.append(time.perf_counter() - t0)
     dt = statistics.median(times)
-    tokens = int(enc.ids.size)
+    # each frame's row computes the prompt after the text before the image (computed once a
+    # call, as a prefix cache)
+    tokens, before = enc.row_tokens, enc.prefix_len
     patches = enc.per_image * cfg.vision.spatial_merge_size ** 2
     flops = (vision_flops(cfg.vision, patches)
-             + tokens * cfg.text.flops_per_token(enc.layer, 0, tokens))
+             + tokens * cfg.text.flops_per_token(enc.layer, before, tokens))
     peak = matmul_flops(args.dtype)
     emit({"name": "vl_gpu", "model": args.shape, "device": str(jax.devices()[0]),
           "dtype": args.dtype, "frames": args.frames, "microbatch": mb, "tokens": tokens,
+          "prefix_tokens": before,
           "image_tokens": enc.per_image, "frames_per_s": args.frames / dt, "seconds": dt,
           "compile_s": compile_s, "flops_per_frame": flops, "matmul_flops_per_s": peak,
           "mfu": args.frames * flops / dt / peak,

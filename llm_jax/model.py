@@ -444,15 +444,13 @@ def hidden_states(params, cfg: Qwen3Config, tokens, lengths, layer: int,
                   visual: Visual | None = None) -> HiddenStates:
     """Residual stream after `layer` blocks (0 = embeddings). tokens: [B, T] right-padded,
     lengths: [B]. Only the first `layer` blocks are computed. `visual`: image tokens, their
-    positions and DeepStack states (`llm_jax.vl`)."""
+    positions and DeepStack states (`llm_jax.vl`); with a `prefix` too (text before the first
+    image, `llm_jax.vl.vl_prefill`), its positions are the rows' own, continuing the prefix's."""
     if not 0 <= layer <= cfg.num_layers:
         raise ValueError(f"layer={layer} must lie in 0..{cfg.num_layers}")
     t = tokens.shape[1]
     x = params["embed"][tokens]
-    if visual is not None:
-        if prefix is not None:
-            raise ValueError("a prefix cache with images: the M-RoPE positions start at 0; "
-                             "put the prefix's tokens in the rows")
+    if visual is not None:  # (its rope tables hold the rows' positions, after any prefix)
         x = jnp.where(visual.mask[..., None], visual.embeds.astype(x.dtype), x)
     offset = 0 if prefix is None else prefix.k.shape[1]
     pos = (offset + jnp.arange(t))[None]  # [1, T]: the same for every row

@@ -24,7 +24,7 @@ import numpy as np
 from llm_jax.config import Qwen3Config, Qwen3ConfigError
 from llm_jax.loader import (TensorReader, WeightsError, check_tensors, expected_tensors,
                             model_kind, read_params, resolve_folder)
-from llm_jax.model import HiddenStates, Visual, hidden_states
+from llm_jax.model import HiddenStates, PrefixCache, Visual, hidden_states
 from llm_jax.vision import ProcessorConfig, VisionConfig, VisionConfigError, vision_tower
 
 
@@ -346,20 +346,42 @@ def visual_inputs(cfg: VLConfig, tokens, positions, embeds, deepstack, dtype) ->
 
 
 def vl_hidden_states(params: dict, cfg: VLConfig, tokens, lengths, layer: int, pixels,
-                     grid: tuple[int, int, int], positions) -> HiddenStates:
+                     grid: tuple[int, int, int], positions,
+                     prefix: PrefixCache | None = None) -> HiddenStates:
     """Residual stream after `layer` text blocks of rows with images: pixels [I, N, patch_dim]
     (`vision.preprocess`, one grid), tokens [B, T] with the images' `<|image_pad|>` runs in
-    order, positions [3, B, T] (`rope_index`, given the image count, checks they match)."""
+    order, positions [3, B, T] (`rope_index`, given the image count, checks they match). With
+    `prefix` (`vl_prefill` of the text before the first image), the rows continue it: tokens
+    and positions are the prompt's from the prefix's length on."""
     out = vision_tower(params["vision"], cfg.vision, pixels, grid)
     dtype = params["text"]["embed"].dtype
     vis = visual_inputs(cfg, tokens, positions, out.embeds, out.deepstack, dtype)
-    return hidden_states(params["text"], cfg.text, tokens, lengths, layer, visual=vis)
+    return hidden_states(params["text"], cfg.text, tokens, lengths, layer, prefix, visual=vis)
+
+
+def vl_prefill(text_params: dict, cfg: VLConfig, prefix_ids, layers: int
+               ) -> tuple[PrefixCache, jax.Array]:
+    """The cache of a prompt's text before its first image (`prefix_ids` [P], no image token),
+    shared by every row whose prompt starts with it: (keys / values of the first `layers`
+    blocks, the states [P, H] after block `layers`). Text positions are 0..P-1 on all three
+    M-RoPE axes, where M-RoPE equals Qwen3's plain rope, so the text model's pass computes it."""
+    if (np.asarray(prefix_ids) == cfg.image_token_id).any():
+        raise ValueError("a prefix with image tokens; cache only the text before the first image")
+    tokens = jnp.asarray(prefix_ids, jnp.int32)[None]
+    out = hidden_states(text_params, cfg.text, tokens, jnp.array([tokens.shape[1]], jnp.int32),
+                        layers)
+    if out.kv is None:  # layer 0: the embeddings, no block to cache
+        t = cfg.text
+        empty = jnp.zeros((0, tokens.shape[1], t.num_kv_heads, t.head_dim), out.x.dtype)
+        return PrefixCache(empty, empty), out.x[0]
+    return PrefixCache(out.kv[0][:, 0], out.kv[1][:, 0]), out.x[0]
 
 
 def vl_generate(params: dict, cfg: VLConfig, tokens, lengths, pixels, grid: tuple[int, int, int],
                 positions, deltas, key, **kw):
     """`llm_jax.decode.generate` for prompts with images (pixels, positions and deltas as
-    `vl_hidden_states` and `rope_index` give them); keyword arguments as `generate`'s."""
+    `vl_hidden_states` and `rope_index` give them; with `prefix=` (`vl_prefill` of every layer)
+    tokens and positions are the prompt's after it); keyword arguments as `generate`'s."""
     from llm_jax.decode import generate
 
     out = vision_tower(params["vision"], cfg.vision, pixels, grid)

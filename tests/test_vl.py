@@ -4,6 +4,7 @@ and every text layer with images in the prompt, on tiny random checkpoints of se
 
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -443,6 +444,52 @@ def hf_imagined(model, frame: np.ndarray, layer: int, n_new: int, stop: list[int
     return out[0, ids.shape[1]:].numpy(), states[0, ids.shape[1]:].numpy()
 
 
+def test_frames_prompt_continues_its_prefix_cache_and_pools_as_hf(tmp_path):
+    """The frames' encoder computes the text before the image once per call and its rows
+    continue it (each row computes only the prompt after it); the pooled states still equal
+    HF's Qwen3-VL over the whole prompt: `mean` over every prompt token, the prefix's
+    included, `last`, and every 8th image token, after layer 2 (of 3) and the last layer
+    post-normed; imagination's greedy tokens after the prefix equal HF `generate`'s."""
+    import torch
+
+    from fused.llm.config import ImagineConfig, LLMConfig
+    from fused.llm.vl import VLEncoder
+
+    model = build_tiny_qwen3_vl(tmp_path / "vl", vocab=151_680, seed=3, layers=3)
+    frames = classic_frames(3)
+    ids, pix = hf_prompt(frames[0])
+    for pool, layer, post in (("mean", 2, False), ("last", 2, False), ("every:8", 2, False),
+                              ("mean", 3, True)):
+        enc = VLEncoder(LLMConfig(backend="jax", weights=str(tmp_path / "vl"), layer=layer,
+                                  pool=pool, post_norm=post, dtype="float32"),
+                        "Craftax-Classic-Pixels-v1", 2)
+        # the prefix: <|im_start|>, user, \n, <|vision_start|>
+        assert enc.prefix_len == 4 and enc.row_tokens == ids.shape[1] - 4
+        assert np.array_equal(enc.ids, ids[0].numpy())
+        got = np.asarray(jax.jit(enc.fn)(enc.params, jnp.asarray(frames[:2].reshape(2, -1)
+                                                                  / 255.0)))
+        for r in range(2):
+            ids, pix = hf_prompt(frames[r])
+            with torch.no_grad():
+                out = model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                            mm_token_type_ids=(ids == 151655).long(), **pix,
+                            output_hidden_states=True).hidden_states
+            x = (out[layer] if not post else model.model.language_model.norm(out[layer])
+                 if layer < 3 else out[3])[0].numpy()
+            want = {"mean": x.mean(0), "last": x[-1],
+                    "every:8": x[ids[0].numpy() == 151655][::8].mean(0)}[pool]
+            np.testing.assert_allclose(got[r], want, atol=1e-4, rtol=0, err_msg=pool)
+    enc = VLEncoder(LLMConfig(backend="jax", weights=str(tmp_path / "vl"), layer=2,
+                              dtype="float32", imagine=ImagineConfig(tokens=4, greedy=True)),
+                    "Craftax-Classic-Pixels-v1", 1)
+    stop = list(enc.stop_ids)
+    new, states = hf_imagined(model, frames[2], 2, 4, stop)
+    _, tokens, num = jax.jit(enc.imagine)(enc.params, jnp.asarray(frames[2:].reshape(1, -1)
+                                                                 / 255.0),
+                                          jax.random.split(jax.random.PRNGKey(0), 1))
+    assert int(num[0]) == len(new) and list(np.asarray(tokens)[0, :len(new)]) == list(new)
+
+
 @pytest.mark.slow
 def test_label_py_labels_frames_with_a_vl_model_as_hf_computes(tmp_path):
     """`label.py label --llm.weights VL_DIR` on a dataset of frames: each labelled row's state
@@ -659,5 +706,6 @@ def test_imagination_with_frames_is_hf_generation_states_pooled(tmp_path):
         "--run-name", "im")
     row = [json.loads(x) for x in (tmp_path / "im" / "metrics.jsonl").read_text().splitlines()
            if "llm/tokens" in x][-1]
-    prompts = 4 * 16 * entry["prompt_tokens"]  # (the same prompt as the label set's)
+    # the same prompt as the label set's, after the 4 tokens of its cached prefix
+    prompts = 4 * 16 * (entry["prompt_tokens"] - 4)
     assert prompts < row["llm/tokens"] <= prompts + 4 * 16 * 3, row

@@ -141,8 +141,9 @@ def for_llm(llm, local_envs: int, platform: str | None = None) -> Batching:
     explicit --llm.microbatch / --llm.refresh-batch (non-zero) taking precedence."""
     c = llm.cfg
     max_tokens = llm.buckets[-1]
-    if llm.vl is not None:  # a frame's prompt: one length, no prefix cache
-        typical, prefix = max_tokens, 0
+    if llm.vl is not None:  # a frame's prompt: one length after the text before the image
+        typical = max_tokens = llm.vl.row_tokens
+        prefix = llm.vl.prefix_len
     else:  # rows are typically a quarter of the renderer's worst case (Classic: 209 of 1013)
         typical = llm.renderer.max_tokens // 4 + max_tokens - llm.renderer.max_tokens
         prefix = len(llm.prefix_ids)

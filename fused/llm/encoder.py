@@ -305,7 +305,7 @@ def _encode_observations(llm: LLM, frozen: FrozenLLM | None, obs, microbatch, ke
         n = obs.shape[0]
         mb = microbatch or n
         frames = obs.reshape(n // mb, mb, *obs.shape[1:])
-        prompts = jnp.int32(n * llm.prefix_ids.size)
+        prompts = jnp.int32(n * llm.vl.row_tokens)  # (after the shared prefix, as for text)
         if not llm.imagines:
             hidden = jax.lax.map(lambda f: llm.vl.fn(frozen.params, f), frames)
             return hidden.reshape(n, -1), prompts

@@ -8,7 +8,10 @@ before a short instruction (`VL_INSTRUCTION`), and the residual stream after `--
 pooled: `last` / `mean` as for text, or over the image tokens, `image-mean` or `every:K` (the
 prior system's every:8 of the last layer). Every frame of an env has one size, so every
 prompt has the same tokens and M-RoPE positions (computed once on the host); one jitted
-function takes a batch of frames to pooled states.
+function takes a batch of frames to pooled states. The text before the image (the chat turn's
+start) is computed once per call and its rows continue it as a prefix cache (the text after the
+image attends to the image, so no other part of the prompt is shared between frames); `mean`
+still averages over the whole prompt, the prefix's states included.
 """
 
 from __future__ import annotations
@@ -74,6 +77,9 @@ class VLEncoder:
         self.ids, self.grid, self.per_image = ids, tuple(int(g) for g in grid), per_image
         self.positions, self.deltas = rope_index(ids[None], np.array([ids.size]), cfg,
                                                  self.grid, 1)
+        # the text before the image (the chat turn's start) is the same in every row: each
+        # call computes it once, as a prefix cache its rows continue
+        self.prefix_len = int(np.argmax(ids == cfg.image_token_id))
         self.instruction = text
         computed = cfg.text.num_layers if im.tokens else self.layer  # generating: every layer
         need = generation_need(cfg.text, dtype, computed, rows, ids.size, im.tokens, 0)
@@ -113,24 +119,44 @@ class VLEncoder:
             self.sampling = sampling_of(im, m, "--llm.imagine.")
         self.hidden_size = cfg.text.hidden_size
 
+    @property
+    def row_tokens(self) -> int:
+        """Tokens each frame's row computes: the prompt after the shared prefix."""
+        return int(self.ids.size) - self.prefix_len
+
     def _rows(self, frames):
-        """(pixels, tokens, lengths, positions) of a batch of frames' prompts."""
+        """(pixels, tokens, lengths, positions) of a batch of frames' prompts after the
+        prefix."""
         from llm_jax.vision import preprocess
 
         h, w, _ = self.image
-        n = frames.shape[0]
+        n, p = frames.shape[0], self.prefix_len
         u8 = jnp.round(jnp.clip(frames[:, :h * w * 3], 0.0, 1.0) * 255.0).astype(jnp.uint8)
         pixels, _ = preprocess(u8.reshape(n, h, w, 3), self.cfg.processor)
-        return (pixels, jnp.asarray(np.repeat(self.ids[None], n, 0)),
-                jnp.full(n, self.ids.size, jnp.int32),
-                jnp.asarray(np.repeat(self.positions, n, 1)))
+        return (pixels, jnp.asarray(np.repeat(self.ids[None, p:], n, 0)),
+                jnp.full(n, self.row_tokens, jnp.int32),
+                jnp.asarray(np.repeat(self.positions[:, :, p:], n, 1)))
+
+    def _prefix(self, params, layers: int):
+        """(cache, states [P, H]) of the prompt's text before the image, or (None, None)."""
+        from llm_jax.vl import vl_prefill
+
+        if not self.prefix_len:
+            return None, None
+        return vl_prefill(params["text"], self.cfg, self.ids[:self.prefix_len], layers)
 
     def fn(self, params, frames):
         from llm_jax.vl import pool_states, vl_hidden_states
 
         pixels, tokens, lengths, positions = self._rows(frames)
+        cache, before = self._prefix(params, self.layer)
         x = vl_hidden_states(params, self.cfg, tokens, lengths, self.layer, pixels, self.grid,
-                             positions).x
+                             positions, cache).x
+        if cache is not None:  # pooled over the whole prompt, the prefix's states included
+            n, p = frames.shape[0], self.prefix_len
+            x = jnp.concatenate([jnp.broadcast_to(before, (n, *before.shape)), x], axis=1)
+            tokens = jnp.asarray(np.repeat(self.ids[None], n, 0))
+            lengths = lengths + p
         return pool_states(params["text"], self.cfg, x, tokens, lengths, self.m.pool,
                            self.m.post_norm).astype(jnp.float32)
 
@@ -145,8 +171,9 @@ class VLEncoder:
         im = self.m.imagine
         pixels, tokens, lengths, positions = self._rows(frames)
         deltas = jnp.asarray(np.repeat(self.deltas, frames.shape[0]))
+        cache, _ = self._prefix(params, self.cfg.text.num_layers)  # decoding reads every layer
         out = vl_generate(params, self.cfg, tokens, lengths, pixels, self.grid, positions,
-                          deltas, None, max_new_tokens=im.tokens,
+                          deltas, None, prefix=cache, max_new_tokens=im.tokens,
                           pad_id=self.tokenizer.pad_id, sampling=self.sampling.sampling,
                           stop_ids=self.stop_ids, hidden_layer=self.layer,
                           post_norm=self.m.post_norm, row_keys=keys)
@@ -182,7 +209,7 @@ class VLLabeller(VLEncoder):
             gen.append(np.asarray(g)[:n])
             num.append(np.asarray(c)[:n])
         hidden = np.concatenate(out) if out else np.zeros((0, self.hidden_size), np.float32)
-        tokens = -(-len(obs) // self.batch) * self.batch * self.ids.size
+        tokens = -(-len(obs) // self.batch) * self.batch * self.row_tokens
         if self.generate is None:
             return hidden, tokens, (np.zeros((len(obs), 0), np.int32),
                                     np.zeros(len(obs), np.int32))
