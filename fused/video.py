@@ -22,6 +22,7 @@ from fused.trained_policy import load_policy
 from fused.rl.acting import network_policy
 from fused.rl.envs import make_env
 from fused.rl.evaluate import make_evaluate
+from fused.rl.sharding import on_device
 from fused.runs.files import atomic_path
 
 
@@ -68,7 +69,7 @@ def play_frames(env_cfg, policy, inputs, params, trained_inputs, episodes: int, 
     frozen = inputs.frozen
     render = jax.jit(jax.vmap(pixel_renderer(env_cfg.name)))
     ev = make_evaluate(env, policy, inputs, episodes, 1, greedy, max_steps)
-    state = jax.jit(ev.init)(jax.random.PRNGKey(seed), frozen, trained_inputs)
+    state = on_device(jax.jit(ev.init)(jax.random.PRNGKey(seed), frozen, trained_inputs))
     step = jax.jit(ev.block)
     frames: list[list[np.ndarray]] = [[] for _ in range(episodes)]
     for _ in range(max_steps):

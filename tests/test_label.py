@@ -377,9 +377,14 @@ def test_generate_from_a_trained_run_with_epsilon(tmp_path):
                     "--run-name", "run"], env=env, check=True, capture_output=True, timeout=600)
     out = tmp_path / "d"
     p = subprocess.run(label_cmd("generate", "smoke", "--policy", str(tmp_path / "run"),
-                                 "--epsilon", "0.25", "--out", str(out)), env=env,
-                       capture_output=True, text=True, timeout=600)
+                                 "--epsilon", "0.25", "--out", str(out)),
+                       env=dict(env, JAX_LOG_COMPILES="1"), capture_output=True, text=True,
+                       timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
+    # its blocks compile once: the first block's inputs are committed, as the later ones' are
+    # (jax logs the compile whether or not the persistent cache held it)
+    blocks = p.stderr.count("Finished XLA compilation of jit(block)")
+    assert blocks == 1 and p.stderr.count("Compiling jit(block)") == 1, blocks
     ds = Dataset(out)
     card = ds.card()
     assert card["policy"] == str(tmp_path / "run") and card["checkpoint"] == 6

@@ -23,6 +23,7 @@ from fused.trained_policy import TrainedPolicy, is_offline, load_policy
 from fused.rl.envs import make_env
 from fused.rl.evaluate import make_evaluate, summarise
 from fused.rl.acting import network_policy
+from fused.rl.sharding import on_device
 from fused.runs.config_io import from_json
 from fused.runs.files import atomic_write_json, require_writable
 from fused.runs.metrics import save_figure
@@ -114,7 +115,7 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None,
                        c.block_steps, c.greedy, c.max_steps)
     frozen = pol.agent.inputs.frozen
     t0 = time.time()
-    state = jax.jit(ev.init)(jax.random.PRNGKey(c.seed), frozen, pol.inputs_state)
+    state = on_device(jax.jit(ev.init)(jax.random.PRNGKey(c.seed), frozen, pol.inputs_state))
     block = jax.jit(ev.block, donate_argnums=0)
     cap = c.max_steps or 10 ** 9
     while not bool(np.asarray(state.done).all()) and int(state.t) < cap:

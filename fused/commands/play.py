@@ -304,6 +304,7 @@ def play(c: PlayConfig, run: Path, console, command: str) -> dict:
     from fused.rl.envs import make_env
     from fused.rl.evaluate import make_evaluate
     from fused.rl.policy_input import Identity
+    from fused.rl.sharding import on_device
 
     settings = PlayerSettings(**{f.name: getattr(c, f.name)
                                  for f in dataclasses.fields(PlayerSettings)})
@@ -326,7 +327,7 @@ def play(c: PlayConfig, run: Path, console, command: str) -> dict:
                   f"{player.sampling.describe()}{', thinking' if c.thinking else ''}"
                   f"{f', {c.shots} golden shots' if c.shots else ''}, "
                   f"{player.dtype} -> {run}")
-    state = jax.jit(ev.init)(jax.random.PRNGKey(c.seed), None)
+    state = on_device(jax.jit(ev.init)(jax.random.PRNGKey(c.seed), None))
     block = jax.jit(ev.block, donate_argnums=0)
     progress = Progress(c.episodes, command)
     progress.run = str(run)
@@ -334,7 +335,7 @@ def play(c: PlayConfig, run: Path, console, command: str) -> dict:
     records_dir = run / "progress" / "records"
     if c.resume and saved.is_file():
         host, meta = _load_progress(saved, state)
-        state = jax.device_put(host)
+        state = on_device(host)
         # the blocks' timings stay with the process that timed them (each one's first block
         # compiles); the results are the state's
         progress.blocks, progress.replies = meta["blocks"], meta["replies"]

@@ -39,7 +39,7 @@ from fused.rl.acting import epsilon_mixture, network_policy, random_policy
 from fused.rl.collect import make_collect
 from fused.rl.envs import make_env
 from fused.rl.policy_input import Identity
-from fused.rl.sharding import AXIS
+from fused.rl.sharding import AXIS, on_device
 from fused.runs.cluster import barrier
 from fused.runs.config_io import to_dict
 from fused.runs.interrupts import interrupt_requested, stop_if_interrupted
@@ -152,13 +152,14 @@ class StreamWriter:
         self.init = jax.jit(init)
         self.block = jax.jit(block, donate_argnums=0)
         self.frozen = behaviour.inputs.frozen
+        self.sharded = n > 1  # (then init's outputs are placed on the devices)
 
     def fresh(self, g: int):
         key = jax.random.fold_in(jax.random.PRNGKey(self.c.seed), g)
         state = self.init(key, self.frozen)
         if self.b.trained_inputs is not None:
             state = state.replace(inputs=self.b.inputs.adopt(state.inputs, self.b.trained_inputs))
-        return state
+        return state if self.sharded else on_device(state)
 
     def run(self, g: int, progress: JobProgress) -> None:
         c, ds = self.c, self.ds

@@ -14,6 +14,15 @@ from fused.rl.trainer import Trainer
 AXIS = "data"
 
 
+def on_device(tree):
+    """`tree`'s arrays committed to this process's first device (arrays there already are left
+    as they are). A loop of jitted calls fed its own outputs must start from committed arrays:
+    jit keys its compiled programs on whether inputs are committed, and its outputs are, so an
+    uncommitted first state (a jitted init's output from uncommitted keys, or arrays from the
+    host) compiles the program a second time at the second call."""
+    return jax.device_put(tree, jax.local_devices()[0])
+
+
 def make_mesh(num_devices: int) -> Mesh:
     return Mesh(np.array(jax.devices()[:num_devices]), (AXIS,))
 
