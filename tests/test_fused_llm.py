@@ -35,7 +35,17 @@ def obs():
 
 @pytest.fixture(scope="module")
 def llm():
-    return make_llm(LLMConfig(backend="jax", skip_n=3, refresh_batch=2), ENV)
+    """The default length buckets (the suite's conftest asks for two elsewhere)."""
+    import os
+
+    saved = os.environ.pop("FUSED_ENCODE_BUCKETS", None)
+    try:
+        llm = make_llm(LLMConfig(backend="jax", skip_n=3, refresh_batch=2), ENV)
+    finally:
+        if saved is not None:
+            os.environ["FUSED_ENCODE_BUCKETS"] = saved
+    assert llm.buckets == encode_buckets(llm.buckets[-1]) and len(llm.buckets) > 2
+    return llm
 
 
 @pytest.mark.slow
@@ -323,6 +333,23 @@ def test_length_buckets_at_their_boundaries():
     picked = jax.jit(lambda n: at_smallest_fit(sizes, n, lambda s: lambda: jnp.int32(s)))
     for need, want in ((1, 64), (64, 64), (65, 128), (512, 512), (513, 1_013), (1_013, 1_013)):
         assert int(picked(need)) == want, need
+    assert encode_buckets(1_013, (256,)) == (256, 1_013)  # $FUSED_ENCODE_BUCKETS
+    assert encode_buckets(200, (256, 512)) == (200,)
+
+
+def test_bucket_override_is_read_and_checked(monkeypatch):
+    """$FUSED_ENCODE_BUCKETS sets the encoding lengths below the bound (the tests' setting
+    reaches make_llm); a bad value is one line naming the variable."""
+    from fused.llm.encoder import bucket_override
+
+    monkeypatch.setenv("FUSED_ENCODE_BUCKETS", "128,512")
+    assert bucket_override() == (128, 512)
+    monkeypatch.delenv("FUSED_ENCODE_BUCKETS")
+    assert bucket_override() is None
+    for bad in ("512,128", "0", "x", "256,256"):
+        monkeypatch.setenv("FUSED_ENCODE_BUCKETS", bad)
+        with pytest.raises(ConfigError, match="FUSED_ENCODE_BUCKETS"):
+            bucket_override()
 
 
 def test_running_normaliser_merge_equals_numpy():

@@ -24,9 +24,12 @@ def pack_sizes(bound: int) -> tuple[int, ...]:
     return tuple(s for s in PACK_SIZES if s < bound) + (bound,)
 
 
-def encode_buckets(length: int) -> tuple[int, ...]:
+def encode_buckets(length: int, sizes: tuple[int, ...] | None = None) -> tuple[int, ...]:
     """Padded lengths of an encoding micro-batch: steps of 64 up to 512, then doubling, then
-    the bound `length` (an encoding pass is cheap to compile: many sizes, little padding)."""
+    the bound `length` (little padding; each size is compiled at every call site of a fused
+    program); `sizes` (ascending) below the bound instead, when given."""
+    if sizes:
+        return tuple(s for s in sizes if s < length) + (length,)
     out, b = [], 64
     while b < length:
         out.append(b)
