@@ -66,10 +66,12 @@ def play_frames(env_cfg, policy, inputs, params, trained_inputs, episodes: int, 
     any policy (`fused.rl.acting.Policy`); `text(before, after, e)`, when given, is put beside
     env e's frame: the text of the step acted from state `before` to `after` (host side)."""
     env = make_env(env_cfg, with_text)  # a pixel env's text twin after the frame, for an LLM
-    frozen = inputs.frozen
+    # everything the loop takes committed to one device (`on_device`)
+    frozen, params = on_device(inputs.frozen), on_device(params)
     render = jax.jit(jax.vmap(pixel_renderer(env_cfg.name)))
     ev = make_evaluate(env, policy, inputs, episodes, 1, greedy, max_steps)
-    state = on_device(jax.jit(ev.init)(jax.random.PRNGKey(seed), frozen, trained_inputs))
+    state = on_device(jax.jit(ev.init)(jax.random.PRNGKey(seed), frozen,
+                                       on_device(trained_inputs)))
     step = jax.jit(ev.block)
     frames: list[list[np.ndarray]] = [[] for _ in range(episodes)]
     for _ in range(max_steps):

@@ -338,8 +338,8 @@ def test_length_buckets_at_their_boundaries():
 
 
 def test_bucket_override_is_read_and_checked(monkeypatch):
-    """$FUSED_ENCODE_BUCKETS sets the encoding lengths below the bound (the tests' setting
-    reaches make_llm); a bad value is one line naming the variable."""
+    """$FUSED_ENCODE_BUCKETS sets the encoding lengths below the bound; a bad value is one
+    line naming the variable."""
     from fused.llm.encoder import bucket_override
 
     monkeypatch.setenv("FUSED_ENCODE_BUCKETS", "128,512")

@@ -113,13 +113,15 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None,
     env = make_env(pol.cfg.env, needs_text(pol.cfg))
     ev = make_evaluate(env, network_policy(pol.agent.network), pol.agent.inputs, c.episodes,
                        c.block_steps, c.greedy, c.max_steps)
-    frozen = pol.agent.inputs.frozen
+    # everything the loop takes committed to one device (`on_device`)
+    frozen, params = on_device(pol.agent.inputs.frozen), on_device(pol.params)
     t0 = time.time()
-    state = on_device(jax.jit(ev.init)(jax.random.PRNGKey(c.seed), frozen, pol.inputs_state))
+    state = on_device(jax.jit(ev.init)(jax.random.PRNGKey(c.seed), frozen,
+                                       on_device(pol.inputs_state)))
     block = jax.jit(ev.block, donate_argnums=0)
     cap = c.max_steps or 10 ** 9
     while not bool(np.asarray(state.done).all()) and int(state.t) < cap:
-        state = block(state, pol.params, frozen)
+        state = block(state, params, frozen)
         console.print(f"  {int(state.t):,} steps: {int(np.asarray(state.done).sum())}/"
                       f"{c.episodes} episodes ended")
     out = summarise(state, env.achievement_names, c.max_steps)

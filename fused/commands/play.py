@@ -328,6 +328,7 @@ def play(c: PlayConfig, run: Path, console, command: str) -> dict:
                   f"{f', {c.shots} golden shots' if c.shots else ''}, "
                   f"{player.dtype} -> {run}")
     state = on_device(jax.jit(ev.init)(jax.random.PRNGKey(c.seed), None))
+    params = on_device(player.params)  # (the loop's inputs all on one device)
     block = jax.jit(ev.block, donate_argnums=0)
     progress = Progress(c.episodes, command)
     progress.run = str(run)
@@ -358,7 +359,7 @@ def play(c: PlayConfig, run: Path, console, command: str) -> dict:
                 before = np.asarray(state.spent["tokens"]).sum()
                 useful_before = np.asarray(state.stats["tokens"]).sum()
                 t0 = time.time()
-                out = block(state, player.params, None)
+                out = block(state, params, None)
                 state, recs = out if record is not None else (out, None)
                 jax.block_until_ready(state.t)
                 took = time.time() - t0

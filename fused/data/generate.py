@@ -151,8 +151,12 @@ class StreamWriter:
             init, block = shard_collector(init, block, devices, behaviour.inputs)
         self.init = jax.jit(init)
         self.block = jax.jit(block, donate_argnums=0)
-        self.frozen = behaviour.inputs.frozen
-        self.sharded = n > 1  # (then init's outputs are placed on the devices)
+        self.sharded = n > 1  # (then the collector places arrays on the devices itself)
+        # one device: state, parameters and LLM arrays all committed to it (`on_device`; a
+        # run trained on several devices restores its parameters replicated over them)
+        self.frozen = behaviour.inputs.frozen if self.sharded else on_device(
+            behaviour.inputs.frozen)
+        self.params = behaviour.params if self.sharded else on_device(behaviour.params)
 
     def fresh(self, g: int):
         key = jax.random.fold_in(jax.random.PRNGKey(self.c.seed), g)
@@ -210,7 +214,7 @@ class StreamWriter:
 
     def dispatch(self, state, t0: int):
         """Starts one block (asynchronously): (state after it, its records)."""
-        return self.block(state, self.b.params, self.frozen, np.int32(t0))
+        return self.block(state, self.params, self.frozen, np.int32(t0))
 
     def commit(self, g: int, index: int, rows: Rows) -> None:
         name = shard_name(g, index)

@@ -138,6 +138,8 @@ def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0, weights_of: LLM | Non
         return make_vl_llm(cfg, env_name, seed, weights_of)
     backend = cfg.active_backend
     override = bucket_override()  # (a bad value: one line before any work)
+    if override:
+        log.info(f"encoding lengths {override} from ${BUCKETS_ENV} (not the default's)")
     tok = load_tokenizer(cfg.weights)
     renderer = make_renderer(env_name, tok)
     im = cfg.imagine
@@ -215,7 +217,7 @@ BUCKETS_ENV = "FUSED_ENCODE_BUCKETS"
 
 
 def bucket_override() -> tuple[int, ...] | None:
-    """$FUSED_ENCODE_BUCKETS (e.g. "256"): the padded lengths of encoding calls below the
+    """$FUSED_ENCODE_BUCKETS (e.g. "256,512"): the padded lengths of encoding calls below the
     prompt bound, instead of the default's steps of 64 (`encode_buckets`). Fewer sizes compile
     faster (each is compiled at every call site of a fused program: 10 -> 2 made an
     LLM-augmented evaluation's block compile 5.6 s -> 3.8 s on a tiny model) and pad more; the

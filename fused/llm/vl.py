@@ -9,9 +9,10 @@ pooled: `last` / `mean` as for text, or over the image tokens, `image-mean` or `
 prior system's every:8 of the last layer). Every frame of an env has one size, so every
 prompt has the same tokens and M-RoPE positions (computed once on the host); one jitted
 function takes a batch of frames to pooled states. The text before the image (the chat turn's
-start) is computed once per call and its rows continue it as a prefix cache (the text after the
-image attends to the image, so no other part of the prompt is shared between frames); `mean`
-still averages over the whole prompt, the prefix's states included.
+start) is computed once per call (per micro-batch when acting) and its rows continue it as a
+prefix cache (the text after the image attends to the image, so no other part of the prompt is
+shared between frames); `mean` still averages over the whole prompt, the prefix's states
+included.
 """
 
 from __future__ import annotations
