@@ -8,11 +8,11 @@ before a short instruction (`VL_INSTRUCTION`), and the residual stream after `--
 pooled: `last` / `mean` as for text, or over the image tokens, `image-mean` or `every:K` (the
 prior system's every:8 of the last layer). Every frame of an env has one size, so every
 prompt has the same tokens and M-RoPE positions (computed once on the host); one jitted
-function takes a batch of frames to pooled states. The text before the image (the chat turn's
-start) is computed once per call (per micro-batch when acting) and its rows continue it as a
-prefix cache (the text after the image attends to the image, so no other part of the prompt is
-shared between frames); `mean` still averages over the whole prompt, the prefix's states
-included.
+function takes a batch of frames to pooled states. With `prefix_cache` the text before the
+image (the chat turn's start) is computed once per call (per micro-batch when acting) and its
+rows continue it (the text after the image attends to the image, so no other part of the
+prompt can be shared between frames); `mean` still averages over the whole prompt, the
+prefix's states included. It is off by default: slower on CPU, as measured.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ class VLEncoder:
     generates up to `imagine.tokens` tokens after each frame's prompt and pools their states,
     as the text path's imagination does)."""
 
-    def __init__(self, m: LLMConfig, env_name: str, rows: int, params: dict | None = None):
+    def __init__(self, m: LLMConfig, env_name: str, rows: int, params: dict | None = None,
+                 prefix_cache: bool = False):
         from llm_jax.loader import resolve_folder
         from llm_jax.memory import MemoryFitError, check_fits, fixes, generation_need, itemsize
         from llm_jax.tokenizer import load_tokenizer
@@ -78,9 +79,11 @@ class VLEncoder:
         self.ids, self.grid, self.per_image = ids, tuple(int(g) for g in grid), per_image
         self.positions, self.deltas = rope_index(ids[None], np.array([ids.size]), cfg,
                                                  self.grid, 1)
-        # the text before the image (the chat turn's start) is the same in every row: each
-        # call computes it once, as a prefix cache its rows continue
-        self.prefix_len = int(np.argmax(ids == cfg.image_token_id))
+        # with `prefix_cache`, the text before the image (the chat turn's start) is computed
+        # once a call and the rows continue it. Off: measured 3.5-5% slower on CPU (4 of 122
+        # tokens saved, but the rows' attention then runs row by row; bench numbers in
+        # docs/BENCHMARKS.md), not yet measured on a GPU
+        self.prefix_len = int(np.argmax(ids == cfg.image_token_id)) if prefix_cache else 0
         self.instruction = text
         computed = cfg.text.num_layers if im.tokens else self.layer  # generating: every layer
         need = generation_need(cfg.text, dtype, computed, rows, ids.size, im.tokens, 0)
