@@ -80,9 +80,9 @@ class VLEncoder:
         self.positions, self.deltas = rope_index(ids[None], np.array([ids.size]), cfg,
                                                  self.grid, 1)
         # with `prefix_cache`, the text before the image (the chat turn's start) is computed
-        # once a call and the rows continue it. Off: measured 3.5-5% slower on CPU (4 of 122
+        # once a call and the rows continue it. Off: measured 2-9% slower on CPU (4 of 122
         # tokens saved, but the rows' attention then runs row by row; bench numbers in
-        # docs/BENCHMARKS.md), not yet measured on a GPU
+        # bench/vl_prefix_cache.py), not yet measured on a GPU
         self.prefix_len = int(np.argmax(ids == cfg.image_token_id)) if prefix_cache else 0
         self.instruction = text
         computed = cfg.text.num_layers if im.tokens else self.layer  # generating: every layer
