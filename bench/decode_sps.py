@@ -288,14 +288,21 @@ def shape_rows(args: Args, emit) -> None:
                 t1, tn = (statistics.median(t) for t in interleaved(
                     [lambda f=f: jax.block_until_ready(f(params, cache, prompts, lengths))
                      for f in fns.values()], args.repeats))
-                steps = (n - 1) / (tn - t1)
                 bound = bound_row(args, name, batch)
-                emit(dict(bound, name="jax_gpu", devices=str(jax.devices()[0]), seconds=tn,
-                          steps_per_check=k_check, decode_steps_per_s=steps,
-                          decode_tokens_per_s=batch * steps, tokens_per_s=batch * n / tn,
-                          compile_s=compile_s,
-                          fraction_of_bound=steps / bound["bound_steps_per_s"],
-                          fraction_of_copy_bound=steps * bound["bytes_per_step"] / copy))
+                row = dict(bound, name="jax_gpu", devices=str(jax.devices()[0]), seconds=tn,
+                           steps_per_check=k_check, tokens_per_s=batch * n / tn,
+                           compile_s=compile_s)
+                # the decode steps' seconds are the n-token call's less the 1-token call's: where
+                # noise outweighs them (tiny shapes on a busy CPU) no figure rather than a wrong one
+                if tn > t1:
+                    steps = (n - 1) / (tn - t1)
+                    row.update(decode_steps_per_s=steps, decode_tokens_per_s=batch * steps,
+                               fraction_of_bound=steps / bound["bound_steps_per_s"],
+                               fraction_of_copy_bound=steps * bound["bytes_per_step"] / copy)
+                else:
+                    row.update(decode_steps_per_s=None,
+                               note=f"{n}-token call not slower than 1-token call: noise")
+                emit(row)
         if args.trace:
             write_trace(args, cfg, name, params, cache, rng, emit, fns_by)
         del params, cache
