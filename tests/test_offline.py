@@ -214,6 +214,23 @@ def test_evaluation_is_unbiased_where_first_k_finished_is_not():
     assert not np.asarray(s.done)[long].any() and np.asarray(s.done)[~long].all()
     np.testing.assert_array_equal(np.asarray(s.ret), np.where(long, 3.0, 1.0))
 
+    # step t's key is (run key, t) alone: the same episodes whatever the block size (eval cuts
+    # its block to a step cap below it).
+    # probe-memory's return is the sampled fourth action against the episode's sign.
+    memory = make_env(EnvConfig(name="probe-memory", num_envs=1))
+
+    def returns(block_steps):
+        ev = make_evaluate(memory, uniform, Identity(), 64, block_steps)
+        s = jax.jit(ev.init)(jax.random.PRNGKey(1), None)
+        while not bool(s.done.all()):
+            s = jax.jit(ev.block)(s, None, None)
+        return np.asarray(s.ret)
+
+    one = returns(1)
+    assert set(one.tolist()) == {-1.0, 1.0}
+    np.testing.assert_array_equal(returns(3), one)
+    np.testing.assert_array_equal(returns(8), one)
+
 
 @pytest.mark.slow
 def test_eval_cli_writes_eval_json_for_offline_and_online_runs(probe_data, tmp_path):

@@ -37,7 +37,7 @@ class EvalState:
     achievements: jax.Array  # [N, A] bool, at the episode's end (so far while running)
     terminated: jax.Array  # [N] bool: ended by termination (vs truncation)
     t: jax.Array  # [] int32 steps taken
-    rng: jax.Array
+    rng: jax.Array  # the run's key: step t acts with fold_in(rng, t)
     stats: dict  # {name: [N]} the policy's per-step figures (`Policy.stats`) summed per episode
     spent: dict  # the same figures summed over every step computed, the envs whose episode has
     #              ended (or passed the step cap) included: what the device did
@@ -116,12 +116,12 @@ def make_evaluate(env: Env, policy: Policy, inputs: PolicyInput, num_episodes: i
             spent={k: v + a.policy_stats[k] for k, v in s.spent.items()}), rec
 
     def block(s: EvalState, params, frozen):
-        rng, k = jax.random.split(s.rng)
+        # step t's key is (run key, t) alone: the episodes are the same whatever the block size
+        # (so eval cuts its block to a step cap below it and computes no step past the cap)
+        def body(s, _):
+            return acted_step(s, params, frozen, jax.random.fold_in(s.rng, s.t))
 
-        def body(s, key):
-            return acted_step(s, params, frozen, key)
-
-        s, recs = jax.lax.scan(body, s.replace(rng=rng), jax.random.split(k, block_steps))
+        s, recs = jax.lax.scan(body, s, None, length=block_steps)
         return s if codec is None else (s, recs)
 
     return Evaluator(init, block, step)
