@@ -17,13 +17,16 @@ TWO_DEVICES = "--xla_force_host_platform_device_count=2"
 # code generation split into parallel parts costs 5-8% more on a core already busy.
 FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false",
                 "--xla_cpu_parallel_codegen_split_count=1")
-# Three encoding lengths (256, 512 and the prompt bound) instead of 9 (Classic) or 11
-# (Symbolic): each is compiled at every call site of a fused program (the same states;
+# Two encoding lengths (512 and the prompt bound) instead of 9 (Classic) or 11 (Symbolic): each
+# is compiled at every call site of a fused program (the same states;
 # `fused.llm.encoder.bucket_override`; imagination's three lengths and a VL model's one are
-# unchanged). Not 256 alone: labelling's batches with a row past 256 tokens then ran at the
-# bound, 1,013 (a label test 41 s -> 131 s). tests/test_fused_llm.py's shared encoder keeps
-# the default.
-os.environ.setdefault("FUSED_ENCODE_BUCKETS", "256,512")
+# unchanged). An observation after the cached prompt prefix is 137-454 tokens on Classic (a
+# batch of 8 rows almost never fits 256) and 338-819 on Symbolic (measured on random play), so a
+# 256 length was compile time nearly never used (an LLM-augmented `train.py smoke` on the tiny
+# MoE: 29 s -> 23 s without it). Not 256 alone: labelling's batches with a row past 256 tokens
+# then ran at the bound, 1,013 (a label test 41 s -> 131 s). tests/test_fused_llm.py's shared
+# encoder keeps the default.
+os.environ.setdefault("FUSED_ENCODE_BUCKETS", "512")
 _flags = os.environ.get("XLA_FLAGS", "").split()
 for _flag in FAST_COMPILE:
     if not any(f.startswith(_flag.split("=")[0] + "=") for f in _flags):
@@ -40,15 +43,17 @@ from fused.commands.process import setup_compilation_cache  # noqa: E402
 setup_compilation_cache()
 
 
-# Modules in about the order of their total time on 2 cores, longest first (with pyproject's
-# --no-loadscope-reorder, xdist hands modules out in this order): a long module started last
+# Modules in the order of their total time on 2 cores (a suite run, 2026-11-27), longest first
+# (with pyproject's --no-loadscope-reorder, xdist hands modules out in this order, each to the
+# worker that comes free first): a long module started last
 # would run alone at the end while the other worker idles (the README walkthrough, even split
 # from its frames part, is about 4 minutes); the short ones fill the end.
-FIRST = ("test_readme.py", "test_label.py", "test_readme_pixels.py", "test_gpu_check.py",
-         "test_moe_commands.py", "test_player.py", "test_faults.py", "test_cli_resume.py",
-         "test_vllm_parity.py", "test_offline.py", "test_human.py", "test_policy_variants.py",
-         "test_imagine.py", "test_fused_llm.py", "test_sharding.py", "test_pixels.py",
-         "test_vl.py", "test_decode_vllm.py", "test_render.py", "test_envs.py")
+FIRST = ("test_vl.py", "test_readme.py", "test_label.py", "test_policy_variants.py",
+         "test_faults.py", "test_human.py", "test_cli_resume.py", "test_player.py",
+         "test_offline.py", "test_pixels.py", "test_fused_llm.py", "test_moe_commands.py",
+         "test_vllm_parity.py", "test_imagine.py", "test_gpu_check.py", "test_sharding.py",
+         "test_readme_pixels.py", "test_moe.py", "test_render.py", "test_envs.py",
+         "test_decode.py", "test_decode_vllm.py", "test_kernels.py")
 
 
 def pytest_collection_modifyitems(items):
