@@ -9,7 +9,7 @@ as one sequence per row (vLLM may reuse the prefix through its own prefix cachin
 is timed generating 1 token and `--new-tokens` tokens:
 - `tokens_per_s`: rows x new tokens / seconds of the whole call (prompt pass included);
 - `decode_tokens_per_s`: rows x (new tokens - 1) / (seconds(N) - seconds(1)), the decode loop
-  alone.
+  alone (the shapes' rows: none, with a note, where seconds(N) <= seconds(1)).
 Ours and HF are timed in alternating rounds (`interleaved` below); `vs_hf` is the median
 over rounds of HF's seconds / ours. vLLM afterwards, once HF's rows are done (an idle server
 still takes cycles), in alternating rounds with ours again (`ours_vs_vllm`).
@@ -301,7 +301,8 @@ def shape_rows(args: Args, emit) -> None:
                                fraction_of_copy_bound=steps * bound["bytes_per_step"] / copy)
                 else:
                     row.update(decode_steps_per_s=None,
-                               note=f"{n}-token call not slower than 1-token call: noise")
+                               note=f"{n}-token call not slower than the 1-token call "
+                                    "(timing noise?)")
                 emit(row)
         if args.trace:
             write_trace(args, cfg, name, params, cache, rng, emit, fns_by)

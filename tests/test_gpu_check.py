@@ -103,7 +103,12 @@ def test_gpu_check_cpu_smoke_runs_every_step(tmp_path):
         by.setdefault((r.get("step"), r["name"]), []).append(r)
     decode = by[("decode_4b", "jax_gpu")]
     assert {r["steps_per_check"] for r in decode} == {1, 4}
-    assert all(0 < r["fraction_of_bound"] and r["decode_steps_per_s"] > 0 for r in decode)
+    # each row a decode figure, or none where the n-token call was not slower than the 1-token
+    # one (tiny shapes on a loaded machine), said so; at least one figure
+    figures = [r for r in decode if r["decode_steps_per_s"] is not None]
+    assert figures and all(0 < r["fraction_of_bound"] and r["decode_steps_per_s"] > 0
+                           for r in figures)
+    assert all("not slower" in r["note"] for r in decode if r not in figures)
     fused = by[("fused_0.6b_1024", "fused")][0]
     assert fused["steps_per_s"] > 0 and 0 < fused["fraction_of_flop_bound"]
     parity = by[("moe_30b_encode", "parity")][0]

@@ -45,8 +45,9 @@ class EvalConfig:
     greedy: bool = False
     """Act by the most probable action instead of sampling the policy."""
     block_steps: int = 256
-    """Env steps per compiled block (the host checks between blocks whether all ended); at most
-    --max-steps. The episodes are the same whatever it is."""
+    """Env steps per compiled block at most (the host checks between blocks whether all ended);
+    with --max-steps, blocks as few as that allows, sized to end on the cap. The episodes are the
+    same whatever it is."""
     allow_mismatch: bool = False
     """Evaluate an LLM-augmented offline policy even if the model or prompt built now differs
     from the ones its label set was made with."""
@@ -112,9 +113,11 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None,
     if is_offline(run_dir) and pol.cfg.llm.active_backend != "none" and not c.allow_mismatch:
         check_llm_matches_labels(run_dir, pol)
     env = make_env(pol.cfg.env, needs_text(pol.cfg))
-    # no block longer than the step cap: steps past it count for nothing (a block's steps are
-    # the same episodes whatever its size: `make_evaluate`)
-    block_steps = min(c.block_steps, c.max_steps or c.block_steps)
+    # blocks that end on the step cap (the fewest of at most --block-steps): steps past it
+    # count for nothing, and the episodes are the same whatever the block size (`make_evaluate`)
+    block_steps = c.block_steps
+    if c.max_steps:
+        block_steps = -(-c.max_steps // -(-c.max_steps // c.block_steps))
     ev = make_evaluate(env, network_policy(pol.agent.network), pol.agent.inputs, c.episodes,
                        block_steps, c.greedy, c.max_steps)
     # everything the loop takes committed to one device (`on_device`)

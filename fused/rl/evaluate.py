@@ -52,7 +52,6 @@ class Evaluator(NamedTuple):
     block: Callable  # (EvalState, params, frozen) -> EvalState (block_steps steps); with
     #                  `record`: (EvalState, (Record [T, N, ...], live [T, N])) (the step's
     #                  dataset record, and whether it counts: the episode was still running)
-    step: Callable  # (EvalState, params, frozen, key) -> EvalState (one step; video's)
 
 
 def episode_keys(key: jax.Array, n: int) -> jax.Array:
@@ -92,9 +91,6 @@ def make_evaluate(env: Env, policy: Policy, inputs: PolicyInput, num_episodes: i
 
     codec = None if record is None else ObsCodec(record)
 
-    def step(s: EvalState, params, frozen, key):
-        return acted_step(s, params, frozen, key)[0]
-
     def acted_step(s: EvalState, params, frozen, key):
         (env_state, istate, carry), a = rollout.step(params, frozen, s.env, s.inputs, s.carry,
                                                      key, s.t)
@@ -117,14 +113,14 @@ def make_evaluate(env: Env, policy: Policy, inputs: PolicyInput, num_episodes: i
 
     def block(s: EvalState, params, frozen):
         # step t's key is (run key, t) alone: the episodes are the same whatever the block size
-        # (so eval cuts its block to a step cap below it and computes no step past the cap)
+        # (so eval sizes its blocks to end on its step cap: `offline_eval.evaluate`)
         def body(s, _):
             return acted_step(s, params, frozen, jax.random.fold_in(s.rng, s.t))
 
         s, recs = jax.lax.scan(body, s, None, length=block_steps)
         return s if codec is None else (s, recs)
 
-    return Evaluator(init, block, step)
+    return Evaluator(init, block)
 
 
 def mean_ci95(x: np.ndarray) -> tuple[float, float, float]:
