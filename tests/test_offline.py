@@ -214,8 +214,8 @@ def test_evaluation_is_unbiased_where_first_k_finished_is_not():
     assert not np.asarray(s.done)[long].any() and np.asarray(s.done)[~long].all()
     np.testing.assert_array_equal(np.asarray(s.ret), np.where(long, 3.0, 1.0))
 
-    # step t's key is (run key, t) alone: the same episodes whatever the block size (eval cuts
-    # its block to a step cap below it).
+    # step t's key is (run key, t) alone: the same episodes whatever the block size (eval sizes
+    # its blocks to end on its step cap).
     # probe-memory's return is the sampled fourth action against the episode's sign.
     memory = make_env(EnvConfig(name="probe-memory", num_envs=1))
 
