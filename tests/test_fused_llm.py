@@ -35,7 +35,8 @@ def obs():
 
 @pytest.fixture(scope="module")
 def llm():
-    """The default length buckets (the suite's conftest asks for two elsewhere)."""
+    """The default length buckets (the suite's conftest sets $FUSED_ENCODE_BUCKETS for the
+    rest)."""
     import os
 
     saved = os.environ.pop("FUSED_ENCODE_BUCKETS", None)

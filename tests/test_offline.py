@@ -257,6 +257,27 @@ def test_eval_cli_writes_eval_json_for_offline_and_online_runs(probe_data, tmp_p
     assert all(0 <= v <= 1 for v in saved["achievements"].values())
     assert max(saved["lengths"]) <= 50
     assert (online / "eval_achievements.png").is_file()
+    # Ctrl-C during an evaluation: one line, exit 130, the earlier eval.json kept (the run was
+    # trained here on the suite's two devices: the child gets them too)
+    import os
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "offline.py"), "eval", "--run",
+                                 str(online), "--episodes", "256", "--block-steps", "8"],
+                                env=dict(subprocess_env(), XLA_FLAGS=os.environ["XLA_FLAGS"]),
+                                stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    while "steps:" not in proc.stdout.readline() and proc.poll() is None:
+        pass
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in stderr, stderr[-2000:]
+    assert stdout.strip().splitlines()[-1].startswith("interrupted: "), stdout[-500:]
+    assert json.loads((online / "eval.json").read_text()) == saved
 
 
 @pytest.mark.slow

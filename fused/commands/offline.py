@@ -13,6 +13,7 @@ episodes from fixed seeds and writes R/eval.json. `python offline.py awr --help`
 
 from __future__ import annotations
 
+import os
 import sys
 
 from rich.console import Console
@@ -60,6 +61,26 @@ def parse_train(cmd: str, argv: list[str]):
     return cfg, changed
 
 
+def evaluation(cmd: str, rest: list[str], prog: str, console):
+    """eval, probe or study; Ctrl-C is one line (exit 130): their results are written whole,
+    each when it is done, so what had finished is kept (a study's rerun skips it)."""
+    if cmd == "eval":
+        from fused.commands.offline_eval import EvalConfig as Config, evaluate as go
+    elif cmd == "probe":
+        from fused.commands.offline_probe import ProbeConfig as Config, run_probe as go
+    else:
+        from fused.commands.offline_study import StudyConfig as Config, run_study as go
+    cfg = config_io.cli(Config, rest, DESCRIPTIONS[cmd], f"{prog} {cmd}")
+    process.setup_compilation_cache()
+    try:
+        return go(cfg, console)
+    except KeyboardInterrupt:
+        console.print("\ninterrupted: what had finished is kept; run the same command again")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)  # a compilation may still run in another thread
+
+
 @process.quiet_broken_pipe
 def main(argv: list[str] | None = None):
     argv = sys.argv[1:] if argv is None else argv
@@ -70,24 +91,8 @@ def main(argv: list[str] | None = None):
     process.subcommands(prog, DESCRIPTIONS, argv)
     cmd, rest = argv[0], argv[1:]
     try:
-        if cmd == "eval":
-            from fused.commands.offline_eval import EvalConfig, evaluate
-
-            cfg = config_io.cli(EvalConfig, rest, DESCRIPTIONS[cmd], f"{prog} eval")
-            process.setup_compilation_cache()
-            return evaluate(cfg, console)
-        if cmd == "probe":
-            from fused.commands.offline_probe import ProbeConfig, run_probe
-
-            cfg = config_io.cli(ProbeConfig, rest, DESCRIPTIONS[cmd], f"{prog} probe")
-            process.setup_compilation_cache()
-            return run_probe(cfg, console)
-        if cmd == "study":
-            from fused.commands.offline_study import StudyConfig, run_study
-
-            cfg = config_io.cli(StudyConfig, rest, DESCRIPTIONS[cmd], f"{prog} study")
-            process.setup_compilation_cache()
-            return run_study(cfg, console)
+        if cmd in ("eval", "probe", "study"):
+            return evaluation(cmd, rest, prog, console)
         cfg, changed = parse_train(cmd, rest)
         from fused.commands.offline_train import validate
 
