@@ -257,17 +257,24 @@ def test_eval_cli_writes_eval_json_for_offline_and_online_runs(probe_data, tmp_p
     assert all(0 <= v <= 1 for v in saved["achievements"].values())
     assert max(saved["lengths"]) <= 50
     assert (online / "eval_achievements.png").is_file()
-    # Ctrl-C during an evaluation: one line, exit 130, the earlier eval.json kept (the run was
-    # trained here on the suite's two devices: the child gets them too)
-    import os
+    # the run was trained here on the suite's two devices: a process with one evaluates it
+    # alike (its parameters restored onto that device), and Ctrl-C there is one line, exit 130
     import signal
 
+    def offline_cmd(*args):
+        return [sys.executable, str(ROOT / "offline.py"), *args]
+
+    one = subprocess.run(offline_cmd("eval", "--run", str(online), "--episodes", "8",
+                                     "--max-steps", "50", "--out", str(tmp_path / "one.json")),
+                         env=subprocess_env(), capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr[-2000:]
+    alone = json.loads((tmp_path / "one.json").read_text())
+    assert (alone["returns"], alone["lengths"]) == (saved["returns"], saved["lengths"])
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
     try:
-        proc = subprocess.Popen([sys.executable, str(ROOT / "offline.py"), "eval", "--run",
-                                 str(online), "--episodes", "256", "--block-steps", "8"],
-                                env=dict(subprocess_env(), XLA_FLAGS=os.environ["XLA_FLAGS"]),
-                                stdout=subprocess.PIPE,
+        proc = subprocess.Popen(offline_cmd("eval", "--run", str(online), "--episodes", "256",
+                                            "--block-steps", "8"),
+                                env=subprocess_env(), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
     finally:
         signal.signal(signal.SIGINT, previous)

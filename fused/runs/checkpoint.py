@@ -138,8 +138,12 @@ class Checkpointer:
                                   select(getattr(saved, "tree", saved)))
             with warnings.catch_warnings():  # orbax notes the handler type it falls back to
                 warnings.simplefilter("ignore")
+                # the shardings to restore onto are this device's, whatever the saving run's
+                # devices were (`restore_args`: orbax reads them there, not from `item`)
                 out = self.manager.restore(step, args=ocp.args.Composite(
-                    state=ocp.args.PyTreeRestore(item=target, partial_restore=True)))
+                    state=ocp.args.PyTreeRestore(
+                        item=target, partial_restore=True,
+                        restore_args=ocp.checkpoint_utils.construct_restore_args(target))))
         except Exception as e:  # orbax raises many kinds on damaged files
             raise CheckpointError(f"checkpoint {step} in {self.directory} does not read back "
                                   f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from e
