@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from conftest import ROOT, subprocess_env
+from conftest import ROOT, TWO_DEVICES, subprocess_env
 from fused.data.config import ReturnsConfig
 from fused.data.episodes import EpisodeAssembler
 from fused.data.returns import compute_returns
@@ -441,6 +441,28 @@ def test_an_llm_run_records_the_hidden_states_it_acted_on(tmp_path):
     want, _ = encode_observations(llm, llm.frozen, jnp.asarray(obs), 8)
     got = hidden[first].astype(np.float32)
     np.testing.assert_allclose(got, np.asarray(want), atol=1e-2 * np.abs(want).max())
+    # the same on 2 devices (envs split, the checkpoint's parameters and normaliser replicated
+    # over them): the same actions and episodes, values and states up to float rounding
+    two = tmp_path / "d2"
+    p = subprocess.run(label_cmd("generate", "smoke", "--policy", str(tmp_path / "run"),
+                                 "--steps", "32", "--out", str(two)),
+                       env=dict(env, XLA_FLAGS=f"{env.get('XLA_FLAGS', '')} {TWO_DEVICES}"),
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    ds2 = Dataset(two)
+    assert "2 devices" in p.stdout and ds2.shard_names() == names
+    for n in names:
+        a, b = ds.read(n), ds2.read(n)
+        assert a.keys() == b.keys()
+        for k in a:
+            if k in ("value", "log_prob"):
+                np.testing.assert_allclose(b[k], a[k], rtol=1e-5, atol=1e-5, err_msg=k)
+            else:
+                np.testing.assert_array_equal(b[k], a[k], err_msg=k)
+        np.testing.assert_allclose(
+            ds2.read_labels("behaviour", n)["hidden"].astype(np.float32),
+            ds.read_labels("behaviour", n)["hidden"].astype(np.float32),
+            atol=1e-2 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("value, fix", [(np.nan, "no critic"), (0.5, "--incomplete bootstrap")])

@@ -21,11 +21,13 @@ import json
 import shutil
 import subprocess
 import time
+from functools import partial
 from pathlib import Path
 
 import jax
 import ml_dtypes
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fused.errors import ConfigError
 from fused.data.config import GenerateConfig, parse_part
@@ -99,6 +101,9 @@ def generate(c: GenerateConfig, console) -> Dataset:
     if (proc == 0 or part is not None) and not ds.card_path.exists():  # any part may be first
         ds.write_card(dict(card, commit=repo_commit(), labels={}, returns={}))
     writer = StreamWriter(ds, c, behaviour, devices)
+    if len(devices) > 1:
+        console.print(f"{len(devices)} devices: each stream's {c.envs_per_stream} envs split "
+                      "over them")
     mine = [g for g in range(c.streams) if g % nproc == proc]
     t_start = time.time()
     with JobProgress(console, len(mine) * c.steps * c.envs_per_stream, unit="steps",
@@ -151,18 +156,24 @@ class StreamWriter:
             init, block = shard_collector(init, block, devices, behaviour.inputs)
         self.init = jax.jit(init)
         self.block = jax.jit(block, donate_argnums=0)
-        self.sharded = n > 1  # (then the collector places arrays on the devices itself)
-        # one device: state, parameters and LLM arrays all committed to it (`on_device`; a
-        # run trained on several devices restores its parameters replicated over them)
-        self.frozen = behaviour.inputs.frozen if self.sharded else on_device(
-            behaviour.inputs.frozen)
-        self.params = behaviour.params if self.sharded else on_device(behaviour.params)
+        self.sharded = n > 1  # (then the collector places the state on the devices itself)
+        # parameters and LLM arrays on this process's devices: committed to the one device
+        # (`on_device`), or replicated over several (a checkpoint restores onto one device)
+        place = on_device if not self.sharded else partial(
+            jax.device_put, device=NamedSharding(Mesh(np.array(devices), (AXIS,)), P()))
+        self.frozen = place(behaviour.inputs.frozen)
+        self.params = place(behaviour.params)
 
     def fresh(self, g: int):
         key = jax.random.fold_in(jax.random.PRNGKey(self.c.seed), g)
         state = self.init(key, self.frozen)
         if self.b.trained_inputs is not None:
-            state = state.replace(inputs=self.b.inputs.adopt(state.inputs, self.b.trained_inputs))
+            adopted = state.replace(inputs=self.b.inputs.adopt(state.inputs,
+                                                               self.b.trained_inputs))
+            # the trained run's arrays (its LLM normaliser) placed as the collector's own are:
+            # replicated over the devices when sharded (they came from one device)
+            state = adopted if not self.sharded else jax.device_put(
+                adopted, jax.tree.map(lambda x: x.sharding, state))
         return state if self.sharded else on_device(state)
 
     def run(self, g: int, progress: JobProgress) -> None:
@@ -282,8 +293,6 @@ def host_rows(rec, t0: int, env_offset: int) -> Rows:
 
 def shard_collector(init, block, devices, inputs):
     """init/block under shard_map over this process's devices (envs split)."""
-    from jax.sharding import Mesh, PartitionSpec as P
-
     mesh = Mesh(np.array(devices), (AXIS,))
     per_device = jax.vmap(init, in_axes=(None, None), axis_name=AXIS, axis_size=len(devices))
     shape = jax.eval_shape(per_device, jax.random.PRNGKey(0), inputs.frozen)
