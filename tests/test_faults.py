@@ -384,7 +384,7 @@ def test_label_sigterm_then_rerun_and_a_damaged_label_shard_redone(dataset, tmp_
     alone (the other shards' files keep their bytes) and everything verifies."""
     d = copy_of(dataset, tmp_path)
     cmd = [sys.executable, str(ROOT / "label.py"), "label", "--data", str(d), "--name", "h",
-           "--llm.skip-n", "5", "--batch", "16"]
+           "--llm.skip-n", "20", "--batch", "16"]
     proc = subprocess.Popen(cmd, env=subprocess_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
