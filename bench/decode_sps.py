@@ -138,6 +138,20 @@ def our_fn(cfg, n_new, steps_per_check: int = 1):
                                                steps_per_check=steps_per_check).tokens)
 
 
+def decode_rate(b: int, n: int, t1: float, tn: float) -> float | None:
+    """Tokens/s of the decode steps alone: the (n - 1) steps' tokens over the n-token call's
+    seconds less the 1-token call's; None where the difference is not positive (timing noise
+    outweighs the steps: tiny shapes on a busy CPU), never a negative or infinite figure."""
+    return b * (n - 1) / (tn - t1) if tn > t1 else None
+
+
+def median_ratio(pairs) -> float | None:
+    """The median over rounds of num / den, rounds with a non-positive side left out (None if
+    no round is left)."""
+    kept = [a / b for a, b in pairs if a > 0 and b > 0]
+    return statistics.median(kept) if kept else None
+
+
 def cpu_rows(args: Args, emit) -> None:
     import jax
     import jax.numpy as jnp
@@ -187,17 +201,17 @@ def cpu_rows(args: Args, emit) -> None:
             times = interleaved(calls, args.repeats)
             o1, on = (statistics.median(t) for t in times[:2])
             emit(dict(base, name="jax", batch=b, seconds=on, tokens_per_s=b * n / on,
-                      decode_tokens_per_s=b * (n - 1) / (on - o1), compile_s=compile_s,
+                      decode_tokens_per_s=decode_rate(b, n, o1, on), compile_s=compile_s,
                       same_tokens_as_hf=same, rounds=args.repeats,
                       vs_hf=statistics.median(h / o for o, h in zip(times[1], times[3]))
                       if args.hf else None,
-                      decode_vs_hf=statistics.median(
-                          (hn - h1) / (on_ - o1_) for o1_, on_, h1, hn in zip(*times))
+                      decode_vs_hf=median_ratio(
+                          (hn - h1, on_ - o1_) for o1_, on_, h1, hn in zip(*times))
                       if args.hf else None))
             if args.hf:
                 h1, hn = (statistics.median(t) for t in times[2:])
                 emit(dict(base, name="hf_torch", batch=b, seconds=hn, tokens_per_s=b * n / hn,
-                          decode_tokens_per_s=b * (n - 1) / (hn - h1)))
+                          decode_tokens_per_s=decode_rate(b, n, h1, hn)))
         if args.vllm:
             ours = lambda k, prompts: jax.block_until_ready(  # noqa: E731
                 fns[k](params, cache, prompts, np.full(len(prompts), args.prompt_len, np.int32)))
@@ -228,11 +242,11 @@ def vllm_rows(args: Args, emit, base, folder, cases, n, ours) -> None:
             times = interleaved(calls, args.repeats)
             o1, on, v1, vn = (statistics.median(t) for t in times)
             emit(dict(base, name="vllm", batch=b, seconds=vn, tokens_per_s=b * n / vn,
-                      decode_tokens_per_s=b * (n - 1) / (vn - v1), same_tokens_as_ours=same,
-                      ours_same_rounds_decode_tokens_per_s=b * (n - 1) / (on - o1),
+                      decode_tokens_per_s=decode_rate(b, n, v1, vn), same_tokens_as_ours=same,
+                      ours_same_rounds_decode_tokens_per_s=decode_rate(b, n, o1, on),
                       ours_vs_vllm=statistics.median(v / o for o, v in zip(times[1], times[3])),
-                      ours_vs_vllm_decode=statistics.median(
-                          (vn_ - v1_) / (on_ - o1_) for o1_, on_, v1_, vn_ in zip(*times))))
+                      ours_vs_vllm_decode=median_ratio(
+                          (vn_ - v1_, on_ - o1_) for o1_, on_, v1_, vn_ in zip(*times))))
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, 9)

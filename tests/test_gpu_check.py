@@ -79,6 +79,18 @@ def test_trace_report_reads_a_cpu_trace_folder(tmp_path, capsys):
         trace_report_main([str(tmp_path / "empty")])  # a folder without a trace: one line
 
 
+def test_decode_figures_are_none_where_noise_outweighs_the_steps():
+    """bench/decode_sps.py's decode rate is (n - 1) steps over the n-token call less the 1-token
+    call; where that difference is not positive (every row: ours, HF's, vLLM's) there is no
+    figure, and a ratio over rounds leaves such rounds out (by hand: 8 x 31 / 0.5 = 496)."""
+    from decode_sps import decode_rate, median_ratio
+
+    assert decode_rate(8, 32, 0.25, 0.75) == 496
+    assert decode_rate(8, 32, 0.75, 0.75) is None and decode_rate(8, 32, 0.8, 0.75) is None
+    assert median_ratio([(2.0, 1.0), (-1.0, 1.0), (3.0, 0.0), (6.0, 2.0)]) == 2.5
+    assert median_ratio([(1.0, -1.0)]) is None
+
+
 @pytest.mark.slow
 def test_gpu_check_cpu_smoke_runs_every_step(tmp_path):
     """`scripts/gpu_check.sh --cpu-smoke OUT`: every step of the GPU check at tiny shapes ends
