@@ -6,6 +6,7 @@ what they name)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -173,6 +174,28 @@ def test_keys_are_noop_while_the_player_sleeps():
     assert g.action_of("w") == g.action_of("space") == Action.NOOP.value
 
 
+@contextlib.contextmanager
+def compiles(name: str):
+    """The programs named `name` jax compiles inside the block (logged whether or not the
+    persistent cache held them)."""
+    import logging
+
+    seen = []
+
+    class Handler(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith(f"Finished XLA compilation of {name} "):
+                seen.append(record.getMessage())
+
+    handler, logger = Handler(), logging.getLogger("jax")
+    logger.addHandler(handler)
+    try:
+        with jax.log_compiles(True):
+            yield seen
+    finally:
+        logger.removeHandler(handler)
+
+
 def test_a_failed_game_save_or_a_removed_game_loses_no_recorded_row(tmp_path, monkeypatch):
     """A row journaled whose game save failed (a kill or a full disk between the two) is not
     committed, and reopening goes on from the saved game; with game.npz removed (as the
@@ -182,9 +205,11 @@ def test_a_failed_game_save_or_a_removed_game_loses_no_recorded_row(tmp_path, mo
     from fused.human.recorder import Recorder
 
     d = tmp_path / "d"
-    rec = Recorder(d, Game(ENV), 4, "test")
-    for a in (2, 2, 5):
-        rec.step(a)
+    with compiles("jit(step)") as steps:  # a new game's steps (warmed at the start): one program
+        rec = Recorder(d, Game(ENV), 4, "test")
+        for a in (2, 2, 5):
+            rec.step(a)
+    assert len(steps) == 1, steps
 
     def fail():
         raise OSError("disk full")
