@@ -9,7 +9,8 @@ as one sequence per row (vLLM may reuse the prefix through its own prefix cachin
 is timed generating 1 token and `--new-tokens` tokens:
 - `tokens_per_s`: rows x new tokens / seconds of the whole call (prompt pass included);
 - `decode_tokens_per_s`: rows x (new tokens - 1) / (seconds(N) - seconds(1)), the decode loop
-  alone (the shapes' rows: none, with a note, where seconds(N) <= seconds(1)).
+  alone (none where seconds(N) <= seconds(1), and the per-round ratios leave such rounds out;
+  the shapes' rows say so in a note).
 Ours and HF are timed in alternating rounds (`interleaved` below); `vs_hf` is the median
 over rounds of HF's seconds / ours. vLLM afterwards, once HF's rows are done (an idle server
 still takes cycles), in alternating rounds with ours again (`ours_vs_vllm`).

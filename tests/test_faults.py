@@ -387,10 +387,10 @@ def test_label_sigterm_then_rerun_and_a_damaged_label_shard_redone(dataset, tmp_
            "--llm.skip-n", "20", "--batch", "16"]
     proc = subprocess.Popen(cmd, env=subprocess_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None and not (d / "labels" / "h").is_dir():
+    deadline = time.time() + 300  # the signal once the first of its 4 label shards is in
+    while time.time() < deadline and proc.poll() is None and not any(
+            p.is_dir() for p in (d / "labels" / "h").glob("s*")):
         time.sleep(0.05)
-    time.sleep(2)
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, (stdout[-1500:], stderr[-1500:])

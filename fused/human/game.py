@@ -22,7 +22,6 @@ from fused.envspec import spec, text_env
 from fused.human.keys import key_map
 from fused.rl.envs import CraftaxEnv
 from fused.rl.obs_codec import ObsCodec
-from fused.rl.sharding import on_device
 
 BARS = ("health", "food", "drink", "energy", "mana")
 
@@ -80,10 +79,10 @@ class Game:
 
     def set(self, state, obs: np.ndarray, seed: int, episode_return: float,
             over: bool = False) -> None:
-        # the state as a step's output has it, so one compiled step serves every key: reset
-        # returns weakly typed scalars, which a step's output does not keep (via the host:
-        # strongly typed, committed to the device)
-        self.state = on_device(jax.tree.map(np.asarray, state))
+        # strongly typed (via the host) and committed to the device, so one compiled step
+        # serves every key: reset returns weakly typed scalars, some of which (the player's
+        # direction, say) a step's output has strongly typed, a second signature to compile
+        self.state = jax.device_put(jax.tree.map(np.asarray, state), jax.local_devices()[0])
         self.obs, self.seed = obs, int(seed)
         self.episode_return, self.over = float(episode_return), over
 
