@@ -205,7 +205,7 @@ def test_a_failed_game_save_or_a_removed_game_loses_no_recorded_row(tmp_path, mo
     from fused.human.recorder import Recorder
 
     d = tmp_path / "d"
-    with compiles("jit(step)") as steps:  # a new game's steps (warmed at the start): one program
+    with compiles("jit(step)") as steps:  # a new game's first steps: one program
         rec = Recorder(d, Game(ENV), 4, "test")
         for a in (2, 2, 5):
             rec.step(a)
