@@ -152,15 +152,16 @@ class StreamWriter:
                            behaviour.inputs, c.envs_per_stream, c.block_steps,
                            AXIS if n > 1 else None, n)
         init, block = col.init, col.block
+        mesh = Mesh(np.array(devices), (AXIS,))
         if n > 1:
-            init, block = shard_collector(init, block, devices, behaviour.inputs)
+            init, block = shard_collector(init, block, mesh, behaviour.inputs)
         self.init = jax.jit(init)
         self.block = jax.jit(block, donate_argnums=0)
         self.sharded = n > 1  # (then the collector places the state on the devices itself)
         # parameters and LLM arrays on this process's devices: committed to the one device
         # (`on_device`), or replicated over several (a checkpoint restores onto one device)
         place = on_device if not self.sharded else partial(
-            jax.device_put, device=NamedSharding(Mesh(np.array(devices), (AXIS,)), P()))
+            jax.device_put, device=NamedSharding(mesh, P()))
         self.frozen = place(behaviour.inputs.frozen)
         self.params = place(behaviour.params)
 
@@ -291,10 +292,9 @@ def host_rows(rec, t0: int, env_offset: int) -> Rows:
     return rows
 
 
-def shard_collector(init, block, devices, inputs):
-    """init/block under shard_map over this process's devices (envs split)."""
-    mesh = Mesh(np.array(devices), (AXIS,))
-    per_device = jax.vmap(init, in_axes=(None, None), axis_name=AXIS, axis_size=len(devices))
+def shard_collector(init, block, mesh, inputs):
+    """init/block under shard_map over `mesh`, this process's devices (envs split)."""
+    per_device = jax.vmap(init, in_axes=(None, None), axis_name=AXIS, axis_size=mesh.size)
     shape = jax.eval_shape(per_device, jax.random.PRNGKey(0), inputs.frozen)
     specs = shape.replace(env=jax.tree.map(lambda _: P(AXIS), shape.env),
                           inputs=inputs.state_specs(shape.inputs, AXIS), rng=P(),
