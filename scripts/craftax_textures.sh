@@ -7,6 +7,8 @@
 #   bash scripts/craftax_textures.sh      (with the project's Python active)
 set -euo pipefail
 PY=${PYTHON:-python}
+"$PY" -c "import craftax" 2>/dev/null \
+    || { echo "error: $PY cannot import craftax: activate the project's venv (pip install -e .) or set PYTHON"; exit 1; }
 for game in craftax craftax_classic; do
     "$PY" -c "from craftax.$game.constants import load_all_textures; load_all_textures()" \
         >/dev/null &
