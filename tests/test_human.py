@@ -7,6 +7,7 @@ what they name)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -19,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -38,20 +40,32 @@ def human(*args):
     return main(list(args), "python play.py")
 
 
-def craftax_reference(seed: int, actions) -> np.ndarray:
-    """The observations an episode of `seed` acts on, from Craftax's env itself (the
-    documented keys: the world from fold_in(PRNGKey(seed), 0), step k from fold_in(.., k+1))."""
+@functools.cache
+def craftax_env():
+    """Craftax's own env, its reset and step jitted (as a program they are Craftax's code still;
+    run op by op they compiled ~250 small programs, ~25 s a test)."""
     from craftax.craftax_env import make_craftax_env_from_name
 
     env = make_craftax_env_from_name(ENV, auto_reset=False)
-    p = env.default_params
-    obs, state = env.reset_env(jax.random.fold_in(jax.random.PRNGKey(seed), 0), p)
+    return env.default_params, jax.jit(env.reset_env), jax.jit(env.step_env)
+
+
+def craftax_reference(seed: int, actions) -> np.ndarray:
+    """The observations an episode of `seed` acts on, from Craftax's env itself (the
+    documented keys: the world from fold_in(PRNGKey(seed), 0), step k from fold_in(.., k+1)).
+    Compare with `same_obs`: compiled whole, a float feature can round 1 ulp apart."""
+    p, reset, step = craftax_env()
+    obs, state = reset(jax.random.fold_in(jax.random.PRNGKey(seed), 0), p)
     out = []
     for k, a in enumerate(actions):
         out.append(np.asarray(obs).reshape(-1))
-        obs, state, *_ = env.step_env(jax.random.fold_in(jax.random.PRNGKey(seed), k + 1),
-                                      state, int(a), p)
+        obs, state, *_ = step(jax.random.fold_in(jax.random.PRNGKey(seed), k + 1), state,
+                              jnp.int32(a), p)
     return np.stack(out)
+
+
+def same_obs(ours, reference) -> None:
+    np.testing.assert_allclose(ours, reference, rtol=0, atol=1e-6)
 
 
 def read_all(root: Path) -> dict:
@@ -97,7 +111,7 @@ def test_script_records_what_craftax_plays(played):
     obs = ObsCodec(spec(ENV)).decode(np, cols)
     for ep, seed in ((0, 5), (1, 6)):
         rows = cols["episode_id"] == ep
-        np.testing.assert_array_equal(obs[rows], craftax_reference(seed, cols["action"][rows]))
+        same_obs(obs[rows], craftax_reference(seed, cols["action"][rows]))
     # nothing waits in the journal after a clean exit
     assert not list((played / "data" / "work" / "human" / "steps").iterdir())
 
@@ -406,8 +420,8 @@ def test_server_survives_sigkill_tabs_and_a_second_recorder(tmp_path):
     from fused.rl.obs_codec import ObsCodec
 
     obs = ObsCodec(spec(ENV)).decode(np, cols)
-    np.testing.assert_array_equal(obs[:6], craftax_reference(3, cols["action"][:6]))
-    np.testing.assert_array_equal(obs[6:], craftax_reference(11, cols["action"][6:]))
+    same_obs(obs[:6], craftax_reference(3, cols["action"][:6]))
+    same_obs(obs[6:], craftax_reference(11, cols["action"][6:]))
     card = json.loads((out / "card.json").read_text())
     assert card["human"]["episodes"] == {"0": 3, "1": 11}
     assert (card["counts"]["rows"], card["counts"]["episodes"]) == (7, 2)
