@@ -265,11 +265,13 @@ def test_an_llm_beside_the_cnn_reads_the_text_of_the_same_state():
     ref_px = make_craftax_env_from_name(px, auto_reset=False)
     ref_sym = make_craftax_env_from_name(sym, auto_reset=False)
     obs, state = jax.jit(env.reset)(jax.random.PRNGKey(3))
-    step = jax.jit(env.step)
+    # strongly typed leaves: reset's weakly typed scalars would compile each program twice
+    state = jax.tree.map(np.asarray, state)
+    step, get_px, get_sym = jax.jit(env.step), jax.jit(ref_px.get_obs), jax.jit(ref_sym.get_obs)
     rows = []
     for k in range(6):
-        want_px = np.asarray(jax.jit(ref_px.get_obs)(state)).reshape(-1)
-        want_sym = np.asarray(jax.jit(ref_sym.get_obs)(state)).reshape(-1)
+        want_px = np.asarray(get_px(state)).reshape(-1)
+        want_sym = np.asarray(get_sym(state)).reshape(-1)
         np.testing.assert_allclose(np.asarray(obs[:frame_dim]), want_px, atol=1e-6)
         np.testing.assert_array_equal(np.asarray(obs[frame_dim:]), want_sym)
         rows.append(np.asarray(obs))
