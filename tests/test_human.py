@@ -90,7 +90,8 @@ def played(tmp_path_factory):
 
 def test_script_records_what_craftax_plays(played):
     """Rows, episodes and actions as Craftax names them; every observation equals the one
-    Craftax's env gives from the episode's seed (in the card) and the actions before it."""
+    Craftax's env gives from the episode's seed (in the card) and the actions before it (to
+    float rounding: `same_obs`)."""
     from craftax.craftax_classic.constants import Action
 
     from fused.envspec import spec
