@@ -89,6 +89,61 @@ def test_conv_is_flax_conv(im2col):
     np.testing.assert_allclose(ours.apply(params, x), ref.apply(params, x), atol=2e-5)
 
 
+def test_max_pool3_is_flax_max_pool():
+    """The torso's pool (a reshape and a max, its gradient elementwise) gives flax's
+    nn.max_pool(3 x 3, stride 3) and the gradient jax gives it: frames of small integers, so
+    windows hold ties (the gradient goes to the first in row-major order), sizes not a multiple
+    of 3 (rows and columns dropped)."""
+    import flax.linen as nn
+
+    from fused.rl.networks import max_pool3
+
+    rng = np.random.default_rng(0)
+    for shape in [(2, 130, 110, 4), (3, 63, 63, 5), (2, 13, 11, 3), (1, 3, 3, 1)]:
+        x = rng.integers(0, 3, shape).astype(np.float32)
+        y, back = jax.vjp(max_pool3, x)
+        y_ref, back_ref = jax.vjp(lambda v: nn.max_pool(v, (3, 3), strides=(3, 3)), x)
+        np.testing.assert_array_equal(y, y_ref)
+        g = rng.normal(size=y.shape).astype(np.float32)
+        np.testing.assert_array_equal(back(g)[0], back_ref(g)[0])
+
+
+@pytest.mark.slow  # (compiles Classic-Pixels' renderer)
+def test_cnn_ppo_values_its_rollout_on_the_acting_pass():
+    """A CNN's actor and critic share one torso: the rollout's pass gives V(x) with the logits
+    (`Policy.value_on_the_way`), so PPO does not value the whole rollout again in one batch (at
+    1,024 envs of Craftax-Pixels that batch's first convolution alone is 120 GB). One update
+    with those values equals the update with the batched pass (the same policy, flag off): its
+    metrics and parameters."""
+    from fused.commands.train import TrainConfig, build
+    from fused.rl.acting import Rollout, network_policy
+    from fused.rl.config import EnvConfig, PolicyConfig, PPOConfig
+    from fused.rl.networks import ActorCritic
+    from fused.rl.ppo import Ctx, update_step
+    from fused.rl.trainer import make_optimizer
+    from fused.rl.vec_env import VecEnv
+
+    cfg = TrainConfig(env=EnvConfig(name="Craftax-Classic-Pixels-v1", num_envs=4, reset_pool=2),
+                      ppo=PPOConfig(num_steps=4, update_epochs=1, num_minibatches=2),
+                      policy=PolicyConfig("cnn", layer_width=16), total_timesteps=4 * 4 * 2,
+                      updates_per_chunk=1)
+    online = build(cfg)
+    policy = network_policy(online.agent.network)
+    assert policy.value_on_the_way and not network_policy(ActorCritic(3)).value_on_the_way
+    state = jax.jit(online.trainer.init)(jax.random.PRNGKey(0), online.frozen)
+    results = []
+    for on_the_way in (True, False):
+        rollout = Rollout(policy._replace(value_on_the_way=on_the_way), online.agent.inputs,
+                          VecEnv(online.env, cfg.env), 4, 4)
+        ctx = Ctx(rollout, make_optimizer(cfg), cfg.ppo)
+        results.append(jax.jit(lambda rs, f: update_step(ctx, rs, f))(state, online.frozen))
+    (new, got), (_, want) = results
+    assert float(got["ppo"]["value_mean"]) != 0
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), got, want)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                 new.params, results[1][0].params)
+
+
 def test_policy_kind_auto_and_refusals():
     """`auto` is the CNN on frames and the MLP on vectors, with an LLM the augmented network
     over the CNN's features; a CNN on a symbolic env, an MLP over frames with an LLM, and an

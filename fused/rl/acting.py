@@ -91,6 +91,9 @@ class Policy(NamedTuple):
     batch: Callable  # (params, carry, x, resets) -> (logits [B, A], value [B])
     sample: Callable = sample  # (keys [N], logits) -> (action [N], log_prob [N])
     stats: Callable | None = None  # carry after acting -> {name: [N]} (None: no figures)
+    # a feed-forward policy whose `forward` gives V(x) with the logits (one CNN torso for both):
+    # PPO keeps those values instead of valuing the whole rollout again in one batch
+    value_on_the_way: bool = False
 
     def with_sample(self, draw: Callable) -> "Policy":
         return self._replace(sample=draw)
@@ -114,15 +117,24 @@ def restart(policy: Policy, carry, starts):
 def network_policy(network: nn.Module, draw: Callable = sample) -> Policy:
     """The policy of an actor-critic network (`fused.rl.networks`). A feed-forward one acts with
     its actor alone and gives no value on the way (PPO values the whole rollout in one batch
-    after it); a recurrent one runs one GRU step and gives the value with the logits."""
+    after it), unless actor and critic share a CNN torso: then one pass over the frames gives
+    both, as the public pixel PPO computes them (and a whole rollout of frames in one batch
+    would need the first convolution's output for all of it at once: 120 GB at 1,024 envs of
+    Craftax-Pixels). A recurrent one runs one GRU step and gives the value with the logits."""
     if not is_recurrent(network):
         actor = partial(network.apply, method=type(network).actor)
         critic = partial(network.apply, method=type(network).critic)
-        return Policy(recurrent=False, carry=lambda n: None,
-                      forward=lambda params, carry, x, keys=None: (carry, actor(params, x), None),
+        shared = getattr(network, "image", None) is not None
+
+        def forward(params, carry, x, keys=None):
+            if shared:
+                return (carry, *network.apply(params, x))
+            return carry, actor(params, x), None
+
+        return Policy(recurrent=False, carry=lambda n: None, forward=forward,
                       critic=lambda params, carry, x: critic(params, x),
                       batch=lambda params, carry, x, resets: network.apply(params, x),
-                      sample=draw)
+                      sample=draw, value_on_the_way=shared)
 
     def forward(params, carry, x, keys=None):
         one = jax.tree.map(lambda a: a[None], x)
