@@ -145,10 +145,12 @@ def ppo_rows(args: Args):
         t = time.perf_counter()
         state = jax.block_until_ready(jax.jit(tr.init)(jax.random.PRNGKey(0), None))
         init_s = time.perf_counter() - t
+        print(f"# {variant} at {n} envs: init {init_s:.1f} s", file=sys.stderr, flush=True)
         chunk = jax.jit(tr.chunk)
         t = time.perf_counter()
         compiled = chunk.lower(state, None).compile()
         compile_s = time.perf_counter() - t
+        print(f"# {variant} at {n} envs: compile {compile_s:.1f} s", file=sys.stderr, flush=True)
         state, _ = jax.block_until_ready(compiled(state, None))  # warm-up
         times = []
         for _ in range(args.repeats):

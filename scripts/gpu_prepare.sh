@@ -22,6 +22,27 @@ for name in $OURS; do
         --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         --platform manylinux_2_24_x86_64 -d .whl "$spec" 2>&1 | grep -v "^WARNING" || true
 done
+# Craftax's texture caches (~1 min of one core to build on a pixel renderer's first use), as
+# numpy, so any jax loads them: gpu_setup.sh turns them back into Craftax's own cache files
+if "$PY" - <<'PYEOF'
+import bz2, os, pickle, sys
+import numpy as np
+import craftax
+root = os.path.dirname(craftax.__file__)
+for rel in ("craftax/assets/texture_cache.pbz2", "craftax_classic/assets/texture_cache_classic.pbz2"):
+    src = os.path.join(root, rel)
+    if not os.path.exists(src):
+        sys.exit(f"no {src}: run scripts/craftax_textures.sh first")
+    with bz2.BZ2File(src) as f:
+        cache = pickle.load(f)
+    to_np = lambda v: ([to_np(x) for x in v] if isinstance(v, list) else
+                       {k: to_np(x) for k, x in v.items()} if isinstance(v, dict) else np.asarray(v))
+    dst = os.path.join(".whl", "textures", rel.replace("/", "+"))
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    with bz2.BZ2File(dst, "w") as f:
+        pickle.dump(to_np(cache), f)
+PYEOF
+then echo "carried: Craftax's texture caches"; else echo "warning: no texture caches carried (pixel steps build them, ~1 min)"; fi
 if [ $# -ge 1 ]; then
     G=$1; P=.peers/craftax_baselines
     mkdir -p "$P/models" "$P/logz"
