@@ -62,6 +62,9 @@ class Args:
     """Also time the prior system's PPO structure (bench/reference_ppo.py) for a same-run ratio."""
     skip_env: bool = False
     """Only measure PPO."""
+    compile_only: bool = False
+    """PPO rows: compile the chunk and report its memory (XLA's buffer assignment: arguments,
+    outputs, temporaries) without running it, e.g. a GPU's sizes on a CPU."""
     skip_ppo: bool = False
     """Only measure the env."""
     out: str | None = None
@@ -151,6 +154,18 @@ def ppo_rows(args: Args):
         compiled = chunk.lower(state, None).compile()
         compile_s = time.perf_counter() - t
         print(f"# {variant} at {n} envs: compile {compile_s:.1f} s", file=sys.stderr, flush=True)
+        mem = compiled.memory_analysis()
+        memory = {} if mem is None else {
+            f"{k}_gb": getattr(mem, f"{k}_size_in_bytes") / 1e9
+            for k in ("argument", "output", "temp")}
+        if args.compile_only:
+            rows.append({"name": f"ppo_{variant}_memory", "env": args.env, "num_envs": n,
+                         "variant": variant, "num_steps": args.num_steps,
+                         "update_epochs": args.update_epochs,
+                         "num_minibatches": args.num_minibatches, "width": args.width,
+                         "backend": jax.default_backend(), "compile_s": compile_s, **memory})
+            print(json.dumps(rows[-1]), flush=True)
+            continue
         state, _ = jax.block_until_ready(compiled(state, None))  # warm-up
         times = []
         for _ in range(args.repeats):
@@ -163,7 +178,7 @@ def ppo_rows(args: Args):
                      "update_epochs": args.update_epochs,
                      "num_minibatches": args.num_minibatches, "width": args.width,
                      "steps_per_s": args.ppo_updates * cfg.steps_per_update / dt,
-                     "compile_s": compile_s, "init_s": init_s})
+                     "compile_s": compile_s, "init_s": init_s, **memory})
         first = next(r for r in rows if r["num_envs"] == n and r.get("variant"))
         if first is not rows[-1]:
             rows[-1][f"vs_{first['variant']}"] = rows[-1]["steps_per_s"] / first["steps_per_s"]
