@@ -65,6 +65,9 @@ def main(argv=None):
         t0 = time.time()
         compiled = jax.jit(make_train(cfg)).lower(jax.random.PRNGKey(0)).compile()
         comp = time.time() - t0
+        mem = compiled.memory_analysis()
+        if mem is not None:  # XLA's buffer assignment: what the program asks of the device
+            print(f"updates={u} temporaries {mem.temp_size_in_bytes / 1e9:.2f} GB", flush=True)
         best = float("inf")
         for r in range(a.repeats):
             t0 = time.time()
