@@ -17,7 +17,8 @@ oldest. The parts, in order of what matters most:
   3. our PPO beside the public Craftax PPO (Craftax-Symbolic, 1,024 envs; the public code from
      `.peers/craftax_baselines`, prepared by `scripts/gpu_prepare.sh`, never committed), decode
      of the 4B at batch 64;
-  4. the same pair on frames (Craftax-Pixels, the public pixel PPO's sizes);
+  4. the same pair on frames (Craftax-Pixels, the public pixel PPO's sizes; then at 32
+     minibatches, where the budget is left or with --only);
   5. the Qwen3-VL-4B shape's states of 1,024 Craftax-Pixels frames (random weights, bf16):
      frames/s and MFU.
 `--only STEP ...` picks steps by name instead. Each step runs in its own process under a time
@@ -126,7 +127,16 @@ def steps(out: Path, bandwidth: float) -> list[Step]:
               "--update-epochs", "1", "--num-minibatches", "2", "--width", "32", "--updates",
               "1", "2", "--repeats", "1"], (290, 120), 4, needs=PEER / "ppo.py",
              needs_module="distrax"),
-        # on an H200 not yet run: ~1.2 TFLOP a frame, ~1.2 PFLOP a call; a box for compiles
+        # the same pair at 32 minibatches of 2,048 frames, for where the public program does not
+        # fit at its own (XLA's scatter for max-pool's gradient: 148 GB by XLA:CPU's count);
+        # run when the part's budget is left, else with --only
+        Step("ppo_pixels_ours_1024_mb32", ppo + ["--env", "Craftax-Pixels-v1",
+                                                 "--ppo-env-counts", "1024", "--variants", "cnn",
+                                                 "--num-minibatches", "32"], None, (200, 0), 4),
+        Step("ppo_pixels_public_1024_mb32", ["bench/peer_ppo.py", "Craftax-Pixels-v1", "1024",
+                                                "--updates", "2", "4", "--num-minibatches", "32"],
+             None, (250, 0), 4, needs=PEER / "ppo.py", needs_module="distrax"),
+        # on an H200 (2026-11-27): 41 s with its compile; ~1.1 TFLOP a frame
         Step("vl_4b_1024", ["bench/vl_encode.py", "--shape", "qwen3-vl-4b", "--frames", "1024",
                             "--microbatch", "128", "--repeats", "3"],
              ["bench/vl_encode.py", "--shape", "tiny", "--frames", "8", "--microbatch", "4",

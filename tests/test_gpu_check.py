@@ -154,7 +154,8 @@ def test_gpu_check_parts_pick_their_steps(tmp_path, monkeypatch):
         seen[part] = [r["step"] for r in rows if r["name"] == "step"]
         assert all(r["status"] == "skipped" for r in rows if r["name"] == "step")
     assert seen[1] == ["decode_4b", "fused_0.6b_1024", "kernel", "fused_4b_l24_128"]
-    assert seen[4] == ["ppo_pixels_ours_1024", "ppo_pixels_public_1024"]
+    assert seen[4] == ["ppo_pixels_ours_1024", "ppo_pixels_public_1024",
+                       "ppo_pixels_ours_1024_mb32", "ppo_pixels_public_1024_mb32"]
     assert seen[5] == ["vl_4b_1024"]
     gpu_steps = [s.name for s in gpu_check.steps(tmp_path, 1.0) if s.gpu is not None]
     assert sorted(sum(seen.values(), [])) == sorted(gpu_steps)
