@@ -39,14 +39,18 @@ def main(argv=None):
                  "(.peers/) or ../shared/peers/setup.sh GIT_DIR (~/.cache/peers/), or set PEER")
     sys.path.insert(0, peer)
     import jax
+    import jax.core
     import jax.interpreters.xla
+    from jax._src import core
 
-    if not hasattr(jax.interpreters.xla, "pytype_aval_mappings"):
-        # tensorflow-probability 0.25 (distrax's backend, the newest release) reads this
-        # alias, which jax >= 0.10 no longer exports; the table itself is unchanged
-        from jax._src import core
-
-        jax.interpreters.xla.pytype_aval_mappings = core.pytype_aval_mappings
+    # tensorflow-probability 0.25 (distrax's backend, the newest release) reads aliases that
+    # jax >= 0.10 no longer exports (xla's) or deprecated (core's): restored, the same objects
+    for module, name in ((jax.interpreters.xla, "pytype_aval_mappings"),
+                         (jax.core, "pytype_aval_mappings"), (jax.core, "Tracer")):
+        try:
+            getattr(module, name)
+        except AttributeError:
+            setattr(module, name, getattr(core, name))
     from ppo import make_train
 
     base = dict(ENV_NAME=a.env, NUM_ENVS=a.num_envs, NUM_STEPS=a.num_steps,
