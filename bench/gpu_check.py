@@ -110,8 +110,11 @@ def steps(out: Path, bandwidth: float) -> list[Step]:
              ppo + ["--env", "Craftax-Classic-Symbolic-v1", "--ppo-env-counts", "8",
                     "--repeats", "1", "--num-steps", "8", "--update-epochs", "1",
                     "--num-minibatches", "2", "--width", "32"], (160, 120), 3),
-        Step("ppo_public_1024", [str(PEER / "public_ppo.py"), "1024"],
-             [str(PEER / "public_ppo.py"), "8"], (200, 120), 3, needs=PEER / "public_ppo.py",
+        # (../shared/peers/public_ppo.py's run, through bench/peer_ppo.py: its jax aliases)
+        Step("ppo_public_1024", ["bench/peer_ppo.py", "Craftax-Symbolic-v1", "1024"],
+             ["bench/peer_ppo.py", "Craftax-Symbolic-v1", "8", "--num-steps", "8",
+              "--update-epochs", "1", "--num-minibatches", "2", "--width", "64", "--updates",
+              "1", "2", "--repeats", "1"], (200, 200), 3, needs=PEER / "ppo.py",
              needs_module="distrax"),
         Step("decode_4b_b64", decode + ["--shapes", "qwen3-4b", "--batches", "64"], None,
              (150, 0), 3),
