@@ -108,6 +108,35 @@ def test_max_pool3_is_flax_max_pool():
         np.testing.assert_array_equal(back(g)[0], back_ref(g)[0])
 
 
+def test_policies_sharing_a_torso_give_the_value_on_the_way():
+    """A policy over a CNN torso shared by actor and critic (the public CNN; the augmented
+    network on frames) gives the critic's value with the logits when it acts; one without
+    (the MLPs, the augmented network on symbolic observations) gives none, so PPO values its
+    rollout in one batch."""
+    from fused.rl.acting import network_policy
+    from fused.rl.networks import ActorCritic, AugmentedActorCritic, ConvActorCritic
+
+    image = (21, 21, 3)
+    frames = jax.random.uniform(jax.random.PRNGKey(0), (3, int(np.prod(image))))
+    hidden = jax.random.normal(jax.random.PRNGKey(1), (3, 8))
+    cases = [(ConvActorCritic(5, image, 16), frames, True),
+             (AugmentedActorCritic(5, 16, 2, image=image), {"obs": frames, "hidden": hidden},
+              True),
+             (AugmentedActorCritic(5, 16, 2), {"obs": frames[:, :10], "hidden": hidden}, False),
+             (ActorCritic(5, 16, 1), frames[:, :10], False)]
+    for net, x, shared in cases:
+        params = net.init(jax.random.PRNGKey(2), x)
+        policy = network_policy(net)
+        assert policy.value_on_the_way == shared
+        _, logits, value = policy.forward(params, None, x)
+        np.testing.assert_allclose(logits, net.apply(params, x, method=type(net).actor),
+                                   rtol=1e-6)
+        if shared:
+            np.testing.assert_allclose(value, policy.critic(params, None, x), rtol=1e-6)
+        else:
+            assert value is None
+
+
 @pytest.mark.slow  # (compiles Classic-Pixels' renderer)
 def test_cnn_ppo_values_its_rollout_on_the_acting_pass():
     """A CNN's actor and critic share one torso: the rollout's pass gives V(x) with the logits

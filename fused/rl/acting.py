@@ -124,7 +124,7 @@ def network_policy(network: nn.Module, draw: Callable = sample) -> Policy:
     if not is_recurrent(network):
         actor = partial(network.apply, method=type(network).actor)
         critic = partial(network.apply, method=type(network).critic)
-        shared = getattr(network, "image", None) is not None
+        shared = bool(getattr(network, "shares_torso", False))
 
         def forward(params, carry, x, keys=None):
             if shared:

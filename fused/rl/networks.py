@@ -98,7 +98,7 @@ def max_pool3(x: jax.Array) -> jax.Array:
     gradient goes to its first maximal element in row-major order, as XLA's select-and-scatter
     gives it. That gradient is elementwise here; reduce_window's is a scatter (on XLA:CPU with
     four int32 index arrays the size of the input: 60 GB for a minibatch of 8,192 full-game
-    frames' first convolution), and 3.6x slower on a CPU (63 x 63 x 32, batch 512)."""
+    frames' first convolution). Reverse mode only (a custom VJP): no jvp / jacfwd through it."""
     b, h, w, c = x.shape
     return x[:, :h - h % 3, :w - w % 3].reshape(b, h // 3, 3, w // 3, 3, c).max((2, 4))
 
@@ -158,12 +158,13 @@ class ConvActorCritic(nn.Module):
     """The public baselines' `ActorCriticConv`: one CNN torso (`ConvTorso`) shared by the actor
     (Dense(width) -> ReLU -> Dense(A) -> ReLU -> Dense(A)) and the critic (Dense(width) -> ReLU
     -> Dense(1)), orthogonal init (gain 2, 0.01 on the action heads, 1 on the value). The
-    rollout runs `actor` alone and the critic on the whole rollout in one batch, as for the
-    MLP."""
+    rollout runs the torso once a step for both (`shares_torso`: the policy's forward gives the
+    value with the logits)."""
 
     num_actions: int
     image: tuple[int, int, int]
     width: int = 512
+    shares_torso = True  # (a class attribute: not a field)
 
     def setup(self):
         self.torso = ConvTorso(self.image)
@@ -263,6 +264,11 @@ class AugmentedActorCritic(nn.Module):
                                        self.constant_hidden)
         if self.image is not None:
             self.torso = ConvTorso(self.image)
+
+    @property
+    def shares_torso(self) -> bool:
+        """Actor and critic read one CNN torso's features (frames): `__call__` gives both."""
+        return self.image is not None
 
     def _obs(self, inp: dict) -> jax.Array:
         return inp["obs"] if self.image is None else self.torso(inp["obs"])
