@@ -29,10 +29,12 @@ import bz2, os, pickle, sys
 import numpy as np
 import craftax
 root = os.path.dirname(craftax.__file__)
-for rel in ("craftax/assets/texture_cache.pbz2", "craftax_classic/assets/texture_cache_classic.pbz2"):
+rels = ("craftax/assets/texture_cache.pbz2", "craftax_classic/assets/texture_cache_classic.pbz2")
+missing = [r for r in rels if not os.path.exists(os.path.join(root, r))]
+if missing:
+    sys.exit(f"no {', '.join(missing)} in {root}: run scripts/craftax_textures.sh first")
+for rel in rels:
     src = os.path.join(root, rel)
-    if not os.path.exists(src):
-        sys.exit(f"no {src}: run scripts/craftax_textures.sh first")
     with bz2.BZ2File(src) as f:
         cache = pickle.load(f)
     to_np = lambda v: ([to_np(x) for x in v] if isinstance(v, list) else

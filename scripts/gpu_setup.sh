@@ -17,8 +17,9 @@ for src in glob.glob(".whl/textures/*.pbz2"):
     with bz2.BZ2File(src) as f:
         cache = to_jnp(pickle.load(f))
     dst = os.path.join(os.path.dirname(craftax.__file__), *os.path.basename(src).split("+"))
-    with bz2.BZ2File(dst, "w") as f:
+    with bz2.BZ2File(dst + ".tmp", "w") as f:  # whole or not at all: Craftax reads what is there
         pickle.dump(cache, f)
+    os.replace(dst + ".tmp", dst)
 PYEOF
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
