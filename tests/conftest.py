@@ -2,11 +2,30 @@
 persistent compilation cache (each config compiles once per machine), subprocess environments,
 the vLLM server."""
 
+import gc
 import os
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# Two process-wide settings that cut the suite's time (a `train.py smoke` on a fresh cache, one
+# core: 15.2-16.2 s -> 12.7 s with both): the garbage collector's first threshold raised, here
+# and in every Python process the tests start (tests/startup/sitecustomize.py, on PYTHONPATH),
+# and jemalloc instead of glibc's malloc, whose bookkeeping was ~11% of such a run (XLA's
+# compiler allocates many small objects), preloaded into every process started from here on:
+# the xdist workers, the commands, the vLLM servers. Without libjemalloc (`apt-get install
+# libjemalloc2`; .ci/run installs it) the suite runs as before, only slower.
+gc.set_threshold(100_000, 50, 100)
+STARTUP = str(ROOT / "tests" / "startup")
+if STARTUP not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (STARTUP, os.environ.get("PYTHONPATH")) if p)
+JEMALLOC = next((p for p in ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+                             "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2")
+                 if os.path.exists(p)), None)
+if JEMALLOC and "jemalloc" not in os.environ.get("LD_PRELOAD", ""):
+    os.environ["LD_PRELOAD"] = " ".join(
+        p for p in (os.environ.get("LD_PRELOAD"), JEMALLOC) if p)
 CACHE = os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".jax_cache"))
 TWO_DEVICES = "--xla_force_host_platform_device_count=2"
 # The suite is compile-bound (an empty cache in CI): LLVM's optimisation of the CPU code costs
@@ -73,7 +92,8 @@ def root() -> Path:
 
 def subprocess_env() -> dict:
     """Environment for child processes: same cache, repo importable, one CPU device."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_COMPILATION_CACHE_DIR=CACHE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join((str(ROOT), STARTUP)),
+               JAX_COMPILATION_CACHE_DIR=CACHE)
     flags = [f for f in env["XLA_FLAGS"].split() if f != TWO_DEVICES]
     if flags:
         env["XLA_FLAGS"] = " ".join(flags)
