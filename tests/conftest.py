@@ -3,27 +3,27 @@ persistent compilation cache (each config compiles once per machine), subprocess
 the vLLM server."""
 
 import gc
+import glob
 import os
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # Two process-wide settings that cut the suite's time (a `train.py smoke` on a fresh cache, one
-# core: 15.2-16.2 s -> 12.7 s with both): the garbage collector's first threshold raised, here
-# and in every Python process the tests start (tests/startup/sitecustomize.py, on PYTHONPATH),
-# and jemalloc instead of glibc's malloc, whose bookkeeping was ~11% of such a run (XLA's
-# compiler allocates many small objects), preloaded into every process started from here on:
-# the xdist workers, the commands, the vLLM servers. Without libjemalloc (`apt-get install
+# core: 15.2-16.2 s -> 12.7 s with both; docs/BENCHMARKS.md): the garbage collector's first
+# threshold raised, here and in the Python processes the tests start (tests/startup/
+# sitecustomize.py, on PYTHONPATH), and jemalloc instead of glibc's malloc, whose malloc and free
+# were ~11% of such a run (mostly called by XLA's compiler), preloaded into every process started
+# from here on: the xdist workers, the commands, the vLLM servers (not this process: without
+# `-n`, only the commands the tests start have it). Without libjemalloc (`apt-get install
 # libjemalloc2`; .ci/run installs it) the suite runs as before, only slower.
-gc.set_threshold(100_000, 50, 100)
+gc.set_threshold(100_000, 10, 10)  # (700, 10, 10) by default
 STARTUP = str(ROOT / "tests" / "startup")
 if STARTUP not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (STARTUP, os.environ.get("PYTHONPATH")) if p)
-JEMALLOC = next((p for p in ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
-                             "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2")
-                 if os.path.exists(p)), None)
-if JEMALLOC and "jemalloc" not in os.environ.get("LD_PRELOAD", ""):
+JEMALLOC = next(iter(sorted(glob.glob("/usr/lib/*-linux-gnu/libjemalloc.so.2"))), None)
+if JEMALLOC and "malloc" not in os.environ.get("LD_PRELOAD", ""):  # (none preloaded already)
     os.environ["LD_PRELOAD"] = " ".join(
         p for p in (os.environ.get("LD_PRELOAD"), JEMALLOC) if p)
 CACHE = os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".jax_cache"))
