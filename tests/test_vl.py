@@ -14,8 +14,8 @@ from qwen_fixtures import build_tiny_qwen3_vl, hf_vl_processor
 
 
 def classic_frames(n: int) -> np.ndarray:
-    """n <= 4 Craftax-Classic pixel observations (63 x 63), the first of four new worlds, as the
-    uint8 round(255 x) that datasets store."""
+    """n <= 4 Craftax-Classic pixel observations (63 x 63): the first frame of each of four new
+    worlds, as the uint8 round(255 x) that datasets store."""
     assert n <= 4
     return _classic_worlds()[:n].copy()
 
