@@ -158,3 +158,32 @@ def vllm_generate_server(tmp_path_factory):
                      vocab=151_680, seed=5)
     for client in serve(folder, 8500, mode="serve-generate"):
         yield folder, client
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory) -> Path:
+    """One plain `train.py smoke` run (in a process of its own, as a user runs it) for the whole
+    session, shared by the xdist workers: the first to ask trains it under a file lock, the
+    others wait for it and read the same folder. Six tests started the identical run (a new
+    process each; ~10-14 s, mostly tracing and compiling). A test that writes into the run, or
+    needs it in a folder of its own, copies it first (`shutil.copytree`)."""
+    import shutil
+    import subprocess
+
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # (each worker's is a folder of the session's)
+        base = base.parent
+    run, lock = base / "shared-smoke-runs" / "r", base / "shared-smoke-run.lock"
+    with FileLock(str(lock)):
+        if not (run / "metrics.jsonl").is_file():
+            staging = base / "shared-smoke-run.staging"
+            shutil.rmtree(staging, ignore_errors=True)  # (an earlier try's, cut off)
+            p = subprocess.run([sys.executable, str(ROOT / "train.py"), "smoke", "--out-dir",
+                                str(staging), "--run-name", "r"], env=subprocess_env(),
+                               capture_output=True, text=True, timeout=600)
+            assert p.returncode == 0, p.stderr[-3000:]
+            run.parent.mkdir(exist_ok=True)
+            os.replace(staging / "r", run)  # whole, or not there: a later test trains it again
+    return run

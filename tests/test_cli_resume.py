@@ -3,6 +3,7 @@ same final state as an uninterrupted run; damaged checkpoints are skipped."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -77,13 +78,12 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_applies_flags_and_refuses_shape_changes(tmp_path):
+def test_resume_applies_flags_and_refuses_shape_changes(smoke_run, tmp_path):
     """--resume with flags: what may change (total_timesteps) is applied over the saved config
     and printed; what fixes the saved state (env.num_envs) is one line, and nothing changes."""
     env = subprocess_env()
     run = tmp_path / "r"
-    subprocess.run(train_cmd("smoke", "--out-dir", str(tmp_path), "--run-name", "r"), check=True,
-                   env=env, timeout=600, capture_output=True)
+    shutil.copytree(smoke_run, run)  # `train.py smoke --run-name r`
     bad = subprocess.run(train_cmd("--resume", str(run), "--env.num-envs", "16"), env=env,
                          timeout=120, capture_output=True, text=True)
     lines = [x for x in bad.stderr.splitlines() if x.strip()]

@@ -324,14 +324,6 @@ def test_sigint_during_generate_is_one_line_and_the_rerun_is_exact(dataset, tmp_
     assert Dataset(out).manifest()["shards"] == Dataset(dataset).manifest()["shards"]
 
 
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    runs = tmp_path_factory.mktemp("runs")
-    p = run("train.py", "smoke", "--out-dir", str(runs), "--run-name", "r")
-    assert p.returncode == 0, p.stderr[-3000:]
-    return runs / "r"
-
-
 @pytest.mark.slow
 def test_damaged_checkpoint_is_one_warning_and_kept_aside(smoke_run, tmp_path):
     r = tmp_path / "r"

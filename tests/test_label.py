@@ -364,7 +364,7 @@ def test_labels_equal_encoding_from_scratch_and_the_online_carry(smoke_data, tmp
 
 
 @pytest.mark.slow
-def test_generate_from_a_trained_run_with_epsilon(tmp_path):
+def test_generate_from_a_trained_run_with_epsilon(smoke_run, tmp_path):
     """A train.py run folder as the behaviour policy, mixed with uniform actions: the stored
     log-probs are the mixture's, the values the run's critic, both recomputed here from the
     checkpoint's parameters on the stored observations."""
@@ -373,8 +373,7 @@ def test_generate_from_a_trained_run_with_epsilon(tmp_path):
     from fused.rl.obs_codec import ObsCodec
 
     env = subprocess_env()
-    subprocess.run([sys.executable, str(ROOT / "train.py"), "smoke", "--out-dir", str(tmp_path),
-                    "--run-name", "run"], env=env, check=True, capture_output=True, timeout=600)
+    shutil.copytree(smoke_run, tmp_path / "run")  # `train.py smoke --run-name run`
     out = tmp_path / "d"
     p = subprocess.run(label_cmd("generate", "smoke", "--policy", str(tmp_path / "run"),
                                  "--epsilon", "0.25", "--out", str(out)),

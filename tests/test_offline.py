@@ -419,10 +419,9 @@ def test_probe_edits_change_only_what_they_say():
 
 
 @pytest.mark.slow
-def test_probe_of_a_plain_online_run(tmp_path):
-    from fused.commands import train
-
-    run = train.main(["smoke", "--out-dir", str(tmp_path), "--run-name", "ppo"])
+def test_probe_of_a_plain_online_run(smoke_run, tmp_path):
+    run = tmp_path / "ppo"
+    shutil.copytree(smoke_run, run)  # `train.py smoke --run-name ppo`
     res = offline_main("probe", "--run", str(run), "--states", "8")
     assert set(res["edits"]) >= {"zombie_adjacent", "food_low"}
     assert all(set(v) == {"real"} for v in res["edits"].values())  # no hidden state to ablate

@@ -2,11 +2,12 @@
 blocks, so the README cannot drift from what works), at smoke scale: flags appended to shrink
 sizes (a later flag overrides an earlier one), and the two machine-specific values replaced: the
 weights folder (a tiny random Qwen3 built here) and its layer. `runs/RUN` is a `train.py smoke`
-run made first, as the quick start makes one."""
+run, as the quick start makes one (conftest's, shared by the tests that read one)."""
 
 import json
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -73,8 +74,9 @@ def is_pixels(words: list[str]) -> bool:
     return any(w in ("cpu-pixels", "data/px", "runs/px", "runs/awr-px") for w in words)
 
 
-def run_walkthrough(tmp_path: Path, pixels: bool) -> None:
-    """The README's commands of one part (frames, or the rest), in order, at smoke sizes."""
+def run_walkthrough(tmp_path: Path, pixels: bool, smoke_run: Path | None = None) -> None:
+    """The README's commands of one part (frames, or the rest), in order, at smoke sizes; the
+    rest reads `runs/RUN`, a copy of `smoke_run` (conftest's `train.py smoke`)."""
     from qwen_fixtures import build_tiny_qwen3
 
     env = subprocess_env()
@@ -89,7 +91,7 @@ def run_walkthrough(tmp_path: Path, pixels: bool) -> None:
     commands = [w for w in readme_commands() if is_pixels(w) == pixels]
     if not pixels:
         build_tiny_qwen3(weights, layers=3, vocab=151_680)
-        run([str(ROOT / "train.py"), "smoke", "--out-dir", "runs", "--run-name", "RUN"])
+        shutil.copytree(smoke_run, tmp_path / "runs" / "RUN")
         tools = {tuple(w[:2]) for w in commands}
         assert {("label.py", "generate"), ("label.py", "label"), ("label.py", "returns"),
                 ("offline.py", "awr"), ("offline.py", "eval"), ("offline.py", "probe"),
@@ -107,14 +109,14 @@ def smoke_args(words: list[str]) -> list[str]:
 
 
 @pytest.mark.slow
-def test_readme_walkthrough_runs_as_written(tmp_path):
+def test_readme_walkthrough_runs_as_written(smoke_run, tmp_path):
     """Every command but the frames part (tests/test_readme_pixels.py), in order."""
     import jax
 
     from fused.data.store import Dataset
     from fused.rl.config import EnvConfig
 
-    run_walkthrough(tmp_path, pixels=False)
+    run_walkthrough(tmp_path, pixels=False, smoke_run=smoke_run)
     # what the commands wrote for an LLM-augmented offline run (awr-l24, labels l24)
     assert json.loads((tmp_path / "runs/awr-l24/eval.json").read_text())["llm"]["layer"] == 2
     import imageio.v3 as iio
