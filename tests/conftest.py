@@ -164,8 +164,9 @@ def vllm_generate_server(tmp_path_factory):
 def smoke_run(tmp_path_factory) -> Path:
     """One plain `train.py smoke` run (in a process of its own, as a user runs it) for the whole
     session, shared by the xdist workers: the first to ask trains it under a file lock, the
-    others wait for it and read the same folder. Six tests started the identical run (a new
-    process each; ~10-14 s, mostly tracing and compiling). A test that writes into the run, or
+    others wait for it and read the same folder. It replaces five identical runs (test_faults',
+    test_cli_resume's, test_label's, test_offline's probe's and the README walkthrough's; ~10-14
+    s each on a fresh cache, mostly tracing and compiling). A test that writes into the run, or
     needs it in a folder of its own, copies it first (`shutil.copytree`)."""
     import shutil
     import subprocess
@@ -186,4 +187,5 @@ def smoke_run(tmp_path_factory) -> Path:
             assert p.returncode == 0, p.stderr[-3000:]
             run.parent.mkdir(exist_ok=True)
             os.replace(staging / "r", run)  # whole, or not there: a later test trains it again
+            staging.rmdir()
     return run
