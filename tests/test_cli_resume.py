@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import ROOT, subprocess_env
+from conftest import ROOT, console_script, subprocess_env
 from fused.runs.checkpoint import CheckpointError, Checkpointer, abstract_like
 
 SMOKE = ["smoke", "--total-timesteps", str(8 * 8 * 40), "--updates-per-chunk", "2",
@@ -90,9 +90,10 @@ def test_resume_applies_flags_and_refuses_shape_changes(smoke_run, tmp_path):
     assert bad.returncode != 0 and len(lines) == 1, bad.stderr
     assert lines[0].startswith("error: env.num_envs cannot change when resuming")
     assert json.loads((run / "config.json").read_text())["total_timesteps"] == 8 * 8 * 6
-    p = subprocess.run(train_cmd("--resume", str(run), "--total-timesteps", str(8 * 8 * 8)),
+    p = subprocess.run([console_script("craftax-train"), "--resume", str(run),
+                        "--total-timesteps", str(8 * 8 * 8)],
                        env=env, timeout=600, capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.returncode == 0, p.stderr[-2000:]  # (the console script: 0 once done)
     assert "resume: total_timesteps 384 -> 512" in p.stdout
     assert "resumed from checkpoint at update 6" in p.stdout
     assert json.loads((run / "config.json").read_text())["total_timesteps"] == 8 * 8 * 8

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from conftest import ROOT, TWO_DEVICES, subprocess_env
+from conftest import ROOT, TWO_DEVICES, console_script, subprocess_env
 from fused.data.config import ReturnsConfig
 from fused.data.episodes import EpisodeAssembler
 from fused.data.returns import compute_returns
@@ -375,11 +375,11 @@ def test_generate_from_a_trained_run_with_epsilon(smoke_run, tmp_path):
     env = subprocess_env()
     shutil.copytree(smoke_run, tmp_path / "run")  # `train.py smoke --run-name run`
     out = tmp_path / "d"
-    p = subprocess.run(label_cmd("generate", "smoke", "--policy", str(tmp_path / "run"),
-                                 "--epsilon", "0.25", "--out", str(out)),
+    p = subprocess.run([console_script("craftax-label"), "generate", "smoke", "--policy",
+                        str(tmp_path / "run"), "--epsilon", "0.25", "--out", str(out)],
                        env=dict(env, JAX_LOG_COMPILES="1"), capture_output=True, text=True,
                        timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.returncode == 0, p.stderr[-3000:]  # (the console script: 0 once done)
     # its blocks compile once: the first block's inputs are committed, as the later ones' are
     # (jax logs the compile whether or not the persistent cache held it)
     blocks = p.stderr.count("Finished XLA compilation of jit(block)")

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import ROOT, subprocess_env
+from conftest import ROOT, console_script, subprocess_env
 
 ENV = "Craftax-Classic-Symbolic-v1"
 
@@ -186,12 +186,12 @@ def test_play_writes_eval_json_records_a_dataset_and_refuses_bad_input(tmp_path)
 
     env = subprocess_env()
     data = tmp_path / "data"
-    p = subprocess.run(play_cmd("--episodes", "3", "--max-steps", "5", "--block-steps", "1",
-                                "--history", "1", "--max-new-tokens", "6", "--out-dir",
-                                str(tmp_path), "--run-name", "r", "--record", str(data),
-                                "--video", "1", "--video-max-steps", "2", "--seed", "3"),
-                       env=env, capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stderr[-3000:]
+    args = play_cmd("--episodes", "3", "--max-steps", "5", "--block-steps", "1", "--history",
+                    "1", "--max-new-tokens", "6", "--out-dir", str(tmp_path), "--run-name", "r",
+                    "--record", str(data), "--video", "1", "--video-max-steps", "2", "--seed", "3")
+    p = subprocess.run([console_script("craftax-play"), *args[2:]], env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]  # (the console script: 0 once done)
     assert "RANDOM Qwen3" in p.stdout
     out = json.loads((tmp_path / "r" / "eval.json").read_text())
     for k in ("return_mean", "return_ci95", "episodes", "length_mean", "achievements",

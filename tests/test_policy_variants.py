@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import ROOT, subprocess_env
+from conftest import ROOT, console_script, subprocess_env
 from fused.commands.train import TrainConfig, validate
 from fused.errors import ConfigError
 from fused.rl.config import EnvConfig, ExploreConfig, PolicyConfig, PPOConfig
@@ -131,10 +131,10 @@ def test_variants_resume_exactly(tmp_path, variant):
     if "--explore.kind" in variant:  # intrinsic and extrinsic rewards logged apart
         assert all(r["explore/intrinsic_mean"] > 0 for r in rows)
     if "gru" in variant:  # offline.py eval plays the GRU run (its carry through each episode)
-        p = subprocess.run([sys.executable, str(ROOT / "offline.py"), "eval", "--run",
+        p = subprocess.run([console_script("craftax-offline"), "eval", "--run",
                             str(tmp_path / "a"), "--episodes", "6", "--block-steps", "4"],
                            env=env, timeout=600, capture_output=True, text=True)
-        assert p.returncode == 0, p.stderr[-2000:]
+        assert p.returncode == 0, p.stderr[-2000:]  # (the console script: 0 once done)
         out = json.loads((tmp_path / "a" / "eval.json").read_text())
         assert out["episodes"] == 6 and out["length_mean"] == 4 and out["censored"] == 0
         assert set(out["returns"]) <= {-1.0, 1.0}

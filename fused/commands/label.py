@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None):
         raise
 
 
+cli = process.console_script(main)  # craftax-label
+
+
 def run(cmd: str, cfg, console: Console):
     from fused.runs.files import require_writable
 

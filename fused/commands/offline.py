@@ -114,5 +114,8 @@ def main(argv: list[str] | None = None):
     return train(off, run, console)
 
 
+cli = process.console_script(main)  # craftax-offline
+
+
 if __name__ == "__main__":
     main()

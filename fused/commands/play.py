@@ -533,3 +533,6 @@ def main(argv: list[str] | None = None) -> dict:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(130)  # a compilation may still run in another thread
+
+
+cli = process.console_script(main)  # craftax-play

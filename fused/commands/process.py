@@ -30,6 +30,18 @@ def quiet_broken_pipe(main):
     return run
 
 
+def console_script(main):
+    """`main` as a console script's entry point (`craftax-train` is `fused.commands.train:cli`).
+    The wrapper pip writes ends with `sys.exit(entry_point())`: handed main's result (a run
+    folder, an evaluation's figures), it printed that to stderr and exited 1 after a finished
+    command. This one drops the result, so a finished command exits 0 as `python train.py`
+    does; errors and interrupts keep their own status (`sys.exit` inside main)."""
+    def cli() -> None:
+        main()
+    cli.__doc__ = main.__doc__
+    return cli
+
+
 def prog_name(script: str) -> str:
     """How the user started the command: its console script's name (`craftax-label`) when run
     as one, else `script` (`python label.py`)."""

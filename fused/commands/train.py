@@ -278,6 +278,9 @@ def main(argv: list[str] | None = None) -> Path:
     return train(online, run, console)
 
 
+cli = process.console_script(main)  # craftax-train
+
+
 def train(online: Online, run: RunDir, console: Console) -> Path:
     from fused.runs.checkpoint import abstract_like
     from fused.runs.loop import Chunk, Job, run_job
