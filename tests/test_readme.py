@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, subprocess_env
+from conftest import ROOT, console_script, subprocess_env
 
 SECTIONS = ("## Datasets and labels", "## Offline RL and evaluation", "## An LLM that plays")
 
@@ -193,17 +193,16 @@ def test_help_lists_every_flag_as_paragraphs(words, flags, absent):
 def test_console_scripts_list_their_commands_under_their_own_name(script, commands):
     """`craftax-X --help` exits 0 listing the subcommands as `craftax-X`, and a subcommand's
     usage names the console script too (not `python label.py`)."""
-    exe = Path(sys.executable).parent / script
-    assert exe.is_file(), f"{exe}: `pip install -e .` puts the console scripts beside python"
-    p = subprocess.run([str(exe), "--help"], env=subprocess_env(), capture_output=True,
+    exe = console_script(script)
+    p = subprocess.run([exe, "--help"], env=subprocess_env(), capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.startswith(f"usage: {script} ") and all(c in p.stdout for c in commands)
-    sub = subprocess.run([str(exe), commands[0], "--help"], env=subprocess_env(),
+    sub = subprocess.run([exe, commands[0], "--help"], env=subprocess_env(),
                          capture_output=True, text=True, timeout=120)
     assert sub.returncode == 0 and f"usage: {script} {commands[0]}" in " ".join(
         sub.stdout.split()), sub.stdout[:500]
-    none = subprocess.run([str(exe)], env=subprocess_env(), capture_output=True, text=True,
+    none = subprocess.run([exe], env=subprocess_env(), capture_output=True, text=True,
                           timeout=120)
     assert none.returncode == 1 and none.stderr.startswith(f"usage: {script} ")
 
