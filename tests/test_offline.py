@@ -1,7 +1,8 @@
 """offline.py: AWR / BC losses against hand-computed values, BC recovering a known behaviour
 policy, AWR preferring the better action, exact resume, the unbiased evaluation estimator
-against "first K finished", eval.json of an offline and an online run, an LLM-augmented run on
-a label set (its normaliser against numpy), one-line errors."""
+against "first K finished", eval.json of an offline and an online run, one-line errors. (An
+LLM-augmented run on a label set, its normaliser against numpy, its evaluation, a label set of
+another prompt: the README walkthrough, tests/test_readme.py.)"""
 
 import json
 import shutil
@@ -305,43 +306,6 @@ def test_bad_inputs_are_one_line_errors(probe_data, tmp_path):
     assert "not a multiple of seq_len=5" in error("awr", "smoke", "--data", str(probe_data),
                                                   "--policy.kind", "gru", "--seq-len", "5")
     assert "episodes" in error("eval", "--run", str(tmp_path), "--episodes", "1")
-
-
-@pytest.mark.slow
-def test_llm_augmented_awr_on_a_label_set_and_its_evaluation(tmp_path):
-    """A Classic dataset labelled by the tiny random Qwen3 at skip 5: AWR trains the online
-    augmented network on it, the normaliser in the checkpoint is the label rows' moments
-    (numpy), and eval runs the fused LLM path; a label set made with another prompt is a
-    one-line error. (Video and probes of an LLM-augmented offline run: tests/test_readme.py.)"""
-    from fused.commands import label
-
-    data = tmp_path / "d"
-    label.main(["generate", "smoke", "--out", str(data), "--env.max-episode-steps", "20"])
-    label.main(["label", "--data", str(data), "--name", "h", "--llm.skip-n", "5",
-                "--llm.backend", "jax", "--batch", "16"])
-    label.main(["returns", "--data", str(data)])
-    run = offline_main("awr", "smoke", "--data", str(data), "--labels", "h", "--out-dir",
-                       str(tmp_path), "--run-name", "awr", "--num-updates", "50")
-    ds = Dataset(data)
-    hidden, valid = [], []
-    for name in ds.shard_names():
-        lab = ds.read_labels("h", name)
-        hidden.append(lab["hidden"].astype(np.float64)[lab["label_row"]])
-        valid.append(ds.read_returns("gamma0.99", name)["valid"])
-    h = np.concatenate(hidden)[np.concatenate(valid)]
-    pol = load_policy(run, 4)
-    norm = pol.inputs_state.norm
-    np.testing.assert_allclose(norm.mean, h.mean(0), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(norm.var, h.var(0), rtol=1e-4, atol=1e-6)
-    assert pol.cfg.llm.skip_n == 5
-    out = offline_main("eval", "--run", str(run), "--episodes", "4", "--max-steps", "12",
-                       "--block-steps", "6")
-    assert out["llm"]["skip_n"] == 5 and out["episodes"] == 4
-    card = json.loads((data / "card.json").read_text())
-    card["labels"]["h"]["prompt_digest"] = "0" * 64
-    (data / "card.json").write_text(json.dumps(card))
-    with pytest.raises(SystemExit, match="prompt_digest"):
-        offline_main("eval", "--run", str(run), "--episodes", "4", "--max-steps", "6")
 
 
 @pytest.mark.slow

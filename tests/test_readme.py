@@ -117,8 +117,11 @@ def test_readme_walkthrough_runs_as_written(smoke_run, tmp_path):
     from fused.rl.config import EnvConfig
 
     run_walkthrough(tmp_path, pixels=False, smoke_run=smoke_run)
-    # what the commands wrote for an LLM-augmented offline run (awr-l24, labels l24)
-    assert json.loads((tmp_path / "runs/awr-l24/eval.json").read_text())["llm"]["layer"] == 2
+    # what the commands wrote for an LLM-augmented offline run (awr-l24, labels l24 at skip 25)
+    evaluated = json.loads((tmp_path / "runs/awr-l24/eval.json").read_text())
+    assert evaluated["llm"]["layer"] == 2 and evaluated["llm"]["skip_n"] == 25
+    pol = check_normaliser(tmp_path / "data/ppo", "l24", tmp_path / "runs/awr-l24")
+    assert pol.cfg.llm.skip_n == 25
     import imageio.v3 as iio
 
     from fused.rl.envs import make_env
@@ -144,6 +147,36 @@ def test_readme_walkthrough_runs_as_written(smoke_run, tmp_path):
     played = json.loads((tmp_path / "runs/qwen4b-play/eval.json").read_text())
     assert played["episodes"] == 2 and "invalid_action_rate" in played
     assert Dataset(tmp_path / "data/llm-play").manifest()["shards"]
+    # a label set made with another prompt than the run's: a one-line error
+    card = json.loads((tmp_path / "data/ppo/card.json").read_text())
+    card["labels"]["l24"]["prompt_digest"] = "0" * 64
+    (tmp_path / "data/ppo/card.json").write_text(json.dumps(card))
+    p = subprocess.run([sys.executable, str(ROOT / "offline.py"), "eval", "--run",
+                        str(tmp_path / "runs/awr-l24"), *EVAL], cwd=tmp_path,
+                       env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1 and p.stderr.splitlines()[-1].startswith("error: prompt_digest"), \
+        p.stderr[-2000:]
+
+
+def check_normaliser(data: Path, labels: str, run: Path):
+    """The LLM state's normaliser in an offline run's checkpoint is the moments of the label
+    set's states over the rows it trained on (those with a valid return), computed by numpy."""
+    import numpy as np
+
+    from fused.data.store import Dataset
+    from fused.trained_policy import load_policy
+
+    ds = Dataset(data)
+    hidden, valid = [], []
+    for name in ds.shard_names():
+        lab = ds.read_labels(labels, name)
+        hidden.append(lab["hidden"].astype(np.float64)[lab["label_row"]])
+        valid.append(ds.read_returns("gamma0.99", name)["valid"])
+    h = np.concatenate(hidden)[np.concatenate(valid)]
+    pol = load_policy(run, 4)
+    np.testing.assert_allclose(pol.inputs_state.norm.mean, h.mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(pol.inputs_state.norm.var, h.var(0), rtol=1e-4, atol=1e-6)
+    return pol
 
 
 def help_text(*words) -> str:
