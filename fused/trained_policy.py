@@ -15,6 +15,7 @@ from fused.agent import Agent, AgentConfig, make_agent
 from fused.errors import ConfigError
 from fused.runs import config_io
 from fused.runs.checkpoint import Checkpointer, CheckpointError
+from fused.runs.invocation import command
 
 
 class TrainedPolicy(NamedTuple):
@@ -99,8 +100,8 @@ def load_policy(run_dir: str | Path, num_envs: int, checkpoint: int | None = Non
                                   f"(there: {ckpt.steps()})")
             step, part = checkpoint, ckpt.restore_part(checkpoint, select)
     except CheckpointError as e:
-        again = (f"python offline.py {run_algo(run_dir)} --resume {run_dir}" if offline else
-                 f"python train.py --resume {run_dir}")
+        again = (f"{command('offline.py')} {run_algo(run_dir)} --resume {run_dir}" if offline
+                 else f"{command('train.py')} --resume {run_dir}")
         raise ConfigError(f"policy {run_dir}: {e}; train it first: `{again}`") from None
     finally:
         ckpt.close()

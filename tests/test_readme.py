@@ -257,3 +257,14 @@ def test_wandb_follows_its_own_variables_unless_the_flag_is_given(monkeypatch):
     assert WandbConfig().resolved_mode == "online"
     monkeypatch.setenv("WANDB_DISABLED", "true")
     assert WandbConfig().resolved_mode == "disabled"
+
+
+def test_hints_name_the_command_as_the_user_ran_it(tmp_path):
+    """A hint names the console scripts when the user ran one (`craftax-label ... ; create one
+    with `craftax-label generate ...``), the scripts when run as `python label.py`."""
+    for words, hint in (([console_script("craftax-label")], "`craftax-label generate --out"),
+                        ([sys.executable, str(ROOT / "label.py")],
+                         "`python label.py generate --out")):
+        p = subprocess.run([*words, "label", "--data", str(tmp_path / "nothing")],
+                           env=subprocess_env(), capture_output=True, text=True, timeout=120)
+        assert p.returncode == 1 and hint in p.stderr, p.stderr[-1000:]

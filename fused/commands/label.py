@@ -28,6 +28,7 @@ from fused.errors import ConfigError
 from fused.data.config import (GENERATE_PRESETS, GenerateConfig, LabelConfig, ReturnsConfig,
                                validate_generate, validate_label, validate_returns)
 from fused.runs import config_io
+from fused.runs.invocation import command
 
 DESCRIPTIONS = {"generate": "Roll out a policy and write a trajectory dataset.",
                 "label": "Write an LLM's hidden states of a dataset's observations.",
@@ -42,7 +43,7 @@ class VerifyConfig:
 
 
 def parse(argv: list[str]):
-    prog = process.prog_name("python label.py")
+    prog = command("label.py")
     process.subcommands(prog, DESCRIPTIONS, argv)
     cmd, rest = argv[0], argv[1:]
     if cmd == "generate":
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None):
     try:
         if cmd == "verify":
             sys.exit(verify(cfg, console))
-        with interrupts_exit(console, "python label.py " + shlex.join(argv)):
+        with interrupts_exit(console, f"{command('label.py')} " + shlex.join(argv)):
             return run(cmd, cfg, console)
     except ConfigError as e:
         sys.exit(f"error: {e}")

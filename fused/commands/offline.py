@@ -23,6 +23,7 @@ from fused.errors import ConfigError
 from fused.runs import config_io
 from fused.runs.files import require_writable
 from fused.runs.run_dir import RunDir, default_name
+from fused.runs.invocation import command
 
 DESCRIPTIONS = {"awr": "Advantage-weighted regression on a dataset.",
                 "bc": "Behaviour cloning on a dataset.",
@@ -51,13 +52,13 @@ def parse_train(cmd: str, argv: list[str]):
     resume = resume_arg(argv)
     if resume is None:
         cfg = config_io.parse(OfflineConfig, PRESETS, "cpu", argv, DESCRIPTIONS[cmd],
-                              f"{process.prog_name('python offline.py')} {cmd}")
+                              f"{command('offline.py')} {cmd}")
         return dataclasses.replace(cfg, algo=cmd), {}
     cfg, changed = config_io.resume(OfflineConfig, RunDir.reopen(resume).config_path, argv,
                                     PRESETS, RESUME_FIXED)
     if cfg.algo != cmd:
         raise ConfigError(f"--resume {resume} is an `{cfg.algo}` run; resume it with "
-                          f"`python offline.py {cfg.algo} --resume {resume}`")
+                          f"`{command('offline.py')} {cfg.algo} --resume {resume}`")
     return cfg, changed
 
 
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None):
     console = Console(soft_wrap=True)
     process.one_line_warnings()
     process.log_to(console)
-    prog = process.prog_name("python offline.py")
+    prog = command("offline.py")
     process.subcommands(prog, DESCRIPTIONS, argv)
     cmd, rest = argv[0], argv[1:]
     try:

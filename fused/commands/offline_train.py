@@ -37,6 +37,7 @@ from fused.runs import config_io
 from fused.runs.run_dir import RunDir
 from fused.runs.settings import RESUME_FIXED as RUN_FIXED
 from fused.runs.settings import RunSettings, WandbConfig, validate_run_settings
+from fused.runs.invocation import command
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,9 +299,9 @@ def train(off: Offline, run: RunDir, console) -> Path:
                                                example_input(cfg.agent), off.norm),
         abstract=abstract_like, step=step, update_of=lambda state: int(state.update),
         meta=lambda u: {"update": u},
-        resume_command=f"python offline.py {cfg.algo} --resume {run.path}")
+        resume_command=f"{command('offline.py')} {cfg.algo} --resume {run.path}")
     t0 = time.time()
     done = run_job(job, run, console)
     console.print(f"done: {done.update}/{cfg.num_updates} updates in {time.time() - t0:.0f}s "
-                  f"-> {run.path} (evaluate: python offline.py eval --run {run.path})")
+                  f"-> {run.path} (evaluate: {command('offline.py')} eval --run {run.path})")
     return run.path

@@ -42,13 +42,6 @@ def console_script(main):
     return cli
 
 
-def prog_name(script: str) -> str:
-    """How the user started the command: its console script's name (`craftax-label`) when run
-    as one, else `script` (`python label.py`)."""
-    name = os.path.basename(sys.argv[0] or "")
-    return name if name.startswith("craftax-") else script
-
-
 def subcommands(prog: str, descriptions: dict[str, str], argv: list[str]) -> None:
     """The top level of a command with subcommands: `--help` lists them under the command's
     own name (exit 0); no subcommand or an unknown one is one usage line (exit 1)."""

@@ -33,6 +33,7 @@ from fused.runs.files import require_writable
 from fused.runs.run_dir import RunDir, default_name
 from fused.runs.settings import RESUME_FIXED as RUN_FIXED
 from fused.runs.settings import RunSettings, WandbConfig, validate_run_settings
+from fused.runs.invocation import command
 
 DEFAULT_PRESET = "cpu"
 DESCRIPTION = "Train PPO on Craftax with the whole rollout and update compiled."
@@ -243,7 +244,7 @@ def shardings(online: Online, state: RunnerState):
 def load_config(argv: list[str]) -> tuple[TrainConfig, dict]:
     """The config to run and, when resuming, the fields the flags changed."""
     cfg = config_io.parse(TrainConfig, PRESETS, DEFAULT_PRESET, argv, DESCRIPTION,
-                          process.prog_name("python train.py"))
+                          command("train.py"))
     if cfg.resume is None:
         return cfg, {}
     return config_io.resume(TrainConfig, RunDir.reopen(cfg.resume).config_path, argv, PRESETS,
@@ -330,7 +331,7 @@ def train(online: Online, run: RunDir, console: Console) -> Path:
         step=step, update_of=lambda state: int(state.update_step),
         meta=lambda u: {"update": u, "env_steps": u * cfg.steps_per_update,
                         "num_devices": devices},
-        resume_command=f"python train.py --resume {run.path}",
+        resume_command=f"{command('train.py')} --resume {run.path}",
         lead=jax.process_index() == 0,  # writes the run folder's files; every process checkpoints
         wandb_step="env_steps")
     t0 = time.time()

@@ -20,6 +20,7 @@ import numpy as np
 from fused.data.store import Dataset, DatasetError
 from fused.envspec import spec
 from fused.rl.obs_codec import ObsCodec
+from fused.runs.invocation import command
 
 
 class TrainingData(NamedTuple):
@@ -37,13 +38,13 @@ def pick_set(kind: str, available: dict, name: str | None, root) -> str:
         if name not in available:
             raise DatasetError(f"{kind} set {name!r} is not in {root} (there: "
                                f"{', '.join(available) or 'none'}); create it with "
-                               f"`python label.py {'label' if kind == 'label' else 'returns'} "
+                               f"`{command('label.py')} {'label' if kind == 'label' else 'returns'} "
                                f"--data {root} ...`")
         return name
     if len(available) != 1:
         raise DatasetError(f"{root} has {len(available)} {kind} sets ({', '.join(available) or 'none'}"
                            f"); name one with --{kind}s" if available else
-                           f"{root} has no returns set; run `python label.py returns --data {root}`"
+                           f"{root} has no returns set; run `{command('label.py')} returns --data {root}`"
                            " first")
     return next(iter(available))
 

@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 
 from fused.runs.config_io import flatten, to_dict
+from fused.runs.invocation import command
 
 
 def flags(values: dict, defaults: dict, prefix: str = "") -> list[str]:
@@ -59,4 +60,4 @@ def redo_command(root: Path, card: dict, kind: str, set_name: str | None = None)
                 "--name", str(set_name)]
         if entry.get("incomplete", "exclude") != "exclude":
             args += ["--incomplete", entry["incomplete"]]
-    return "python label.py " + shlex.join(args)
+    return f"{command('label.py')} " + shlex.join(args)

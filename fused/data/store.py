@@ -31,6 +31,7 @@ import numpy as np
 
 from fused.errors import ConfigError
 from fused.runs.files import atomic_write_json
+from fused.runs.invocation import command
 
 CHUNK_ROWS = 1024  # rows per compressed chunk (the unit of random access)
 RECORD = "record.json"
@@ -215,7 +216,7 @@ class Dataset:
     def card(self) -> dict:
         if not self.card_path.is_file():
             raise DatasetError(f"{self.root} is not a dataset (no card.json); create one with "
-                               "`python label.py generate --out DIR ...`")
+                               f"`{command('label.py')} generate --out DIR ...`")
         card = json.loads(self.card_path.read_text())
         if card.get("format") != FORMAT:
             raise DatasetError(f"{self.root}/card.json has format {card.get('format')!r}, not "

@@ -12,6 +12,7 @@ import numpy as np
 
 from fused.errors import ConfigError
 from fused.text.prompt import shot_reply
+from fused.runs.invocation import command
 
 
 def read_steps(folder: str | Path) -> list[dict]:
@@ -21,7 +22,7 @@ def read_steps(folder: str | Path) -> list[dict]:
     games = sorted(p for p in root.glob("game_*") if (p / "steps.jsonl").is_file())
     if not games:
         raise ConfigError(f"--examples {root}: no golden examples (game_*/steps.jsonl); record "
-                          f"some with `python play.py human --out DATA --examples {root}`")
+                          f"some with `{command('play.py')} human --out DATA --examples {root}`")
     out = []
     for g in games:
         for i, line in enumerate((g / "steps.jsonl").read_text().splitlines()):
