@@ -46,7 +46,7 @@ from fused.rl.config import EnvSettings
 from fused.runs import config_io
 from fused.runs.files import atomic_write_json, require_writable
 from fused.runs.run_dir import default_name
-from fused.runs.invocation import command
+from fused.runs import invocation
 
 DESCRIPTION = ("An LLM plays N whole Craftax episodes from fixed seeds; eval.json as offline.py "
                "eval. Ctrl-C keeps every block played; --resume RUN goes on.")
@@ -271,7 +271,7 @@ def results(c: PlayConfig, player, env, progress: Progress, run: Path, partial: 
     if partial:
         out.update(partial=True, steps_played=min(int(state.t), c.max_steps or 10 ** 9),
                    episodes_total=c.episodes, episodes_running=int((~done).sum()),
-                   resume=f"{command('play.py')} llm --resume {run}")
+                   resume=f"{invocation.command('play.py')} llm --resume {run}")
     return out
 
 
@@ -406,7 +406,7 @@ def play(c: PlayConfig, run: Path, console, command: str) -> dict:
         raise failure[0]
     out = results(c, player, env, progress, run, partial=False)
     if c.resume:
-        out["resumed"] = f"{command('play.py')} llm --resume {run}"
+        out["resumed"] = f"{invocation.command('play.py')} llm --resume {run}"
     atomic_write_json(run / "replies.json", {"every_steps": c.block_steps,
                                              "replies": progress.replies})
     if record is not None:
@@ -454,10 +454,11 @@ def interrupted(c: PlayConfig, player, env, progress: Progress, run: Path, conso
             atomic_write_json(run / "eval.json", out)
             line = (f"interrupted after {out['steps_played']:,} steps: {out['episodes']} of "
                     f"{c.episodes} episodes finished, kept in {run / 'eval.json'} (partial); "
-                    f"go on with `{command('play.py')} llm --resume {run}`")
+                    f"go on with `{invocation.command('play.py')} llm --resume {run}`")
         else:
+            again = f"{invocation.command('play.py')} llm --resume {run}"
             line = (f"interrupted before the first block of {c.block_steps} steps ended: nothing "
-                    f"played yet; start again with `{command('play.py')} llm --resume {run}`")
+                    f"played yet; start again with `{again}`")
         console.print("\n" + line)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -485,7 +486,7 @@ def main(argv: list[str] | None = None) -> dict:
     console = Console(soft_wrap=True)
     process.one_line_warnings()
     process.log_to(console)
-    prog = command("play.py")
+    prog = invocation.command("play.py")
     if argv in (["-h"], ["--help"]):
         print(f"usage: {prog} llm|human [--flags]\n\ncommands:\n  llm     {DESCRIPTION}\n"
               f"  human   {HUMAN}\n(`{prog} llm --help`, `{prog} human --help` list the flags)")
@@ -527,7 +528,7 @@ def main(argv: list[str] | None = None) -> dict:
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:  # before the play began (loading, compiling its first steps)
         folder = locals().get("run")
-        again = (f"start again with `{command('play.py')} llm --resume {folder}`"
+        again = (f"start again with `{invocation.command('play.py')} llm --resume {folder}`"
                  if folder is not None and (folder / "config.json").is_file()
                  else "run the same command again")
         console.print(f"\ninterrupted before the first block: nothing played yet; {again}")

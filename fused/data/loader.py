@@ -36,16 +36,16 @@ class TrainingData(NamedTuple):
 def pick_set(kind: str, available: dict, name: str | None, root) -> str:
     if name is not None:
         if name not in available:
+            make = "label" if kind == "label" else "returns"
             raise DatasetError(f"{kind} set {name!r} is not in {root} (there: "
                                f"{', '.join(available) or 'none'}); create it with "
-                               f"`{command('label.py')} {'label' if kind == 'label' else 'returns'} "
-                               f"--data {root} ...`")
+                               f"`{command('label.py')} {make} --data {root} ...`")
         return name
     if len(available) != 1:
         raise DatasetError(f"{root} has {len(available)} {kind} sets ({', '.join(available) or 'none'}"
                            f"); name one with --{kind}s" if available else
-                           f"{root} has no returns set; run `{command('label.py')} returns --data {root}`"
-                           " first")
+                           f"{root} has no returns set; run `{command('label.py')} returns "
+                           f"--data {root}` first")
     return next(iter(available))
 
 
