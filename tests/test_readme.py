@@ -110,7 +110,9 @@ def smoke_args(words: list[str]) -> list[str]:
 
 @pytest.mark.slow
 def test_readme_walkthrough_runs_as_written(smoke_run, tmp_path):
-    """Every command but the frames part (tests/test_readme_pixels.py), in order."""
+    """Every command but the frames part (tests/test_readme_pixels.py), in order; then what they
+    wrote, the LLM-augmented offline run's normaliser against numpy among it, and a label set of
+    another prompt refused in one line."""
     import jax
 
     from fused.data.store import Dataset
