@@ -92,10 +92,11 @@ def root() -> Path:
 
 def console_script(name: str) -> str:
     """The path of a console script `pip install -e .` put beside python (`craftax-train`).
-    test_readme checks their --help; four tests run one command each through theirs (train: test_cli_resume's resume, label:
-    test_label's generate with epsilon, offline: test_policy_variants' eval of a GRU run, play:
-    test_player's recorded play) and check it exits 0 once done: pip's wrapper exits with what
-    the entry point returns, and `main`'s result made a finished command exit 1."""
+    test_readme checks their --help and hints; four tests run one command each through theirs
+    (train: test_cli_resume's resume, label: test_label's generate with epsilon, offline:
+    test_policy_variants' eval of a GRU run, play: test_player's recorded play) and check it
+    exits 0 once done: pip's wrapper exits with what the entry point returns, and `main`'s
+    result made a finished command exit 1."""
     exe = Path(sys.executable).parent / name
     assert exe.is_file(), f"{exe}: `pip install -e .` puts the console scripts beside python"
     return str(exe)

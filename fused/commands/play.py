@@ -116,6 +116,11 @@ class PlayConfig(PlayerSettings):
     """Write eval_achievements.png beside eval.json."""
 
 
+def resume_command(run: Path) -> str:
+    """The command that goes on with the play in `run`, named as the user started this one."""
+    return f"{invocation.command('play.py')} llm --resume {run}"
+
+
 def validate(c: PlayConfig) -> None:
     from fused.llm.config import is_vl, model_config, validate_model
     from fused.llm.player import check_settings
@@ -271,7 +276,7 @@ def results(c: PlayConfig, player, env, progress: Progress, run: Path, partial: 
     if partial:
         out.update(partial=True, steps_played=min(int(state.t), c.max_steps or 10 ** 9),
                    episodes_total=c.episodes, episodes_running=int((~done).sum()),
-                   resume=f"{invocation.command('play.py')} llm --resume {run}")
+                   resume=resume_command(run))
     return out
 
 
@@ -406,7 +411,7 @@ def play(c: PlayConfig, run: Path, console, command: str) -> dict:
         raise failure[0]
     out = results(c, player, env, progress, run, partial=False)
     if c.resume:
-        out["resumed"] = f"{invocation.command('play.py')} llm --resume {run}"
+        out["resumed"] = resume_command(run)
     atomic_write_json(run / "replies.json", {"every_steps": c.block_steps,
                                              "replies": progress.replies})
     if record is not None:
@@ -454,11 +459,10 @@ def interrupted(c: PlayConfig, player, env, progress: Progress, run: Path, conso
             atomic_write_json(run / "eval.json", out)
             line = (f"interrupted after {out['steps_played']:,} steps: {out['episodes']} of "
                     f"{c.episodes} episodes finished, kept in {run / 'eval.json'} (partial); "
-                    f"go on with `{invocation.command('play.py')} llm --resume {run}`")
+                    f"go on with `{resume_command(run)}`")
         else:
-            again = f"{invocation.command('play.py')} llm --resume {run}"
             line = (f"interrupted before the first block of {c.block_steps} steps ended: nothing "
-                    f"played yet; start again with `{again}`")
+                    f"played yet; start again with `{resume_command(run)}`")
         console.print("\n" + line)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -528,7 +532,7 @@ def main(argv: list[str] | None = None) -> dict:
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:  # before the play began (loading, compiling its first steps)
         folder = locals().get("run")
-        again = (f"start again with `{invocation.command('play.py')} llm --resume {folder}`"
+        again = (f"start again with `{resume_command(folder)}`"
                  if folder is not None and (folder / "config.json").is_file()
                  else "run the same command again")
         console.print(f"\ninterrupted before the first block: nothing played yet; {again}")
