@@ -1,9 +1,10 @@
-"""Episodes of a policy as GIFs (`offline.py eval --video N`): Craftax's own pixel renderer,
-and beside each frame, for an LLM-augmented policy, the observation text its LLM was given.
+"""Episodes as GIFs (`offline.py eval --video N`, `play.py llm --video N`): the first N
+episodes of the evaluation itself, drawn as it plays them (Craftax's own pixel renderer, inside
+its blocks), and beside each frame, for an LLM-augmented policy or an LLM that plays, the text
+it was given or its reply.
 
 Craftax builds a texture cache inside its package the first time its pixel renderer is made
-(about a minute); that is announced once. Videos play evaluation's episodes through its
-acting step (episode i starts in evaluation episode i's world) and stop at `max_steps` frames.
+(about a minute); that is announced once.
 """
 
 from __future__ import annotations
@@ -12,17 +13,13 @@ import importlib
 import os
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from fused.agent import needs_text
-from fused.envspec import spec, text_env, text_offset
-from fused.trained_policy import load_policy
-from fused.rl.acting import network_policy
-from fused.rl.envs import make_env
-from fused.rl.evaluate import make_evaluate
-from fused.rl.sharding import on_device
+from fused.envspec import spec
 from fused.runs.files import atomic_path
 
 
@@ -39,54 +36,49 @@ def pixel_renderer(env_name: str, block_pixel_size: int = 16):
     return renderer.make_craftax_pixel_renderer(block_pixel_size)
 
 
-def record(run_dir: Path, checkpoint: int | None, episodes: int, seed: int, max_steps: int,
-           greedy: bool, with_text: bool, like=None, llm_overrides: dict | None = None
-           ) -> list[list[np.ndarray]]:
-    """Frames [H, W, 3] uint8 of `episodes` episodes (each to its end or max_steps) of a run's
-    policy (set up for that many envs; `like`: an agent of the run whose LLM it shares)."""
-    pol = load_policy(run_dir, episodes, checkpoint, llm_overrides=llm_overrides, like=like)
-    name = pol.cfg.env.name
-    layout = spec(text_env(name) or name).layout
-    offset = text_offset(name)
+class FrameWatch:
+    """Videos of an evaluation's first `videos` episodes as it plays them: the `watch` of
+    `fused.rl.evaluate.make_evaluate`, then `add` of each block's output on the host.
 
-    def text(before, after, e):  # the observation text the policy's LLM was given
-        from fused.text.format import render_text
+    Each step draws those envs' states before acting (Craftax's renderer, uint8) while one of
+    them still counts and `max_frames` steps have not passed (after that nothing is drawn), and
+    takes `extra(before, after)` of them ([N, ...] arrays: what `text` makes the words beside a
+    frame from, on the host)."""
 
-        return render_text(layout, np.asarray(before.obs[e])[offset:])
+    def __init__(self, env_name: str, videos: int, max_frames: int,
+                 extra: Callable | None = None, text: Callable | None = None):
+        self.videos, self.max_frames, self.extra, self.text = videos, max_frames, extra, text
+        self.render = jax.vmap(pixel_renderer(env_name))
+        self.frames: list[list[np.ndarray]] = [[] for _ in range(videos)]
 
-    return play_frames(pol.cfg.env, network_policy(pol.agent.network), pol.agent.inputs,
-                       pol.params, pol.inputs_state, episodes, seed, max_steps, greedy,
-                       text if with_text else None, needs_text(pol.cfg))
+    def __call__(self, before, after, live):
+        head = lambda tree: jax.tree.map(lambda x: x[:self.videos], tree)  # noqa: E731
+        on = head(live) & (before.t < self.max_frames)
 
+        def draw(state):
+            return jnp.clip(self.render(state), 0, 255).astype(jnp.uint8)
 
-def play_frames(env_cfg, policy, inputs, params, trained_inputs, episodes: int, seed: int,
-                max_steps: int, greedy: bool, text=None,
-                with_text: bool = False) -> list[list[np.ndarray]]:
-    """Frames of `episodes` evaluation episodes (episode i in evaluation episode i's world) of
-    any policy (`fused.rl.acting.Policy`); `text(before, after, e)`, when given, is put beside
-    env e's frame: the text of the step acted from state `before` to `after` (host side)."""
-    env = make_env(env_cfg, with_text)  # a pixel env's text twin after the frame, for an LLM
-    # everything the loop takes committed to one device (`on_device`)
-    frozen, params = on_device(inputs.frozen), on_device(params)
-    render = jax.jit(jax.vmap(pixel_renderer(env_cfg.name)))
-    ev = make_evaluate(env, policy, inputs, episodes, 1, greedy, max_steps)
-    state = on_device(jax.jit(ev.init)(jax.random.PRNGKey(seed), frozen,
-                                       on_device(trained_inputs)))
-    step = jax.jit(ev.block)
-    frames: list[list[np.ndarray]] = [[] for _ in range(episodes)]
-    for _ in range(max_steps):
-        done = np.asarray(state.done)
-        if done.all():
-            break
-        pixels = np.asarray(render(state.env.state)).clip(0, 255).astype(np.uint8)
-        acted = step(state, params, frozen)
-        for e in np.flatnonzero(~done):
-            frame = pixels[e]
-            if text is not None:
-                frame = beside(frame, text(state, acted, e))
-            frames[e].append(frame)
-        state = acted
-    return frames
+        state = head(before.env.state)
+        blank = jax.eval_shape(draw, state)
+        pixels = jax.lax.cond(on.any(), draw,
+                              lambda _: jnp.zeros(blank.shape, blank.dtype), state)
+        out = {"on": on, "pixels": pixels}
+        if self.extra is not None:
+            out["extra"] = head(self.extra(before, after))
+        return out
+
+    def add(self, watched) -> None:
+        """One block's output ([T, ...], device or host arrays): its frames, kept in order."""
+        on = np.asarray(watched["on"])
+        if not on.any():  # (the pixels of such a block are blank: not fetched)
+            return
+        pixels = np.asarray(watched["pixels"])
+        extra = jax.device_get(watched.get("extra"))
+        for t, e in zip(*np.nonzero(on)):
+            frame = pixels[t, e]
+            if self.text is not None:
+                frame = beside(frame, self.text(jax.tree.map(lambda x: x[t, e], extra)))
+            self.frames[e].append(frame)
 
 
 def beside(frame: np.ndarray, text: str, width: int = 420) -> np.ndarray:

@@ -251,9 +251,9 @@ def test_play_writes_eval_json_records_a_dataset_and_refuses_bad_input(tmp_path)
 def test_play_interrupted_keeps_its_blocks_and_resumes_to_the_same_result(tmp_path):
     """Ctrl-C after the second block: exit 130 at once, a partial eval.json (the finished
     episodes, marked), replies.json and a partial recording; `--resume` goes on from the last
-    block to the eval.json, replies and recorded rows an uninterrupted play gives; resuming a
-    play that ended says so and changes nothing. With --thinking, cut thoughts are invalid and
-    counted."""
+    block to the eval.json, replies, recorded rows and video frames (the first blocks' read back
+    from R/progress/) an uninterrupted play gives; resuming a play that ended says so and
+    changes nothing. With --thinking, cut thoughts are invalid and counted."""
     import signal
     import time
 
@@ -261,7 +261,8 @@ def test_play_interrupted_keeps_its_blocks_and_resumes_to_the_same_result(tmp_pa
 
     env = subprocess_env()
     args = ["--episodes", "3", "--max-steps", "9", "--block-steps", "2", "--history", "1",
-            "--max-new-tokens", "6", "--temperature", "1.0", "--out-dir", str(tmp_path)]
+            "--max-new-tokens", "6", "--temperature", "1.0", "--out-dir", str(tmp_path),
+            "--video", "2", "--video-max-steps", "7"]
     full = subprocess.run(play_cmd(*args, "--run-name", "full", "--record",
                                    str(tmp_path / "d-full")),
                           env=env, capture_output=True, text=True, timeout=900)
@@ -293,7 +294,7 @@ def test_play_interrupted_keeps_its_blocks_and_resumes_to_the_same_result(tmp_pa
     assert again.returncode == 0, again.stderr[-3000:]
     a, b = (json.loads((tmp_path / r / "eval.json").read_text()) for r in ("full", "cut"))
     timing = {"run", "seconds", "tokens_per_s", "useful_tokens_per_s", "record", "resumed",
-              "tokens_per_s_includes_compile", "command"}
+              "tokens_per_s_includes_compile", "command", "videos"}  # (and the run's paths)
     assert {k: v for k, v in a.items() if k not in timing} == {
         k: v for k, v in b.items() if k not in timing}
     assert a["tokens_generated"] > a["useful_tokens"]  # the last block passed the cap
@@ -301,6 +302,11 @@ def test_play_interrupted_keeps_its_blocks_and_resumes_to_the_same_result(tmp_pa
             == json.loads((tmp_path / "cut" / "replies.json").read_text()))
     assert (Dataset(tmp_path / "d-full").manifest()["shards"]
             == Dataset(tmp_path / "d-cut").manifest()["shards"])
+    import imageio.v3 as iio
+
+    for gif in ("episode_000.gif", "episode_001.gif"):
+        whole, resumed = (iio.imread(tmp_path / r / "videos" / gif) for r in ("full", "cut"))
+        assert whole.shape[0] == 7 and np.array_equal(whole, resumed)
     assert not Dataset(tmp_path / "d-cut").card()["partial"]
     done = subprocess.run(play_cmd("--resume", str(tmp_path / "cut")), env=env,
                           capture_output=True, text=True, timeout=300)

@@ -54,10 +54,11 @@ class EvalConfig:
     plot: bool = True
     """Write eval_achievements.png beside eval.json."""
     video: int = 0
-    """Also write this many episodes as GIFs into RUN/videos/ (Craftax's pixel renderer; an
-    LLM-augmented policy's frames show the observation text beside them)."""
+    """Also write the first this many of the episodes evaluated as GIFs into RUN/videos/, drawn
+    as they are played (Craftax's pixel renderer; an LLM-augmented policy's frames show the
+    observation text beside them)."""
     video_max_steps: int = 500
-    """Frames per video at most."""
+    """Frames per video at most (and at most --max-steps)."""
     video_text: bool = True
     """With an LLM-augmented policy, put the text its LLM saw beside each frame."""
     out: str | None = None
@@ -101,8 +102,9 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None,
         raise ConfigError(f"max_steps={c.max_steps} must be positive or None")
     if c.block_steps <= 0:
         raise ConfigError(f"block_steps={c.block_steps} must be positive")
-    if c.video < 0 or c.video_max_steps <= 0:
-        raise ConfigError("video must be >= 0 and video_max_steps positive")
+    if not 0 <= c.video <= c.episodes or c.video_max_steps <= 0:
+        raise ConfigError(f"--video {c.video} must lie in 0..--episodes ({c.episodes}) and "
+                          f"--video-max-steps {c.video_max_steps} be positive")
     run_dir = Path(c.run).expanduser()
     path = Path(c.out).expanduser() if c.out else run_dir / "eval.json"
     require_writable(path.parent, "--out" if c.out else "--run")  # before playing, not after
@@ -118,8 +120,11 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None,
     block_steps = c.block_steps
     if c.max_steps:
         block_steps = -(-c.max_steps // -(-c.max_steps // c.block_steps))
+    watch = None
+    if c.video:  # the first --video episodes drawn as they are played (in the same program)
+        watch = video_watch(pol, c)
     ev = make_evaluate(env, network_policy(pol.agent.network), pol.agent.inputs, c.episodes,
-                       block_steps, c.greedy, c.max_steps)
+                       block_steps, c.greedy, c.max_steps, watch=watch)
     # everything the loop takes committed to one device (`on_device`)
     frozen, params = on_device(pol.agent.inputs.frozen), on_device(pol.params)
     t0 = time.time()
@@ -129,6 +134,9 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None,
     cap = c.max_steps or 10 ** 9
     while not bool(np.asarray(state.done).all()) and int(state.t) < cap:
         state = block(state, params, frozen)
+        if watch is not None:
+            state, extras = state
+            watch.add(extras["watch"])
         console.print(f"  {int(state.t):,} steps: {int(np.asarray(state.done).sum())}/"
                       f"{c.episodes} episodes ended")
     out = summarise(state, env.achievement_names, c.max_steps)
@@ -141,13 +149,9 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None,
     if c.plot and out["achievements"]:
         plot_achievements(out, path.with_name(path.stem + "_achievements.png"))
     if c.video:
-        from fused.video import record, write_gifs
+        from fused.video import write_gifs
 
-        frames = record(run_dir, pol.step, c.video, c.seed, c.video_max_steps, c.greedy,
-                        c.video_text and pol.cfg.llm.active_backend != "none"
-                        and not is_vl(pol.cfg.llm), like=pol.agent,
-                        llm_overrides=llm_overrides)
-        out["videos"] = [str(p) for p in write_gifs(frames, run_dir / "videos")]
+        out["videos"] = [str(p) for p in write_gifs(watch.frames, run_dir / "videos")]
         atomic_write_json(path, out)
         console.print(f"{len(out['videos'])} videos -> {run_dir / 'videos'}")
     lo, hi = out["return_ci95"]
@@ -156,6 +160,22 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None,
                   + (f", {out['censored']} censored at {c.max_steps} steps"
                      if out["censored"] else "") + f" -> {path}")
     return out
+
+
+def video_watch(pol: TrainedPolicy, c: EvalConfig):
+    """The `FrameWatch` of `--video`: for an LLM-augmented policy (not a vision-language one,
+    whose frames are its input) the observation text its LLM was given beside each frame."""
+    from fused.envspec import spec, text_env, text_offset
+    from fused.video import FrameWatch
+
+    name = pol.cfg.env.name
+    if not (c.video_text and pol.cfg.llm.active_backend != "none" and not is_vl(pol.cfg.llm)):
+        return FrameWatch(name, c.video, c.video_max_steps)
+    from fused.text.format import render_text
+
+    layout, offset = spec(text_env(name) or name).layout, text_offset(name)
+    return FrameWatch(name, c.video, c.video_max_steps, extra=lambda before, after: before.obs,
+                      text=lambda obs: render_text(layout, obs[offset:]))
 
 
 def plot_achievements(out: dict, path: Path) -> None:

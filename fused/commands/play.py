@@ -17,10 +17,11 @@ episode's reply at the end of every block of steps, its first ones), R/videos/ w
 Without --llm.weights the built-in tiny RANDOM Qwen3 plays, with a notice.
 
 After every block the state of the evaluation is checkpointed in R/progress/ (with the recorded
-steps): Ctrl-C (or SIGTERM) at any moment ends the command at once (exit 130) keeping every
-block played: a partial eval.json (`"partial": true`, the episodes finished so far), replies.json
-and, with --record, the finished episodes as a dataset marked partial; `--resume R` continues
-the same evaluation to the same result an uninterrupted run gives.
+steps and the frames drawn): Ctrl-C (or SIGTERM) at any moment ends the command at once (exit
+130) keeping every block played: a partial eval.json (`"partial": true`, the episodes finished
+so far), replies.json and, with --record, the finished episodes as a dataset marked partial;
+`--resume R` continues the same evaluation to the same result (and videos) an uninterrupted run
+gives.
 """
 
 from __future__ import annotations
@@ -53,8 +54,9 @@ DESCRIPTION = ("An LLM plays N whole Craftax episodes from fixed seeds; eval.jso
 HUMAN = ("You play Craftax on a local web page (or from a --script of keys); every step is "
          "recorded into a label.py dataset.")
 REPLIES_KEPT = 20  # per episode, in replies.json
-# Flags that change no result: a resumed play may give them anew.
-RESUME_FREE = ("video", "video_max_steps", "plot", "resume")
+# Flags that change no result: a resumed play may give them anew (not --video: its frames are
+# drawn in the play's own blocks).
+RESUME_FREE = ("plot", "resume")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,11 +99,12 @@ class PlayConfig(PlayerSettings):
     """Run folder name; default `play-<env>-s<seed>-<time>`."""
     resume: str | None = None
     """Go on with the play in this run folder (stopped by Ctrl-C or a kill) from its last
-    block; only --video, --video-max-steps and --plot may be given anew."""
+    block; only --plot may be given anew."""
     video: int = 0
-    """Also write this many episodes as GIFs into R/videos/ with each step's reply beside."""
+    """Also write the first this many episodes as GIFs into R/videos/ with each step's reply
+    beside, drawn as they are played."""
     video_max_steps: int = 200
-    """Frames per video at most."""
+    """Frames per video at most (and at most --max-steps)."""
     record: str | None = None
     """Write the episodes played as a label.py dataset into this new folder."""
     shard_rows: int = 8192
@@ -219,13 +222,14 @@ def _save_records(folder: Path, i: int, recs) -> None:
         np.savez(tmp, *jax.tree.leaves(recs))
 
 
-def _load_records(folder: Path, n: int, like) -> list:
+def _load_records(folder: Path, blocks, like) -> list:
+    """The trees `_save_records` wrote for these block numbers, shaped as `like`."""
     import jax
     import numpy as np
 
     treedef = jax.tree.structure(like)
     out = []
-    for i in range(n):
+    for i in blocks:
         with np.load(folder / f"block-{i:06d}.npz") as z:
             out.append(jax.tree.unflatten(treedef, [z[f"arr_{j}"] for j in range(len(z.files))]))
     return out
@@ -326,8 +330,17 @@ def play(c: PlayConfig, run: Path, console, command: str) -> dict:
         atomic_write_json(run / "config.json", config_io.to_dict(c))
     env = make_env(c.env.settings, text=True)  # a pixel env: the text twin after the frame
     s = spec(c.env.name)
+    watch = None
+    if c.video:  # the first --video episodes drawn as they are played, the reply beside
+        from fused.video import FrameWatch
+
+        watch = FrameWatch(c.env.name, c.video, c.video_max_steps,
+                           extra=lambda before, after: (after.carry.last_reply,
+                                                        after.carry.tokens),
+                           text=lambda reply: player.text(reply[0][:int(reply[1])]))
     ev = make_evaluate(env, player.policy, Identity(), c.episodes, c.block_steps,
-                       max_steps=c.max_steps, record=s if record is not None else None)
+                       max_steps=c.max_steps, record=s if record is not None else None,
+                       watch=watch)
     console.print(f"[bold]craftax-fused play[/] {c.env.name}: {c.episodes} episodes, history "
                   f"{c.history}, replies of up to {c.max_new_tokens} tokens, "
                   f"{player.sampling.describe()}{', thinking' if c.thinking else ''}"
@@ -340,6 +353,7 @@ def play(c: PlayConfig, run: Path, console, command: str) -> dict:
     progress.run = str(run)
     saved = run / "progress" / "state.npz"
     records_dir = run / "progress" / "records"
+    frames_dir = run / "progress" / "frames"
     if c.resume and saved.is_file():
         host, meta = _load_progress(saved, state)
         state = on_device(host)
@@ -348,9 +362,15 @@ def play(c: PlayConfig, run: Path, console, command: str) -> dict:
         progress.blocks, progress.replies = meta["blocks"], meta["replies"]
         progress.seconds_before = meta["seconds"] + sum(meta["times"])
         progress.command = meta["command"]
+        like = jax.eval_shape(ev.block, state, player.params, None)
         if record is not None:
-            like = jax.eval_shape(ev.block, state, player.params, None)[1]
-            progress.records = _load_records(records_dir, progress.blocks, like)
+            progress.records = _load_records(records_dir, range(progress.blocks),
+                                             like[1]["record"])
+        if watch is not None:  # the blocks that drew frames
+            drawn = [i for i in range(progress.blocks)
+                     if (frames_dir / f"block-{i:06d}.npz").is_file()]
+            for watched in _load_records(frames_dir, drawn, like[1]["watch"]):
+                watch.add(watched)
         console.print(f"resumed at step {int(state.t):,} ({progress.blocks} blocks played)")
     elif c.resume:
         console.print(f"--resume {run}: no block was played before it stopped; starting afresh")
@@ -366,7 +386,8 @@ def play(c: PlayConfig, run: Path, console, command: str) -> dict:
                 useful_before = np.asarray(state.stats["tokens"]).sum()
                 t0 = time.time()
                 out = block(state, params, None)
-                state, recs = out if record is not None else (out, None)
+                state, extras = out if isinstance(out, tuple) else (out, {})
+                recs = extras.get("record")
                 jax.block_until_ready(state.t)
                 took = time.time() - t0
                 host = jax.device_get(state)
@@ -376,6 +397,10 @@ def play(c: PlayConfig, run: Path, console, command: str) -> dict:
                         recs = jax.device_get(recs)
                         _save_records(records_dir, progress.blocks, recs)
                         progress.records.append(recs)
+                    if watch is not None and bool(np.asarray(extras["watch"]["on"]).any()):
+                        watched = jax.device_get(extras["watch"])
+                        _save_records(frames_dir, progress.blocks, watched)
+                        watch.add(watched)
                     progress.times.append(took)
                     progress.tokens.append(float(np.asarray(host.spent["tokens"]).sum() - before))
                     progress.useful.append(float(np.asarray(host.stats["tokens"]).sum()
@@ -423,15 +448,9 @@ def play(c: PlayConfig, run: Path, console, command: str) -> dict:
     if c.plot and out["achievements"]:
         plot_achievements(out, run / "eval_achievements.png")
     if c.video:
-        from fused.video import play_frames, write_gifs
+        from fused.video import write_gifs
 
-        def text(before, after, e):
-            n = int(np.asarray(after.carry.tokens)[e])
-            return player.text(np.asarray(after.carry.last_reply)[e][:n])
-
-        frames = play_frames(c.env.settings, player.policy, Identity(), player.params, None, c.video,
-                             c.seed, c.video_max_steps, False, text, with_text=True)
-        out["videos"] = [str(p) for p in write_gifs(frames, run / "videos")]
+        out["videos"] = [str(p) for p in write_gifs(watch.frames, run / "videos")]
         atomic_write_json(run / "eval.json", out)
         console.print(f"{len(out['videos'])} videos -> {run / 'videos'}")
     lo, hi = out["return_ci95"]

@@ -50,7 +50,8 @@ class EvalState:
 class Evaluator(NamedTuple):
     init: Callable  # (seed key, frozen, inputs_state or None) -> EvalState
     block: Callable  # (EvalState, params, frozen) -> EvalState (block_steps steps); with
-    #                  `record`: (EvalState, (Record [T, N, ...], live [T, N])) (the step's
+    #                  `record` or `watch`: (EvalState, {"record": (Record [T, N, ...],
+    #                  live [T, N]), "watch": what `watch` returned, [T, ...]}) (the step's
     #                  dataset record, and whether it counts: the episode was still running)
 
 
@@ -61,12 +62,15 @@ def episode_keys(key: jax.Array, n: int) -> jax.Array:
 
 def make_evaluate(env: Env, policy: Policy, inputs: PolicyInput, num_episodes: int,
                   block_steps: int, greedy: bool = False, max_steps: int | None = None,
-                  record: EnvSpec | None = None) -> Evaluator:
+                  record: EnvSpec | None = None, watch: Callable | None = None
+                  ) -> Evaluator:
     """`policy` acts (`fused.rl.acting`) through the shared acting step, on envs that do not
     reset; `init`'s `trained` is the trained run's policy-input state (its normaliser),
     installed with `inputs.adopt`. Steps past `max_steps` are not counted: episodes running then
     stay not done (censored). With `record` (the env's spec), `block` also returns each step's
-    dataset record (`fused.rl.collect.Record`), so the episodes played can be stored."""
+    dataset record (`fused.rl.collect.Record`), so the episodes played can be stored; with
+    `watch`, `watch(before, after, live)` of each step (the states around it, and [N] whether
+    it counts), so what the episodes looked like can be kept (`fused.video.FrameWatch`)."""
     cap = jnp.int32(max_steps if max_steps is not None else jnp.iinfo(jnp.int32).max)
     n_ach = len(env.achievement_names)
     rollout = Rollout(policy.with_sample(acting.greedy) if greedy else policy, inputs,
@@ -101,7 +105,7 @@ def make_evaluate(env: Env, policy: Policy, inputs: PolicyInput, num_episodes: i
         if codec is not None:
             rec = (record_step(codec, s.env.obs, a, s.length, s.achievements,
                                inputs.record(s.inputs)), live)
-        return s.replace(
+        new = s.replace(
             env=env_state, inputs=istate, carry=carry, done=s.done | ended,
             ret=s.ret + jnp.where(live, res.reward, 0.0),
             length=s.length + live.astype(jnp.int32),
@@ -109,7 +113,11 @@ def make_evaluate(env: Env, policy: Policy, inputs: PolicyInput, num_episodes: i
                                    s.achievements),
             terminated=s.terminated | (live & res.terminated), t=s.t + 1,
             stats={k: v + jnp.where(live, a.policy_stats[k], 0) for k, v in s.stats.items()},
-            spent={k: v + a.policy_stats[k] for k, v in s.spent.items()}), rec
+            spent={k: v + a.policy_stats[k] for k, v in s.spent.items()})
+        extras = {} if rec is None else {"record": rec}
+        if watch is not None:
+            extras["watch"] = watch(s, new, live)
+        return new, extras
 
     def block(s: EvalState, params, frozen):
         # step t's key is (run key, t) alone: the episodes are the same whatever the block size
@@ -117,8 +125,8 @@ def make_evaluate(env: Env, policy: Policy, inputs: PolicyInput, num_episodes: i
         def body(s, _):
             return acted_step(s, params, frozen, jax.random.fold_in(s.rng, s.t))
 
-        s, recs = jax.lax.scan(body, s, None, length=block_steps)
-        return s if codec is None else (s, recs)
+        s, extras = jax.lax.scan(body, s, None, length=block_steps)
+        return (s, extras) if extras else s
 
     return Evaluator(init, block)
 
