@@ -55,7 +55,7 @@ def _ablate(llm: LLM, frozen: FrozenLLM | None, hidden, key):
 
 
 def llm_step(llm: LLM, frozen: FrozenLLM | None, s: LLMState, obs, done, step, key, microbatch,
-             refresh_rows, axis_name=None):
+             refresh_rows, axis_name=None, first: bool = False):
     """Hidden states for the observations `obs` [N, D] about to be acted on.
 
     `done` [N]: the episode of the env ended on the previous step (so `obs` starts a new one);
@@ -63,6 +63,8 @@ def llm_step(llm: LLM, frozen: FrozenLLM | None, s: LLMState, obs, done, step, k
     `microbatch`. Between those calls, envs whose episode ended are refreshed once
     `refresh_rows` of them wait or one has waited `refresh_wait` steps: every waiting env is then
     encoded, oldest first, in calls of `refresh_rows` rows (`fused.llm.batching` sizes both).
+    `first`: `step` is the stream's step 0, where every env is encoded (the branch taken at any
+    step a multiple of skip_n), so the other branches are not traced (a smaller init program).
     Returns (state, metrics dict of scalars)."""
     c = llm.cfg
     n = obs.shape[0]
@@ -133,6 +135,8 @@ def llm_step(llm: LLM, frozen: FrozenLLM | None, s: LLMState, obs, done, step, k
     def keep(s):
         return s.replace(age=age), zeros
 
+    if first:
+        return full(s)
     due = (stale.sum() >= min(refresh_rows, n)) | (age.max() >= c.refresh_wait)
     if axis_name is not None:  # every device must take the same branch (collectives inside)
         due = jax.lax.psum(due.astype(jnp.int32), axis_name) > 0
@@ -184,7 +188,7 @@ class LLMInput:
         n = obs.shape[0]
         state, _ = llm_step(self.llm, frozen, init_llm_state(self.llm, n), obs,
                             jnp.zeros(n, bool), jnp.int32(0), k_llm, self.microbatch,
-                            self.refresh_rows, axis_name)
+                            self.refresh_rows, axis_name, first=True)
         return state, k_run
 
     def step(self, frozen, state, obs, done, t, key, axis_name):
