@@ -30,6 +30,7 @@ without it) to F, for `bench/trace_report.py`. `--shapes qwen3-tiny` runs the sa
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import statistics
 import sys
@@ -82,6 +83,11 @@ class Args:
     at the first batch here."""
     trace_tokens: int = 16
     """Tokens of the traced burst."""
+    target: str | None = None
+    """With --shapes: compile ours for this GPU (h100, h200) here, XLA:GPU without a device
+    (bench/gpu_target.py), and write each program's memory and the kernels one decode step
+    launches instead of timing (the prompt pass takes the blocked attention form, no cuDNN
+    here; the decode loop is the GPU's)."""
     bound_shape: str = "qwen3-4b"
     """Shape whose bandwidth bound is written on every run."""
     out: str | None = None
@@ -353,7 +359,54 @@ def write_trace(args: Args, cfg, name: str, params, cache, rng, emit, fns_by=Non
               steps=args.trace_tokens - 1, bytes=Path(args.trace).stat().st_size))
 
 
+def target_rows(args: Args, emit) -> None:
+    """--target: each shape, batch and steps_per_check compiled for the GPU, not run."""
+    import jax
+    import jax.numpy as jnp
+
+    import gpu_target
+    from llm_jax.config import Qwen3Config
+    from llm_jax.model import init_params, prefill
+
+    dev = gpu_target.use(args.target)
+    args = dataclasses.replace(args, bandwidth=gpu_target.TARGETS[args.target][2])
+    put = functools.partial(gpu_target.abstract, device=dev)
+    n = args.new_tokens
+    for name in args.shapes:
+        cfg = Qwen3Config.shape(name)
+        with gpu_target.as_gpu():
+            params = put(jax.eval_shape(
+                lambda k: init_params(cfg, k, jnp.bfloat16, per_layer=True),
+                jax.random.PRNGKey(0)))
+            cache = put(jax.eval_shape(lambda p, x: prefill(p, cfg, x), params,
+                                       jax.ShapeDtypeStruct((args.prefix_len,), jnp.int32)))
+            for k_check in args.steps_per_check:
+                for batch in args.batches:
+                    t0 = time.perf_counter()
+                    compiled = our_fn(cfg, n, k_check).lower(
+                        params, cache, put(jax.ShapeDtypeStruct((batch, args.prompt_len),
+                                                                jnp.int32)),
+                        put(jax.ShapeDtypeStruct((batch,), jnp.int32))).compile()
+                    loops = gpu_target.loop_kernels(compiled.as_text())
+                    # one token's step: the biggest loop of steps_per_check iterations (> 1;
+                    # a MoE's loops over experts nest in it), else the biggest loop (the decode
+                    # loop's own body)
+                    step = max((r for r in loops if r["trip_count"] == k_check > 1
+                                or k_check == 1), key=lambda r: r["kernels"], default={})
+                    emit(dict(bound_row(args, name, batch), name="jax_gpu_compiled",
+                              steps_per_check=k_check,
+                              compile_s=time.perf_counter() - t0,
+                              kernels_per_decode_step=step.get("kernels"),
+                              kernels_by_op=step.get("by_op"),
+                              kernels_exact=step.get("exact"),
+                              **gpu_target.memory(compiled, args.target)))
+
+
 def run(args: Args, emit) -> None:
+    if args.target:
+        if not args.shapes:
+            raise SystemExit("error: --target compiles --shapes (e.g. --shapes qwen3-4b)")
+        return target_rows(args, emit)
     import jax
 
     emit({"name": "machine", "cpus": os.cpu_count(), "load_average_at_start": os.getloadavg(),

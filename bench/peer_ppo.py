@@ -29,7 +29,16 @@ def main(argv=None):
     ap.add_argument("--width", type=int, default=512)
     ap.add_argument("--updates", type=int, nargs=2, default=(2, 6))
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--target", choices=("h100", "h200"),
+                    help="compile for this GPU on this machine (XLA:GPU without a device, "
+                         "bench/gpu_target.py) and print its memory instead of timing")
     a = ap.parse_args(argv)
+    device = None
+    if a.target:
+        sys.path.insert(0, str(ROOT / "bench"))
+        import gpu_target
+
+        device = gpu_target.use(a.target)
     peer = os.environ.get("PEER") or next(
         (str(p) for p in (ROOT / ".peers" / "craftax_baselines",
                           Path.home() / ".cache/peers/craftax_baselines")
@@ -63,6 +72,20 @@ def main(argv=None):
                 ICM_INVERSE_LOSS_COEF=1.0, ICM_LAYER_SIZE=256, ICM_LATENT_SIZE=32,
                 E3B_REWARD_COEFF=1.0, USE_E3B=False, E3B_LAMBDA=0.1, SEED=0)
     lo, hi = a.updates
+    if device is not None:  # the program of `lo` updates (its memory is any count's)
+        import jax.numpy as jnp
+
+        key = gpu_target.abstract(jax.ShapeDtypeStruct((2,), jnp.uint32), device)
+        t0 = time.time()
+        with gpu_target.as_gpu():
+            compiled = jax.jit(make_train(dict(base, TOTAL_TIMESTEPS=lo * a.num_steps
+                                               * a.num_envs))).lower(key).compile()
+        print(json.dumps({"name": "public_ppo_memory", "env": a.env, "num_envs": a.num_envs,
+                          "num_steps": a.num_steps, "update_epochs": a.update_epochs,
+                          "num_minibatches": a.num_minibatches, "width": a.width,
+                          "backend": a.target, "compile_s": round(time.time() - t0, 1),
+                          **gpu_target.memory(compiled, a.target)}))
+        return
     times = {}
     for u in (lo, hi):
         cfg = dict(base, TOTAL_TIMESTEPS=u * a.num_steps * a.num_envs)

@@ -25,6 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fused.commands.process import setup_compilation_cache  # noqa: E402
 from fused.runs.files import atomic_write_json  # noqa: E402
 
+import gpu_target  # noqa: E402
+
+device = None  # --target's compile-only device
+
 
 @dataclasses.dataclass(frozen=True)
 class Args:
@@ -65,6 +69,9 @@ class Args:
     compile_only: bool = False
     """PPO rows: compile the chunk and report its memory (XLA's buffer assignment: arguments,
     outputs, temporaries) without running it, e.g. a GPU's sizes on a CPU."""
+    target: str | None = None
+    """PPO rows: compile for this GPU (h100, h200) on this machine, XLA:GPU without a device
+    (bench/gpu_target.py; implies --compile-only): its memory and its peak against the card's."""
     skip_ppo: bool = False
     """Only measure the env."""
     out: str | None = None
@@ -144,26 +151,30 @@ def ppo_rows(args: Args):
                           explore=ExploreConfig(explore or "none"),
                           total_timesteps=n * 64 * 10_000, updates_per_chunk=args.ppo_updates)
         validate(cfg)
-        tr = build(cfg).trainer
         t = time.perf_counter()
-        state = jax.block_until_ready(jax.jit(tr.init)(jax.random.PRNGKey(0), None))
-        init_s = time.perf_counter() - t
-        print(f"# {variant} at {n} envs: init {init_s:.1f} s", file=sys.stderr, flush=True)
-        chunk = jax.jit(tr.chunk)
-        t = time.perf_counter()
-        compiled = chunk.lower(state, None).compile()
+        if args.target:  # shapes only, placed on the GPU's compile-only device
+            with gpu_target.as_gpu():
+                tr = build(cfg).trainer
+                state = gpu_target.abstract(
+                    jax.eval_shape(tr.init, jax.random.PRNGKey(0), None), device)
+                compiled = jax.jit(tr.chunk).lower(state, None).compile()
+        else:
+            tr = build(cfg).trainer
+            state = jax.block_until_ready(jax.jit(tr.init)(jax.random.PRNGKey(0), None))
+            init_s = time.perf_counter() - t
+            print(f"# {variant} at {n} envs: init {init_s:.1f} s", file=sys.stderr, flush=True)
+            t = time.perf_counter()
+            compiled = jax.jit(tr.chunk).lower(state, None).compile()
         compile_s = time.perf_counter() - t
         print(f"# {variant} at {n} envs: compile {compile_s:.1f} s", file=sys.stderr, flush=True)
-        mem = compiled.memory_analysis()
-        memory = {} if mem is None else {
-            f"{k}_gb": getattr(mem, f"{k}_size_in_bytes") / 1e9
-            for k in ("argument", "output", "temp")}
-        if args.compile_only:
+        memory = gpu_target.memory(compiled, args.target)
+        if args.compile_only or args.target:
             rows.append({"name": f"ppo_{variant}_memory", "env": args.env, "num_envs": n,
                          "variant": variant, "num_steps": args.num_steps,
                          "update_epochs": args.update_epochs,
                          "num_minibatches": args.num_minibatches, "width": args.width,
-                         "backend": jax.default_backend(), "compile_s": compile_s, **memory})
+                         "backend": args.target or jax.default_backend(),
+                         "compile_s": compile_s, **memory})
             print(json.dumps(rows[-1]), flush=True)
             continue
         state, _ = jax.block_until_ready(compiled(state, None))  # warm-up
@@ -218,13 +229,16 @@ def reference_row(args: Args, cfg, n: int) -> dict:
 
 
 def main(args: Args):
+    global device
+    if args.target:
+        device = gpu_target.use(args.target)
     import jax
 
     setup_compilation_cache()
     print(f"# {platform.node()} {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} cpus, jax {jax.__version__}, {jax.devices()[0].device_kind}",
           flush=True)
-    rows = [] if args.skip_env else env_rows(args)
+    rows = [] if args.skip_env or args.target else env_rows(args)  # (env rows: run here)
     rows += [] if args.skip_ppo else ppo_rows(args)
     if args.out:
         atomic_write_json(args.out, rows)

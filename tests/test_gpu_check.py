@@ -161,3 +161,95 @@ def test_gpu_check_parts_pick_their_steps(tmp_path, monkeypatch):
     assert sorted(sum(seen.values(), [])) == sorted(gpu_steps)
     with pytest.raises(SystemExit):
         gpu_check.main([str(tmp_path / "x"), "--only", "decode_4b", "nosuch"])
+
+
+def test_loop_kernels_counts_a_hand_made_program():
+    """bench/gpu_target.py's `loop_kernels` on HLO text written by hand: the outer loop (3
+    trips) launches 2 fusions and 4 trips of an inner loop's 1 custom-call: 6 kernels an
+    iteration, exact; the inner 1; the bookkeeping (parameters, get-tuple-element, tuple,
+    constants, bitcasts) none. An inner loop without a known trip count is counted once and
+    said to be so."""
+    from gpu_target import loop_kernels
+
+    def program(inner_trips: str) -> str:
+        return f"""HloModule m
+
+%inner_body (p: (s32[], f32[8])) -> (s32[], f32[8]) {{
+  %p = (s32[], f32[8]{{0}}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[8]{{0}} get-tuple-element(%p), index=1
+  %c = f32[8]{{0}} custom-call(%x), custom_call_target="k"
+  ROOT %t = (s32[], f32[8]{{0}}) tuple(%i, %c)
+}}
+
+%outer_body (q: (s32[], f32[8])) -> (s32[], f32[8]) {{
+  %q = (s32[], f32[8]{{0}}) parameter(0)
+  %x = f32[8]{{0}} get-tuple-element(%q), index=1
+  %f1 = f32[8]{{0}} fusion(%x), kind=kLoop, calls=%fa
+  %b = f32[8]{{0}} bitcast(%f1)
+  %one = s32[] constant(1)
+  %f2 = f32[8]{{0}} fusion(%b), kind=kInput, calls=%fb
+  %w = (s32[], f32[8]{{0}}) while(%q), condition=%cond, body=%inner_body{inner_trips}
+  ROOT %t = (s32[], f32[8]{{0}}) tuple(%one, %f2)
+}}
+
+ENTRY %main (a: f32[8]) -> f32[8] {{
+  %a = f32[8]{{0}} parameter(0)
+  %z = s32[] constant(0)
+  %t = (s32[], f32[8]{{0}}) tuple(%z, %a)
+  %w = (s32[], f32[8]{{0}}) while(%t), condition=%cond, body=%outer_body, backend_config={{"known_trip_count":{{"n":"3"}}}}
+  ROOT %r = f32[8]{{0}} get-tuple-element(%w), index=1
+}}
+"""
+    known = ', backend_config={"known_trip_count":{"n":"4"}}'
+    outer, inner = sorted(loop_kernels(program(known)), key=lambda r: -r["kernels"])
+    assert outer == {"kernels": 6, "by_op": {"fusion": 2, "custom-call": 4}, "exact": True,
+                     "trip_count": 3}
+    assert inner == {"kernels": 1, "by_op": {"custom-call": 1}, "exact": True,
+                     "trip_count": 4}
+    outer = max(loop_kernels(program("")), key=lambda r: r["kernels"])
+    assert (outer["kernels"], outer["exact"]) == (3, False)
+
+
+@pytest.mark.skipif(not (ROOT / ".gpu-aot" / "jax_plugins").is_dir(),
+                    reason="the CUDA plugin is not installed: python bench/gpu_target.py "
+                           "install (.ci/run does)")
+def test_gpu_target_compiles_for_an_h200_on_this_cpu():
+    """XLA:GPU without a device (bench/gpu_target.py): the compile-only device is an H200; its
+    buffer assignment of a program with a 160 GB output says so to the byte and that it does
+    not fit the card's 150.75 GB; the CNN's convolution traced as on a GPU compiles to cuDNN's,
+    and as on this CPU to none (the im2col matmul); a 5-trip fori_loop is found with its trip
+    count."""
+    code = """
+import json, sys
+sys.path.insert(0, "bench")
+import gpu_target
+dev = gpu_target.use("h200")
+import jax, jax.numpy as jnp
+from fused.rl.networks import Conv
+out = {"kind": dev.device_kind}
+f = jax.jit(lambda x: jnp.broadcast_to(x.sum(), (200_000, 200_000)))
+out["memory"] = gpu_target.memory(f.lower(gpu_target.abstract(
+    jax.ShapeDtypeStruct((1024,), jnp.float32), dev)).compile(), "h200")
+conv = Conv(8)
+x = jnp.zeros((2, 9, 9, 3))
+params = gpu_target.abstract(jax.eval_shape(conv.init, jax.random.PRNGKey(0), x), dev)
+xs = gpu_target.abstract(x, dev)
+with gpu_target.as_gpu():
+    out["gpu_conv"] = "__cudnn$conv" in jax.jit(conv.apply).lower(params, xs).compile().as_text()
+out["cpu_conv"] = "__cudnn$conv" in jax.jit(conv.apply).lower(params, xs).compile().as_text()
+loop = jax.jit(lambda x: jax.lax.fori_loop(0, 5, lambda i, x: jnp.sin(x) @ x, x))
+out["loops"] = gpu_target.loop_kernels(loop.lower(gpu_target.abstract(
+    jax.ShapeDtypeStruct((64, 64), jnp.float32), dev)).compile().as_text())
+print(json.dumps(out))
+"""
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=subprocess_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.splitlines()[-1])
+    assert out["kind"] == "NVIDIA H200"
+    m = out["memory"]
+    assert (m["argument_gb"], m["output_gb"]) == (4096 / 1e9, 200_000 ** 2 * 4 / 1e9)
+    assert m["peak_of_card"] > 1 and m["fits_at_fraction"] == {"0.75": False, "0.92": False}
+    assert out["gpu_conv"] and not out["cpu_conv"]
+    assert [(r["trip_count"], r["kernels"] >= 1) for r in out["loops"]] == [(5, True)]
