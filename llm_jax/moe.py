@@ -14,6 +14,13 @@ in one of three forms (static, `MoEForm`), all computing the same function:
   (each expert's rows padded to whole tiles); a `fori_loop` over the tiles in use runs one
   expert's SwiGLU per tile. Padding is at most one tile per expert, and tiles past the last
   used one are not run;
+- "gathered": each assignment's own expert weights gathered ([R, H, 2F], [R, F, H]) and one
+  batched matmul each: R experts' weights read, for calls with few assignments (a decode step:
+  R = B x K), where the tiled form's R / tile + E tiles would read every expert's weights, the
+  unused ones as padding (Qwen3-30B-A3B at batch 1: 129 tiles a layer against 8 assignments;
+  compiled for an H200, a decode step launches 53,202 kernels tiled, 1,551 gathered;
+  docs/BENCHMARKS.md). "auto" picks it over "tiled" wherever it reads fewer experts' weights
+  (R < R / tile + E);
 - "dense": every expert on every token, weighted by the (mostly zero) routing weights: the
   plain-jnp reference the other forms are tested against, never used for speed.
 
@@ -30,7 +37,7 @@ import jax.numpy as jnp
 
 from llm_jax.config import Qwen3Config
 
-MoEForm = Literal["auto", "ragged", "tiled", "dense"]
+MoEForm = Literal["auto", "ragged", "tiled", "gathered", "dense"]
 
 
 class Routing(NamedTuple):
@@ -48,14 +55,26 @@ class Sorted(NamedTuple):
     sizes: jax.Array  # [E] int32 assignments per expert (the groups of the grouped matmul)
 
 
-def resolve_moe_form(form: MoEForm) -> Literal["ragged", "tiled", "dense"]:
-    """`form` itself unless "auto": `ragged_dot` on TPU, tiled elsewhere. XLA:CPU lowers
-    `ragged_dot` densely; on an H100 (jax 0.11.2) it ran Qwen3-30B-A3B at 1,422 tokens/s against
-    the tiled form's 5,530 (8 x 512 tokens) and ran out of memory at 32 x 512
-    (docs/BENCHMARKS.md)."""
+def resolve_moe_form(form: MoEForm, assignments: int | None = None, num_experts: int | None = None
+                     ) -> Literal["ragged", "tiled", "gathered", "dense"]:
+    """`form` itself unless "auto": `ragged_dot` on TPU, elsewhere tiled, or gathered where a
+    call's `assignments` (tokens x K) are fewer than the tiles the tiled form would run over
+    `num_experts` (each tile reads one expert's weights). XLA:CPU lowers `ragged_dot` densely; on
+    an H100 (jax 0.11.2) it ran Qwen3-30B-A3B at 1,422 tokens/s against the tiled form's 5,530
+    (8 x 512 tokens) and ran out of memory at 32 x 512 (docs/BENCHMARKS.md)."""
     if form != "auto":
         return form
-    return "ragged" if jax.default_backend() == "tpu" else "tiled"
+    if jax.default_backend() == "tpu":
+        return "ragged"
+    if assignments is not None and assignments < gathered_below(assignments, num_experts):
+        return "gathered"
+    return "tiled"
+
+
+def gathered_below(assignments: int, num_experts: int) -> int:
+    """The tiles the tiled form runs for `assignments` over `num_experts` (its loop's static
+    trip count): the gathered form reads fewer experts' weights when assignments are fewer."""
+    return -(-assignments // tile_rows(assignments, num_experts)) + num_experts
 
 
 def route(cfg: Qwen3Config, router, h) -> Routing:
@@ -97,6 +116,14 @@ def grouped_ragged(xs, sizes, gate_up, down):
     [R, H], each row through its expert's SwiGLU (`jax.lax.ragged_dot`)."""
     act = _swiglu(jax.lax.ragged_dot(xs, gate_up, sizes))
     return jax.lax.ragged_dot(act, down, sizes)
+
+
+def grouped_gathered(xs, experts, gate_up, down):
+    """xs: [R, H] one row per assignment (any order), experts: [R] its expert; gate_up:
+    [E, H, 2F], down: [E, F, H] -> [R, H], each row through its expert's SwiGLU, with that
+    expert's weights gathered for it (R experts' weights read, one batched matmul each)."""
+    act = _swiglu(jnp.einsum("rh,rhf->rf", xs, gate_up[experts]))
+    return jnp.einsum("rf,rfh->rh", act, down[experts])
 
 
 def tile_rows(assignments: int, num_experts: int) -> int:
@@ -160,9 +187,15 @@ def moe_mlp(cfg: Qwen3Config, mp: dict, h, valid=None, form: MoEForm = "auto"):
     x = h.reshape(b * t, hd)
     routing = route(cfg, mp["router"], x)
     load = expert_load(routing, cfg.num_experts, None if valid is None else valid.reshape(-1))
-    form = resolve_moe_form(form)
+    form = resolve_moe_form(form, b * t * cfg.num_experts_per_tok, cfg.num_experts)
     if form == "dense":
         return dense_reference(cfg, mp, x, routing).reshape(b, t, hd), load
+    if form == "gathered":  # assignments in (token, choice) order: no sort
+        ys = grouped_gathered(jnp.repeat(x, routing.experts.shape[1], 0),
+                              routing.experts.reshape(-1), mp["gate_up"], mp["down"])
+        ys = ys * routing.weights.reshape(-1)[:, None]  # in h's dtype, as HF
+        return (ys.reshape(b * t, -1, hd).astype(jnp.float32).sum(1).astype(h.dtype)
+                .reshape(b, t, hd), load)
     s = sort_by_expert(routing, cfg.num_experts)
     grouped = grouped_ragged if form == "ragged" else grouped_tiled
     ys = grouped(x[s.token], s.sizes, mp["gate_up"], mp["down"])  # [R, H] in expert order

@@ -189,7 +189,8 @@ CASES = [(8, 2, 40, 8), (8, 2, 40, 16), (16, 4, 3, 8), (4, 4, 33, 8), (1, 1, 10,
 
 @pytest.mark.parametrize("experts,k,n,tile", CASES)
 def test_grouped_forms_equal_dense_oracle(experts, k, n, tile):
-    """The sorted-token forms (ragged_dot, tiled) against every expert on every token."""
+    """The sorted-token forms (ragged_dot, tiled) and the gathered one against every expert on
+    every token."""
     cfg = Qwen3Config(vocab_size=8, hidden_size=24, intermediate_size=8, num_layers=1,
                       num_heads=1, num_kv_heads=1, head_dim=8, rope_theta=1e4, rms_norm_eps=1e-6,
                       tie_word_embeddings=True, num_experts=experts, num_experts_per_tok=k,
@@ -201,7 +202,7 @@ def test_grouped_forms_equal_dense_oracle(experts, k, n, tile):
     h = jax.random.normal(keys[3], (1, n, 24))
     ref, load = moe_mlp(cfg, mp, h, form="dense")
     assert int(load.sum()) == n * k
-    for form in ("ragged", "tiled"):
+    for form in ("ragged", "tiled", "gathered"):
         ours, load2 = moe_mlp(cfg, mp, h, form=form)
         np.testing.assert_allclose(np.asarray(ours), np.asarray(ref), atol=1e-5, rtol=1e-5)
         np.testing.assert_array_equal(load2, load)
@@ -217,12 +218,20 @@ def test_grouped_forms_equal_dense_oracle(experts, k, n, tile):
 @pytest.mark.parametrize("backend,form", [("cpu", "tiled"), ("gpu", "tiled"), ("tpu", "ragged")])
 def test_auto_expert_form(monkeypatch, backend, form):
     """auto: ragged_dot only on TPU; CPU lowers it densely, and on an H100 it ran 3.9x slower
-    than the tiled form and ran out of memory at 32 x 512 tokens of Qwen3-30B-A3B."""
+    than the tiled form and ran out of memory at 32 x 512 tokens of Qwen3-30B-A3B. Elsewhere
+    the gathered form for calls with fewer assignments than tiles."""
     import llm_jax.moe as moe
 
     monkeypatch.setattr(moe.jax, "default_backend", lambda: backend)
     assert moe.resolve_moe_form("auto") == form
     assert moe.resolve_moe_form("ragged") == "ragged"  # asked for: kept
+    # few assignments (a decode step): gathered where the tiled form's tiles (assignments /
+    # tile + experts, tile 8 here) outnumber them: 146 < 19 + 128, 147 = 19 + 128; 32 x 256
+    # tokens x 8 in tiles of 256: 256 + 128 tiles
+    few = "ragged" if backend == "tpu" else "gathered"
+    assert [moe.resolve_moe_form("auto", r, 128) for r in (8, 146, 147, 65536)] == [
+        few, few, form, form]
+    assert moe.resolve_moe_form("tiled", 8, 128) == "tiled"  # asked for: kept
 
 
 def test_dense_oracle_by_hand():
