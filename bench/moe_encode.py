@@ -65,7 +65,8 @@ class Args:
     """--shapes rows: tokens per row after the prefix."""
     forms: tuple[str, ...] = ("auto",)
     """--shapes rows: expert forms to time in turn (auto = ragged_dot on TPU, tiled elsewhere;
-    tiled; ragged)."""
+    tiled; ragged; pallas: `kernels.grouped_matmul`, through Pallas' interpreter on a CPU;
+    gathered; llm_jax/moe.py)."""
 
 
 def interleaved(fns, repeats, settle_s=0.05):

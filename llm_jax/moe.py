@@ -21,6 +21,12 @@ in one of three forms (static, `MoEForm`), all computing the same function:
   compiled for an H200, a decode step launches 53,202 kernels tiled, 1,551 gathered;
   docs/BENCHMARKS.md). "auto" picks it over "tiled" wherever it reads fewer experts' weights
   (R < R / tile + E);
+- "pallas": each expert's rows padded to whole tiles in memory and both matmuls as one Pallas
+  kernel launch each (`kernels.grouped_matmul`: a program per tile reads its expert's weights
+  in place; tiles not in use return at once), where the tiled form's loop launches 8 kernels a
+  tile and copies the expert's weights out for each (compiled for an H200: 3,072 kernels a
+  layer of Qwen3-30B-A3B at 32 x 256 tokens). Triton on GPUs, Pallas' interpreter on CPU (for
+  tests). Asked for only: not yet timed on a GPU, "auto" does not pick it;
 - "dense": every expert on every token, weighted by the (mostly zero) routing weights: the
   plain-jnp reference the other forms are tested against, never used for speed.
 
@@ -30,6 +36,7 @@ Letters: n tokens, h hidden, e experts, k experts per token, f expert width, r a
 
 from __future__ import annotations
 
+import functools
 from typing import Literal, NamedTuple
 
 import jax
@@ -37,7 +44,7 @@ import jax.numpy as jnp
 
 from llm_jax.config import Qwen3Config
 
-MoEForm = Literal["auto", "ragged", "tiled", "gathered", "dense"]
+MoEForm = Literal["auto", "ragged", "tiled", "gathered", "pallas", "dense"]
 
 
 class Routing(NamedTuple):
@@ -56,7 +63,7 @@ class Sorted(NamedTuple):
 
 
 def resolve_moe_form(form: MoEForm, assignments: int | None = None, num_experts: int | None = None
-                     ) -> Literal["ragged", "tiled", "gathered", "dense"]:
+                     ) -> Literal["ragged", "tiled", "gathered", "pallas", "dense"]:
     """`form` itself unless "auto": `ragged_dot` on TPU, elsewhere tiled, or gathered where a
     call's `assignments` (tokens x K) are fewer than the tiles the tiled form would run over
     `num_experts` (each tile reads one expert's weights). XLA:CPU lowers `ragged_dot` densely; on
@@ -124,6 +131,30 @@ def grouped_gathered(xs, experts, gate_up, down):
     expert's weights gathered for it (R experts' weights read, one batched matmul each)."""
     act = _swiglu(jnp.einsum("rh,rhf->rf", xs, gate_up[experts]))
     return jnp.einsum("rf,rfh->rh", act, down[experts])
+
+
+def grouped_pallas(xs, sizes, gate_up, down, tile: int | None = None):
+    """As `grouped_ragged`, through `kernels.grouped_matmul`: sorted row j of expert e moves to
+    e's tiles (each expert's rows padded to whole tiles of `tile` rows, a power of two >= 16),
+    both matmuls run over the R / tile + E tiles in one launch each (unused tiles skipped), and
+    the rows come back in sorted order."""
+    from kernels.grouped_matmul import grouped_matmul
+
+    r, h = xs.shape
+    e = sizes.shape[0]
+    tile = tile or max(16, tile_rows(r, e))
+    per = (sizes + tile - 1) // tile  # [E] tiles of each expert
+    end = jnp.cumsum(per)
+    max_tiles = -(-r // tile) + e
+    t = jnp.arange(max_tiles)
+    group = jnp.where(t < end[-1], jnp.searchsorted(end, t, side="right"), -1)
+    cum = jnp.cumsum(sizes)
+    j = jnp.arange(r)
+    expert = jnp.searchsorted(cum, j, side="right")  # [R] the expert of each sorted row
+    pos = (end - per)[expert] * tile + j - (cum - sizes)[expert]  # its row among the tiles
+    xp = jnp.zeros((max_tiles * tile, h), xs.dtype).at[pos].set(xs)
+    run = functools.partial(grouped_matmul, tile=tile, interpret=jax.default_backend() == "cpu")
+    return run(_swiglu(run(xp, gate_up, group)), down, group)[pos]
 
 
 def tile_rows(assignments: int, num_experts: int) -> int:
@@ -197,7 +228,7 @@ def moe_mlp(cfg: Qwen3Config, mp: dict, h, valid=None, form: MoEForm = "auto"):
         return (ys.reshape(b * t, -1, hd).astype(jnp.float32).sum(1).astype(h.dtype)
                 .reshape(b, t, hd), load)
     s = sort_by_expert(routing, cfg.num_experts)
-    grouped = grouped_ragged if form == "ragged" else grouped_tiled
+    grouped = {"ragged": grouped_ragged, "tiled": grouped_tiled, "pallas": grouped_pallas}[form]
     ys = grouped(x[s.token], s.sizes, mp["gate_up"], mp["down"])  # [R, H] in expert order
     ys = ys * routing.weights.reshape(-1)[s.order][:, None]  # in h's dtype, as HF
     y = jnp.zeros_like(ys).at[s.order].set(ys).reshape(b * t, -1, hd)  # [N, K, H]

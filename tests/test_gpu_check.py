@@ -219,7 +219,7 @@ def test_gpu_target_compiles_for_an_h200_on_this_cpu():
     buffer assignment of a program with a 160 GB output says so to the byte and that it does
     not fit the card's 150.75 GB; the CNN's convolution traced as on a GPU compiles to cuDNN's,
     and as on this CPU to none (the im2col matmul); a 5-trip fori_loop is found with its trip
-    count."""
+    count; the Pallas grouped matmul compiles (Triton to the GPU's code) as one kernel call."""
     code = """
 import json, sys
 sys.path.insert(0, "bench")
@@ -241,6 +241,11 @@ out["cpu_conv"] = "__cudnn$conv" in jax.jit(conv.apply).lower(params, xs).compil
 loop = jax.jit(lambda x: jax.lax.fori_loop(0, 5, lambda i, x: jnp.sin(x) @ x, x))
 out["loops"] = gpu_target.loop_kernels(loop.lower(gpu_target.abstract(
     jax.ShapeDtypeStruct((64, 64), jnp.float32), dev)).compile().as_text())
+from kernels import grouped_matmul
+gmm = jax.jit(lambda x, w, g: grouped_matmul(x, w, g, tile=64)).lower(*gpu_target.abstract((
+    jax.ShapeDtypeStruct((256, 512), jnp.bfloat16), jax.ShapeDtypeStruct((8, 512, 256),
+    jnp.bfloat16), jax.ShapeDtypeStruct((4,), jnp.int32)), dev)).compile().as_text()
+out["gmm_triton_calls"] = gmm.count('custom_call_target="__gpu$xla.gpu.triton"')
 print(json.dumps(out))
 """
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=subprocess_env(),
@@ -253,3 +258,4 @@ print(json.dumps(out))
     assert m["peak_of_card"] > 1 and m["fits_at_fraction"] == {"0.75": False, "0.92": False}
     assert out["gpu_conv"] and not out["cpu_conv"]
     assert [(r["trip_count"], r["kernels"] >= 1) for r in out["loops"]] == [(5, True)]
+    assert out["gmm_triton_calls"] == 1  # the grouped matmul compiled by Triton for sm_90

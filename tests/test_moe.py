@@ -189,8 +189,8 @@ CASES = [(8, 2, 40, 8), (8, 2, 40, 16), (16, 4, 3, 8), (4, 4, 33, 8), (1, 1, 10,
 
 @pytest.mark.parametrize("experts,k,n,tile", CASES)
 def test_grouped_forms_equal_dense_oracle(experts, k, n, tile):
-    """The sorted-token forms (ragged_dot, tiled) and the gathered one against every expert on
-    every token."""
+    """The sorted-token forms (ragged_dot, tiled, the Pallas kernel through its interpreter) and
+    the gathered one against every expert on every token."""
     cfg = Qwen3Config(vocab_size=8, hidden_size=24, intermediate_size=8, num_layers=1,
                       num_heads=1, num_kv_heads=1, head_dim=8, rope_theta=1e4, rms_norm_eps=1e-6,
                       tie_word_embeddings=True, num_experts=experts, num_experts_per_tok=k,
@@ -202,7 +202,7 @@ def test_grouped_forms_equal_dense_oracle(experts, k, n, tile):
     h = jax.random.normal(keys[3], (1, n, 24))
     ref, load = moe_mlp(cfg, mp, h, form="dense")
     assert int(load.sum()) == n * k
-    for form in ("ragged", "tiled", "gathered"):
+    for form in ("ragged", "tiled", "gathered", "pallas"):
         ours, load2 = moe_mlp(cfg, mp, h, form=form)
         np.testing.assert_allclose(np.asarray(ours), np.asarray(ref), atol=1e-5, rtol=1e-5)
         np.testing.assert_array_equal(load2, load)
