@@ -99,7 +99,7 @@ def steps(out: Path, bandwidth: float) -> list[Step]:
                                 "--prefix-len", "1024", "--forms", "tiled", "pallas", "ragged"],
              ["bench/moe_encode.py", "--shapes", "qwen3-tiny-moe", "--batches", "2",
               "--lengths", "16", "--suffix-lengths", "8", "--prefix-len", "16", "--repeats", "1",
-              "--forms", "tiled", "pallas", "ragged"], (240, 60), 2),
+              "--forms", "tiled", "ragged"], (240, 60), 2),  # (pallas: tests/test_moe.py)
         Step("moe_30b_decode", decode + ["--shapes", "qwen3-30b-a3b", "--batches", "1",
                                          "--bound-shape", "qwen3-30b-a3b"],
              small + ["--shapes", "qwen3-tiny-moe", "--batches", "1", "--bound-shape",

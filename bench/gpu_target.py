@@ -4,7 +4,7 @@ memory and kernels are read here before device time is spent on them.
 
     python bench/gpu_target.py install     the CUDA plugin for this jax in .gpu-aot/ (~130 MB;
                                            apart from .venv, whose processes then never load it)
-    python bench/ppo_sps.py --compile-only --target h200 ...      (bench/peer_ppo.py too)
+    python bench/ppo_sps.py --target h200 ...    (bench/peer_ppo.py, bench/decode_sps.py --shapes)
 
 `use(name)` must run before jax picks its backends; it returns the compile-only device. While
 tracing for it, `as_gpu()` makes `jax.default_backend()` answer "gpu", so code that picks a form
@@ -23,9 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SITE = ROOT / ".gpu-aot"
 
-# XLA's GpuTargetConfigProto: what the compiler would query from the device (figures from
-# NVIDIA's data sheets and cudaGetDeviceProperties of an H100 SXM / H200 SXM), the runtime that
-# of the GPU image (CUDA 13, cuDNN 9).
+# XLA's GpuTargetConfigProto: what the compiler would query from the device. Hopper SXM's
+# figures (compute capability 9.0, 132 SMs, 228 KB of shared memory an SM, 50 MB of L2) as
+# XLA's deviceless examples give an H100's; memory and bandwidth per card from NVIDIA's data
+# sheets; the runtime that of the GPU image (CUDA 13, cuDNN 9).
 _COMMON = """
   threads_per_block_limit: 1024
   threads_per_warp: 32
