@@ -96,7 +96,7 @@ def steps(out: Path, bandwidth: float) -> list[Step]:
                                           "--num-envs", "128"], None, (150, 0), 1),
         Step("moe_30b_encode", ["bench/moe_encode.py", "--shapes", "qwen3-30b-a3b", "--batches",
                                 "32", "--lengths", "256", "--suffix-lengths", "256",
-                                "--prefix-len", "1024", "--forms", "tiled", "pallas", "ragged"],
+                                "--prefix-len", "1024", "--forms", "tiled", "ragged", "pallas"],
              ["bench/moe_encode.py", "--shapes", "qwen3-tiny-moe", "--batches", "2",
               "--lengths", "16", "--suffix-lengths", "8", "--prefix-len", "16", "--repeats", "1",
               "--forms", "tiled", "ragged"], (240, 60), 2),  # (pallas: tests/test_moe.py)
@@ -131,9 +131,9 @@ def steps(out: Path, bandwidth: float) -> list[Step]:
               "1", "2", "--repeats", "1"], (290, 120), 4, needs=PEER / "ppo.py",
              needs_module="distrax"),
         # the same pair at 32 minibatches of 2,048 frames, for where the public program does not
-        # fit at its own: XLA:GPU's count (bench/gpu_target.py) 79.1 GB at 8, 37.0 at 32 (ours
-        # 47.3 / 21.8), over an H100's 0.92 x 84.9 GB, within an H200's; run when the part's
-        # budget is left, else with --only
+        # fit at its own: XLA:GPU's count (bench/gpu_target.py) 79.1 GB at 8 minibatches, over
+        # an H100's 0.92 x 84.9 GB, within an H200's; 37.0 at 32 (ours 47.3 / 21.8); run when
+        # the part's budget is left, else with --only
         Step("ppo_pixels_ours_1024_mb32", ppo + ["--env", "Craftax-Pixels-v1",
                                                  "--ppo-env-counts", "1024", "--variants", "cnn",
                                                  "--num-minibatches", "32"], None, (200, 0), 4),

@@ -24,9 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SITE = ROOT / ".gpu-aot"
 
 # XLA's GpuTargetConfigProto: what the compiler would query from the device. Hopper SXM's
-# figures (compute capability 9.0, 132 SMs, 228 KB of shared memory an SM, 50 MB of L2) as
-# XLA's deviceless examples give an H100's; memory and bandwidth per card from NVIDIA's data
-# sheets; the runtime that of the GPU image (CUDA 13, cuDNN 9).
+# figures (compute capability 9.0, 132 SMs, 228 KB of shared memory an SM, 50 MB of L2) and the
+# H100's memory as XLA's deviceless examples give them (84.93 GB; our H100 run's memory check
+# read 63.76 GB at JAX's 0.75: 85.0); the H200's 143,771 MiB as nvidia-smi reports it (from
+# memory, not read on the lent machine); bandwidths from NVIDIA's data sheets; the runtime that
+# of the GPU image (CUDA 13, cuDNN 9).
 _COMMON = """
   threads_per_block_limit: 1024
   threads_per_warp: 32
@@ -63,7 +65,11 @@ def install() -> None:
     needs none)."""
     import jax
 
-    v = jax.__version__
+    import jaxlib
+
+    v = jaxlib.__version__
+    if (SITE / f"jax_cuda13_plugin-{v}.dist-info").is_dir():
+        return  # installed for this jaxlib
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--upgrade",
                     "--target", str(SITE), f"jax-cuda13-plugin=={v}", f"jax-cuda13-pjrt=={v}"],
                    check=True)
@@ -110,8 +116,9 @@ def abstract(tree, device):
 
 
 def memory(compiled, target: str | None = None) -> dict:
-    """XLA's buffer assignment of `compiled` in GB (arguments, outputs, temporaries) and, for a
-    target, its share of the card's memory and the peak against what a run may take of it
+    """XLA's buffer assignment of `compiled` in GB (arguments, outputs, temporaries, aliased)
+    and, for a target, its peak (arguments + outputs + temporaries - aliased), the peak's share
+    of the card's memory and whether it fits what a run may take of it
     (XLA_PYTHON_CLIENT_MEM_FRACTION: 0.75 by default, 0.92 in bench/gpu_check.py)."""
     m = compiled.memory_analysis()
     if m is None:
@@ -135,9 +142,10 @@ _NOT_KERNELS = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant"
 def loop_kernels(hlo: str) -> list[dict]:
     """The kernels one iteration of each while loop launches, from the compiled program's text
     (`compiled.as_text()`): every instruction of its body but the bookkeeping that launches
-    nothing (tuples, bitcasts, constants, ...), by opcode, a loop nested in it counted times its
-    trip count (`exact`: False where XLA does not know one: counted once); with the loop's own
-    trip count where known. A decode loop's body of `steps_per_check` iterations is one token's
+    nothing (tuples, bitcasts, constants, ...), by opcode, a call's body inline, a loop nested in
+    it counted times its trip count (`exact`: False where XLA does not know one, counted once,
+    or where a conditional counts as one kernel); with the loop's own trip count where known.
+    The loop's condition, run each iteration too, is not counted. A decode loop's body of `steps_per_check` iterations is one token's
     step."""
     comps: dict[str, list[str]] = {}
     cur = None
@@ -167,7 +175,13 @@ def loop_kernels(hlo: str) -> list[dict]:
                 exact = exact and inner_exact and n is not None
                 for k, v in inner.items():
                     ops[k] = ops.get(k, 0) + v * (n or 1)
-            else:
+            elif m.group(1) == "call" and "to_apply=" in x:  # its body, inline
+                inner, inner_exact = count(re.search(r"to_apply=%([^,\s]+)", x).group(1))
+                exact = exact and inner_exact
+                for k, v in inner.items():
+                    ops[k] = ops.get(k, 0) + v
+            else:  # (a conditional counts as one, its branches not: `exact` then False)
+                exact = exact and m.group(1) != "conditional"
                 ops[m.group(1)] = ops.get(m.group(1), 0) + 1
         return ops, exact
 

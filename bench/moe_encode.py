@@ -64,9 +64,9 @@ class Args:
     suffix_lengths: tuple[int, ...] = (256,)
     """--shapes rows: tokens per row after the prefix."""
     forms: tuple[str, ...] = ("auto",)
-    """--shapes rows: expert forms to time in turn (auto = ragged_dot on TPU, tiled elsewhere;
-    tiled; ragged; pallas: `kernels.grouped_matmul`, through Pallas' interpreter on a CPU;
-    gathered; llm_jax/moe.py)."""
+    """--shapes rows: expert forms to time in turn (auto = ragged_dot on TPU, tiled elsewhere at
+    these sizes; tiled; ragged; pallas: `kernels.grouped_matmul`, through Pallas' interpreter
+    on a CPU; gathered; llm_jax/moe.py). A form that fails gets an error row; the others run."""
 
 
 def interleaved(fns, repeats, settle_s=0.05):
@@ -170,41 +170,47 @@ def shape_rows(args: Args, emit) -> None:
         params = jax.jit(lambda k: init_params(cfg, k, jnp.bfloat16))(jax.random.PRNGKey(0))
         emit(parity_row(cfg, name, params, args.forms))
         for form in args.forms:
-            attn = AttentionConfig(moe_form=form)
-            base = {"model": name, "params": cfg.num_params(),
-                    "active_params": cfg.active_params(), "dtype": "bfloat16",
-                    "moe_form": resolve_moe_form(form)}
-            fn = jax.jit(lambda p, x, n, attn=attn: encode(p, cfg, x, n, cfg.num_layers, "last",
-                                                           True, attn=attn))
-            for b in args.batches:
-                for t in args.lengths:
-                    tokens = rng.integers(0, 150_000, (b, t)).astype(np.int32)
-                    lengths = np.full(b, t, np.int32)
-                    t0 = time.perf_counter()
-                    jax.block_until_ready(fn(params, tokens, lengths))
-                    compile_s = time.perf_counter() - t0
-                    ts = interleaved([lambda: jax.block_until_ready(fn(params, tokens, lengths))],
-                                     args.repeats)[0]
-                    dt = statistics.median(ts)
-                    emit(dict(base, name="jax", batch=b, seq_len=t, tokens_per_s=b * t / dt,
-                              compile_s=compile_s,
-                              mfu=b * t * cfg.flops_per_token(cfg.num_layers, 0, t) / dt / peak))
-            prefix = rng.integers(0, 150_000, args.prefix_len).astype(np.int32)
-            cache = jax.jit(lambda p, x, attn=attn: prefill(p, cfg, x, attn=attn))(params, prefix)
-            f_pre = jax.jit(lambda p, c, x, n, attn=attn: encode(
-                p, cfg, x, n, cfg.num_layers, "last", True, prefix=c, attn=attn))
-            for b in args.batches:
-                for s in args.suffix_lengths:
-                    suffix = rng.integers(0, 150_000, (b, s)).astype(np.int32)
-                    lens = np.full(b, s, np.int32)
-                    jax.block_until_ready(f_pre(params, cache, suffix, lens))
-                    ts = interleaved([lambda: jax.block_until_ready(
-                        f_pre(params, cache, suffix, lens))], args.repeats)[0]
-                    dt = statistics.median(ts)
-                    flops = b * s * cfg.flops_per_token(cfg.num_layers, args.prefix_len, s)
-                    emit(dict(base, name="jax_prefix", batch=b, seq_len=s,
-                              prefix_len=args.prefix_len, seconds=dt, tokens_per_s=b * s / dt,
-                              mfu=flops / dt / peak))
+            try:  # a form that fails (a kernel on a new GPU) leaves the others' rows
+                attn = AttentionConfig(moe_form=form)
+                base = {"model": name, "params": cfg.num_params(),
+                        "active_params": cfg.active_params(), "dtype": "bfloat16",
+                        "moe_form": resolve_moe_form(form)}
+                fn = jax.jit(lambda p, x, n, attn=attn: encode(p, cfg, x, n, cfg.num_layers,
+                                                               "last", True, attn=attn))
+                for b in args.batches:
+                    for t in args.lengths:
+                        tokens = rng.integers(0, 150_000, (b, t)).astype(np.int32)
+                        lengths = np.full(b, t, np.int32)
+                        t0 = time.perf_counter()
+                        jax.block_until_ready(fn(params, tokens, lengths))
+                        compile_s = time.perf_counter() - t0
+                        ts = interleaved([lambda: jax.block_until_ready(
+                            fn(params, tokens, lengths))], args.repeats)[0]
+                        dt = statistics.median(ts)
+                        emit(dict(base, name="jax", batch=b, seq_len=t, tokens_per_s=b * t / dt,
+                                  compile_s=compile_s,
+                                  mfu=b * t * cfg.flops_per_token(cfg.num_layers, 0, t)
+                                  / dt / peak))
+                prefix = rng.integers(0, 150_000, args.prefix_len).astype(np.int32)
+                cache = jax.jit(lambda p, x, attn=attn: prefill(p, cfg, x, attn=attn))(
+                    params, prefix)
+                f_pre = jax.jit(lambda p, c, x, n, attn=attn: encode(
+                    p, cfg, x, n, cfg.num_layers, "last", True, prefix=c, attn=attn))
+                for b in args.batches:
+                    for s in args.suffix_lengths:
+                        suffix = rng.integers(0, 150_000, (b, s)).astype(np.int32)
+                        lens = np.full(b, s, np.int32)
+                        jax.block_until_ready(f_pre(params, cache, suffix, lens))
+                        ts = interleaved([lambda: jax.block_until_ready(
+                            f_pre(params, cache, suffix, lens))], args.repeats)[0]
+                        dt = statistics.median(ts)
+                        flops = b * s * cfg.flops_per_token(cfg.num_layers, args.prefix_len, s)
+                        emit(dict(base, name="jax_prefix", batch=b, seq_len=s,
+                                  prefix_len=args.prefix_len, seconds=dt,
+                                  tokens_per_s=b * s / dt, mfu=flops / dt / peak))
+            except Exception as e:  # noqa: BLE001 (reported as a row, then the next form)
+                emit({"name": "error", "model": name, "moe_form": form,
+                      "error": f"{type(e).__name__}: {str(e)[:500]}"})
         del params
 
 
@@ -224,15 +230,25 @@ def parity_row(cfg, name: str, params, forms, tokens: int = 256) -> dict:
     scale = float(jnp.abs(want).max())
     out = {"name": "parity", "model": name, "tokens": tokens, "oracle": "dense_reference"}
     for form in forms:
-        got = jax.jit(lambda m, x, form=form: moe_mlp(cfg, m, x, form=form)[0])(mp, h)
-        out[f"max_rel_diff_{resolve_moe_form(form)}"] = float(
-            jnp.abs(got[0].astype(jnp.float32) - want).max()) / scale
+        try:  # one form's failure (a kernel on a new GPU) is its row's, not the run's
+            got = jax.jit(lambda m, x, form=form: moe_mlp(cfg, m, x, form=form)[0])(mp, h)
+            out[f"max_rel_diff_{resolve_moe_form(form)}"] = float(
+                jnp.abs(got[0].astype(jnp.float32) - want).max()) / scale
+        except Exception as e:  # noqa: BLE001
+            out[f"error_{form}"] = f"{type(e).__name__}: {str(e)[:500]}"
     return out
 
 
 def main(args: Args):
-    from llm_encode import run_rows
+    from typing import get_args
 
+    from llm_encode import run_rows
+    from llm_jax.moe import MoEForm
+
+    bad = [f for f in args.forms if f not in get_args(MoEForm)]
+    if bad:
+        raise SystemExit(f"error: --forms {' '.join(bad)}: each one of "
+                         f"{', '.join(get_args(MoEForm))}")
     run_rows(args.out, lambda emit: (shape_rows if args.shapes else cpu_rows)(args, emit))
 
 

@@ -9,9 +9,11 @@ kernel launch (a mixture-of-experts layer's experts: groups are experts, rows th
 program per (tile, block of N columns) reads its group's [K, block_n] weights straight from `w`
 in blocks of `block_k` rows (never copied out per tile, as XLA's dynamic slice of `w[g]` does in
 a loop over tiles) and accumulates in float32; a tile not in use returns at once. Products in
-the input dtype. `interpret=True` runs it through Pallas' interpreter (CPU, tests); otherwise it
-lowers through Triton on CUDA/ROCm GPUs and through Pallas' default elsewhere. This module
-imports neither llm_jax nor fused.
+the input dtype. Written for GPUs: it lowers through Triton on CUDA/ROCm, and `interpret=True`
+runs it through Pallas' interpreter (CPU, tests); Pallas' CPU backend refuses it otherwise, and
+on a TPU its weight block (every group's [K, block_n]) would not fit VMEM at real sizes. Where K
+or N is not a multiple of its block, `w` is padded, a copy of all groups' weights a call (none
+at Qwen3-30B-A3B's shapes). This module imports neither llm_jax nor fused.
 """
 
 from __future__ import annotations
@@ -58,10 +60,14 @@ def grouped_matmul(x, w, tile_group, *, tile: int = 64, block_n: int = 128, bloc
     """The Pallas kernel (module docstring); same arguments and result as
     `grouped_matmul_reference`. K and N are padded to the blocks (Triton's block shapes are
     powers of two); `tile` must be one (16 or more on a GPU: Triton's smallest dot)."""
-    if tile & (tile - 1):
-        raise ValueError(f"tile={tile}: a power of two (Triton's block shapes)")
+    for name, v in (("tile", tile), ("block_n", block_n), ("block_k", block_k)):
+        if v < 1 or v & (v - 1):
+            raise ValueError(f"{name}={v}: a power of two (Triton's block shapes)")
     t = tile_group.shape[0]
     k, n = w.shape[1], w.shape[2]
+    if x.shape != (t * tile, k):
+        raise ValueError(f"x {x.shape}: ({t} tiles x {tile} rows, K={k}) for {t} tile groups "
+                         f"and weights {w.shape}")
     block_n = min(block_n, pl.next_power_of_2(n))
     block_k = min(block_k, pl.next_power_of_2(k))
     k_pad, n_pad = pl.cdiv(k, block_k) * block_k, pl.cdiv(n, block_n) * block_n

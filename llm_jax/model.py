@@ -85,7 +85,8 @@ class AttentionConfig:
     moe_form: MoEForm = "auto"
     """How a mixture-of-experts MLP runs its experts (`llm_jax.moe`): auto (`ragged_dot` on
     TPU; elsewhere tiled, or gathered for calls with few tokens: decode steps), ragged, tiled,
-    gathered, or dense (the test oracle). Carried here with the
+    gathered, pallas (`kernels.grouped_matmul`; not yet timed on a GPU), or dense (the test
+    oracle). Carried here with the
     attention form: both are the static "how" of a forward pass, passed everywhere it goes."""
 
     def __post_init__(self):

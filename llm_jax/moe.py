@@ -4,8 +4,9 @@ weights cast back to the hidden dtype; each token's output is the weighted sum o
 SwiGLU outputs. No shared expert, no capacity: every (token, expert) assignment is computed,
 none is dropped (so the load statistics are routing decisions, not losses).
 
-The experts run as a grouped matmul over the assignments sorted by expert (`sort_by_expert`),
-in one of three forms (static, `MoEForm`), all computing the same function:
+The experts run as a grouped matmul over the assignments sorted by expert (`sort_by_expert`;
+the gathered form keeps them in token order) in one of five forms (static, `MoEForm`), all
+computing the same function:
 - "ragged": `jax.lax.ragged_dot` (XLA's grouped GEMM). On CPU XLA lowers it to a dense product
   masked per group: num_experts times the FLOPs (measured 0.8 GFLOP/s effective, 32 experts);
   on an H100 (jax 0.11.2) it ran 3.9x slower than "tiled" and ran out of memory where "tiled"
@@ -24,8 +25,8 @@ in one of three forms (static, `MoEForm`), all computing the same function:
 - "pallas": each expert's rows padded to whole tiles in memory and both matmuls as one Pallas
   kernel launch each (`kernels.grouped_matmul`: a program per tile reads its expert's weights
   in place; tiles not in use return at once), where the tiled form's loop launches 8 kernels a
-  tile and copies the expert's weights out for each (compiled for an H200: 3,072 kernels a
-  layer of Qwen3-30B-A3B at 32 x 256 tokens). Triton on GPUs, Pallas' interpreter on CPU (for
+  tile and copies the expert's weights out for each (compiled for an H200: 3,096 kernels a
+  layer of Qwen3-30B-A3B at 32 x 256 tokens, 94 this way). Triton on GPUs, Pallas' interpreter on CPU (for
   tests). Asked for only: not yet timed on a GPU, "auto" does not pick it;
 - "dense": every expert on every token, weighted by the (mostly zero) routing weights: the
   plain-jnp reference the other forms are tested against, never used for speed.
@@ -73,7 +74,8 @@ def resolve_moe_form(form: MoEForm, assignments: int | None = None, num_experts:
         return form
     if jax.default_backend() == "tpu":
         return "ragged"
-    if assignments is not None and assignments < gathered_below(assignments, num_experts):
+    if assignments is not None and num_experts is not None and (
+            assignments < gathered_below(assignments, num_experts)):
         return "gathered"
     return "tiled"
 
@@ -142,7 +144,7 @@ def grouped_pallas(xs, sizes, gate_up, down, tile: int | None = None):
 
     r, h = xs.shape
     e = sizes.shape[0]
-    tile = tile or max(16, tile_rows(r, e))
+    tile = tile or min(128, max(16, tile_rows(r, e)))  # (a [tile, 128] float32 sum a program)
     per = (sizes + tile - 1) // tile  # [E] tiles of each expert
     end = jnp.cumsum(per)
     max_tiles = -(-r // tile) + e

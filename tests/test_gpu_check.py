@@ -168,10 +168,10 @@ def test_loop_kernels_counts_a_hand_made_program():
     trips) launches 2 fusions and 4 trips of an inner loop's 1 custom-call: 6 kernels an
     iteration, exact; the inner 1; the bookkeeping (parameters, get-tuple-element, tuple,
     constants, bitcasts) none. An inner loop without a known trip count is counted once and
-    said to be so."""
+    said to be so, as is a conditional (one kernel, its branches not counted)."""
     from gpu_target import loop_kernels
 
-    def program(inner_trips: str) -> str:
+    def program(inner_trips: str, extra: str = "") -> str:
         return f"""HloModule m
 
 %inner_body (p: (s32[], f32[8])) -> (s32[], f32[8]) {{
@@ -188,7 +188,7 @@ def test_loop_kernels_counts_a_hand_made_program():
   %f1 = f32[8]{{0}} fusion(%x), kind=kLoop, calls=%fa
   %b = f32[8]{{0}} bitcast(%f1)
   %one = s32[] constant(1)
-  %f2 = f32[8]{{0}} fusion(%b), kind=kInput, calls=%fb
+  %f2 = f32[8]{{0}} fusion(%b), kind=kInput, calls=%fb{extra}
   %w = (s32[], f32[8]{{0}}) while(%q), condition=%cond, body=%inner_body{inner_trips}
   ROOT %t = (s32[], f32[8]{{0}}) tuple(%one, %f2)
 }}
@@ -209,6 +209,9 @@ ENTRY %main (a: f32[8]) -> f32[8] {{
                      "trip_count": 4}
     outer = max(loop_kernels(program("")), key=lambda r: r["kernels"])
     assert (outer["kernels"], outer["exact"]) == (3, False)
+    cond = "\n  %c = f32[8]{0} conditional(%i, %x, %x), branch_computations={%fa, %fb}"
+    outer = max(loop_kernels(program(known, cond)), key=lambda r: r["kernels"])
+    assert (outer["kernels"], outer["exact"]) == (7, False)  # one more, branches not counted
 
 
 @pytest.mark.skipif(not (ROOT / ".gpu-aot" / "jax_plugins").is_dir(),
@@ -219,7 +222,8 @@ def test_gpu_target_compiles_for_an_h200_on_this_cpu():
     buffer assignment of a program with a 160 GB output says so to the byte and that it does
     not fit the card's 150.75 GB; the CNN's convolution traced as on a GPU compiles to cuDNN's,
     and as on this CPU to none (the im2col matmul); a 5-trip fori_loop is found with its trip
-    count; the Pallas grouped matmul compiles (Triton to the GPU's code) as one kernel call."""
+    count; the Pallas grouped matmul compiles (Triton to the GPU's code) as one kernel call at
+    the largest tile the MoE gives it (128 rows)."""
     code = """
 import json, sys
 sys.path.insert(0, "bench")
@@ -242,8 +246,8 @@ loop = jax.jit(lambda x: jax.lax.fori_loop(0, 5, lambda i, x: jnp.sin(x) @ x, x)
 out["loops"] = gpu_target.loop_kernels(loop.lower(gpu_target.abstract(
     jax.ShapeDtypeStruct((64, 64), jnp.float32), dev)).compile().as_text())
 from kernels import grouped_matmul
-gmm = jax.jit(lambda x, w, g: grouped_matmul(x, w, g, tile=64)).lower(*gpu_target.abstract((
-    jax.ShapeDtypeStruct((256, 512), jnp.bfloat16), jax.ShapeDtypeStruct((8, 512, 256),
+gmm = jax.jit(lambda x, w, g: grouped_matmul(x, w, g, tile=128)).lower(*gpu_target.abstract((
+    jax.ShapeDtypeStruct((512, 512), jnp.bfloat16), jax.ShapeDtypeStruct((8, 512, 256),
     jnp.bfloat16), jax.ShapeDtypeStruct((4,), jnp.int32)), dev)).compile().as_text()
 out["gmm_triton_calls"] = gmm.count('custom_call_target="__gpu$xla.gpu.triton"')
 print(json.dumps(out))
