@@ -61,10 +61,8 @@ def target_config(name: str) -> str:
 
 
 def install() -> None:
-    """The CUDA 13 plugin of this jax's version into .gpu-aot/ (no CUDA libraries: compiling
-    needs none)."""
-    import jax
-
+    """The CUDA 13 plugin of this jaxlib's version into .gpu-aot/, once (no CUDA libraries:
+    compiling needs none)."""
     import jaxlib
 
     v = jaxlib.__version__
