@@ -391,8 +391,8 @@ def target_rows(args: Args, emit) -> None:
                     # one token's step: the biggest loop of steps_per_check iterations (> 1;
                     # a MoE's loops over experts nest in it), else the biggest loop (the decode
                     # loop's own body)
-                    step = max((r for r in loops if r["trip_count"] == k_check > 1
-                                or k_check == 1), key=lambda r: r["kernels"], default={})
+                    steps = [r for r in loops if k_check == 1 or r["trip_count"] == k_check]
+                    step = max(steps, key=lambda r: r["kernels"], default={})
                     emit(dict(bound_row(args, name, batch), name="jax_gpu_compiled",
                               steps_per_check=k_check,
                               compile_s=time.perf_counter() - t0,

@@ -63,14 +63,19 @@ def target_config(name: str) -> str:
 def install() -> None:
     """The CUDA 13 plugin of this jaxlib's version into .gpu-aot/, once (no CUDA libraries:
     compiling needs none)."""
+    import shutil
+
     import jaxlib
 
     v = jaxlib.__version__
     if (SITE / f"jax_cuda13_plugin-{v}.dist-info").is_dir():
         return  # installed for this jaxlib
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--upgrade",
-                    "--target", str(SITE), f"jax-cuda13-plugin=={v}", f"jax-cuda13-pjrt=={v}"],
-                   check=True)
+    tmp = SITE.with_name(SITE.name + ".tmp")  # whole or not at all: an interrupted install
+    shutil.rmtree(tmp, ignore_errors=True)  # leaves no half plugin for `use` to find
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                    str(tmp), f"jax-cuda13-plugin=={v}", f"jax-cuda13-pjrt=={v}"], check=True)
+    shutil.rmtree(SITE, ignore_errors=True)  # another jaxlib's
+    tmp.rename(SITE)
 
 
 def use(name: str):
@@ -196,5 +201,11 @@ def loop_kernels(hlo: str) -> list[dict]:
 if __name__ == "__main__":
     if sys.argv[1:] != ["install"]:
         sys.exit(f"usage: python {sys.argv[0]} install")
-    install()
+    try:
+        install()
+    except KeyboardInterrupt:
+        sys.exit(f"interrupted: nothing installed in {SITE}; run it again")
+    except subprocess.CalledProcessError as e:
+        sys.exit(f"error: pip exited {e.returncode} (its message above); nothing installed in "
+                 f"{SITE}")
     print(f"the CUDA plugin is in {SITE}: --target h100|h200 compiles for that GPU here")

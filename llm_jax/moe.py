@@ -25,8 +25,8 @@ computing the same function:
 - "pallas": each expert's rows padded to whole tiles in memory and both matmuls as one Pallas
   kernel launch each (`kernels.grouped_matmul`: a program per tile reads its expert's weights
   in place; tiles not in use return at once), where the tiled form's loop launches 8 kernels a
-  tile and copies the expert's weights out for each (compiled for an H200: 3,096 kernels a
-  layer of Qwen3-30B-A3B at 32 x 256 tokens, 94 this way). Triton on GPUs, Pallas' interpreter on CPU (for
+  tile and copies the expert's weights out for each (compiled for an H200: 3,094 kernels a
+  layer of Qwen3-30B-A3B at 32 x 256 tokens, 92 this way). Triton on GPUs, Pallas' interpreter on CPU (for
   tests). Asked for only: not yet timed on a GPU, "auto" does not pick it;
 - "dense": every expert on every token, weighted by the (mostly zero) routing weights: the
   plain-jnp reference the other forms are tested against, never used for speed.
@@ -143,20 +143,27 @@ def grouped_pallas(xs, sizes, gate_up, down, tile: int | None = None):
     from kernels.grouped_matmul import grouped_matmul
 
     r, h = xs.shape
-    e = sizes.shape[0]
-    tile = tile or min(128, max(16, tile_rows(r, e)))  # (a [tile, 128] float32 sum a program)
-    per = (sizes + tile - 1) // tile  # [E] tiles of each expert
-    end = jnp.cumsum(per)
-    max_tiles = -(-r // tile) + e
-    t = jnp.arange(max_tiles)
-    group = jnp.where(t < end[-1], jnp.searchsorted(end, t, side="right"), -1)
+    tile = tile or min(128, max(16, tile_rows(r, sizes.shape[0])))  # ([tile, 128] f32 sums)
+    per, end, t, owner = _tiles(sizes, r, tile)
+    group = jnp.where(t < end[-1], owner, -1)  # tiles past the last in use: skipped
     cum = jnp.cumsum(sizes)
     j = jnp.arange(r)
     expert = jnp.searchsorted(cum, j, side="right")  # [R] the expert of each sorted row
     pos = (end - per)[expert] * tile + j - (cum - sizes)[expert]  # its row among the tiles
-    xp = jnp.zeros((max_tiles * tile, h), xs.dtype).at[pos].set(xs)
+    xp = jnp.zeros((t.shape[0] * tile, h), xs.dtype).at[pos].set(xs)
     run = functools.partial(grouped_matmul, tile=tile, interpret=jax.default_backend() == "cpu")
     return run(_swiglu(run(xp, gate_up, group)), down, group)[pos]
+
+
+def _tiles(sizes, assignments: int, tile: int):
+    """Each expert's rows in whole tiles of `tile` rows, tiles in expert order: (per [E] tiles
+    of each expert, end [E] their cumulative count, t [R / tile + E] every tile any routing
+    may need, owner [...] each tile's expert, the last expert for tiles past the last used)."""
+    e = sizes.shape[0]
+    per = (sizes + tile - 1) // tile
+    end = jnp.cumsum(per)
+    t = jnp.arange(-(-assignments // tile) + e)
+    return per, end, t, jnp.minimum(jnp.searchsorted(end, t, side="right"), e - 1)
 
 
 def tile_rows(assignments: int, num_experts: int) -> int:
@@ -179,13 +186,8 @@ def grouped_tiled(xs, sizes, gate_up, down, tile: int | None = None):
     (dropped). A loop with a traced trip count makes a GPU's host read its condition back every
     tile; a known one runs without."""
     r, h = xs.shape
-    e = sizes.shape[0]
-    tile = tile or tile_rows(r, e)
-    per = (sizes + tile - 1) // tile  # [E] tiles of each expert
-    end = jnp.cumsum(per)
-    max_tiles = -(-r // tile) + e
-    t = jnp.arange(max_tiles)
-    owner = jnp.minimum(jnp.searchsorted(end, t, side="right"), e - 1)  # [max_tiles]
+    tile = tile or tile_rows(r, sizes.shape[0])
+    per, end, t, owner = _tiles(sizes, r, tile)
     first = (jnp.cumsum(sizes) - sizes)[owner] + (t - (end - per)[owner]) * tile  # first row
     xp = jnp.concatenate([xs, jnp.zeros((tile, h), xs.dtype)])  # room for the last tile
 
@@ -197,7 +199,7 @@ def grouped_tiled(xs, sizes, gate_up, down, tile: int | None = None):
         act = _swiglu(x @ gate_up[ex])
         return jax.lax.dynamic_update_slice(y, act @ down[ex], (row, 0))
 
-    return jax.lax.fori_loop(0, max_tiles, one_tile, jnp.zeros_like(xp))[:r]
+    return jax.lax.fori_loop(0, t.shape[0], one_tile, jnp.zeros_like(xp))[:r]
 
 
 def dense_reference(cfg: Qwen3Config, mp: dict, h, routing: Routing):
@@ -226,12 +228,12 @@ def moe_mlp(cfg: Qwen3Config, mp: dict, h, valid=None, form: MoEForm = "auto"):
     if form == "gathered":  # assignments in (token, choice) order: no sort
         ys = grouped_gathered(jnp.repeat(x, routing.experts.shape[1], 0),
                               routing.experts.reshape(-1), mp["gate_up"], mp["down"])
-        ys = ys * routing.weights.reshape(-1)[:, None]  # in h's dtype, as HF
-        return (ys.reshape(b * t, -1, hd).astype(jnp.float32).sum(1).astype(h.dtype)
-                .reshape(b, t, hd), load)
-    s = sort_by_expert(routing, cfg.num_experts)
-    grouped = {"ragged": grouped_ragged, "tiled": grouped_tiled, "pallas": grouped_pallas}[form]
-    ys = grouped(x[s.token], s.sizes, mp["gate_up"], mp["down"])  # [R, H] in expert order
-    ys = ys * routing.weights.reshape(-1)[s.order][:, None]  # in h's dtype, as HF
-    y = jnp.zeros_like(ys).at[s.order].set(ys).reshape(b * t, -1, hd)  # [N, K, H]
+    else:
+        s = sort_by_expert(routing, cfg.num_experts)
+        grouped = {"ragged": grouped_ragged, "tiled": grouped_tiled,
+                   "pallas": grouped_pallas}[form]
+        ys = grouped(x[s.token], s.sizes, mp["gate_up"], mp["down"])  # [R, H], expert order
+        ys = jnp.zeros_like(ys).at[s.order].set(ys)  # back in (token, choice) order
+    ys = ys * routing.weights.reshape(-1)[:, None]  # in h's dtype, as HF
+    y = ys.reshape(b * t, -1, hd)  # [N, K, H]
     return y.astype(jnp.float32).sum(1).astype(h.dtype).reshape(b, t, hd), load
