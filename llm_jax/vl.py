@@ -399,7 +399,7 @@ def image_prompt_ids(tok, folder: Path, cfg: VLConfig, n_images: int, text: str,
     holds image tokens of its own."""
     vision = "<|vision_start|><|image_pad|><|vision_end|>"
     if chat:
-        own = (Path(folder) / "tokenizer_config.json").is_file() and tok.folder == folder
+        own = tok.folder == Path(folder) and tok.template_source is not None
         content = ([{"type": "image"}] * n_images + [{"type": "text", "text": text}] if own
                    else vision * n_images + text)
         text = tok.apply_chat_template([{"role": "user", "content": content}],

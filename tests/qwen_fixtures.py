@@ -8,8 +8,10 @@ from pathlib import Path
 def build_tiny_qwen3(folder: Path, *, tied: bool = True, head_dim: int = 16, hidden: int = 48,
                      heads: int = 4, kv_heads: int = 2, layers: int = 3, vocab: int = 320,
                      intermediate: int | None = None,
-                     seed: int = 0, rope_layout: str = "top", shard: bool = False):
-    """A random Qwen3 whose heads*head_dim != hidden and whose norm weights are random."""
+                     seed: int = 0, rope_layout: str = "top", shard: bool = False,
+                     tokenizer: bool = False):
+    """A random Qwen3 whose heads*head_dim != hidden and whose norm weights are random. With
+    `tokenizer`, the Qwen3 tokenizer saved beside it as the installed transformers saves one."""
     import json
 
     import torch
@@ -37,7 +39,19 @@ def build_tiny_qwen3(folder: Path, *, tied: bool = True, head_dim: int = 16, hid
     else:
         conf["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
     (folder / "config.json").write_text(json.dumps(conf, indent=1))
+    if tokenizer:
+        save_tokenizer(folder)
     return model
+
+
+def save_tokenizer(folder: Path) -> None:
+    """The packaged Qwen3 tokenizer saved into `folder` by transformers' own save_pretrained
+    (transformers 5: tokenizer.json, tokenizer_config.json, the template in chat_template.jinja)."""
+    from transformers import AutoTokenizer
+
+    from llm_jax.tokenizer import packaged_tokenizer_dir
+
+    AutoTokenizer.from_pretrained(str(packaged_tokenizer_dir())).save_pretrained(str(folder))
 
 
 def build_tiny_qwen3_moe(folder: Path, *, experts: int = 8, top_k: int = 2, norm_topk: bool = True,

@@ -22,7 +22,7 @@ def cli_model(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("decode-cli")
     model = build_tiny_qwen3(folder, tied=True, head_dim=16, vocab=151_680, hidden=32, heads=2,
-                             kv_heads=1, layers=2, seed=4)
+                             kv_heads=1, layers=2, seed=4, tokenizer=True)
     return folder, model
 
 

@@ -239,6 +239,22 @@ def test_weights_without_safetensors_is_one_line(dataset, tmp_path):
     assert "no model.safetensors" in msg and "llm.weights" in msg
 
 
+@pytest.mark.slow  # (the generated `dataset`)
+def test_weights_without_a_chat_template_is_one_line(dataset, tmp_path):
+    """A folder whose tokenizer has no chat template anywhere transformers looks: one line
+    naming the files looked for, and the dataset untouched."""
+    from qwen_fixtures import build_tiny_qwen3
+
+    w = tmp_path / "w"
+    build_tiny_qwen3(w, layers=2, vocab=151_680, tokenizer=True)
+    (w / "chat_template.jinja").unlink()
+    before = tree(dataset)
+    msg = one_line_error(run("label.py", "label", "--data", str(dataset), "--name", "x",
+                             "--llm.weights", str(w)))
+    assert "no chat template" in msg and "chat_template.jinja" in msg and "llm.weights" in msg
+    assert tree(dataset) == before
+
+
 def test_hub_ids_resolve_from_the_local_cache(tmp_path, monkeypatch):
     """`--llm.weights Org/Name` finds the snapshot in the HF cache laid out as huggingface_hub
     does; an id neither cached nor reachable is one line."""

@@ -26,7 +26,7 @@ def labelled(tmp_path_factory):
     root = tmp_path_factory.mktemp("imagine")
     weights = root / "qwen"
     model = build_tiny_qwen3(weights, tied=True, head_dim=64, hidden=128, heads=4, kv_heads=2,
-                             layers=2, vocab=151_680, seed=5)
+                             layers=2, vocab=151_680, seed=5, tokenizer=True)
     data = root / "d"
     label.main(["generate", "smoke", "--out", str(data), "--env.max-episode-steps", "20",
                 "--steps", "24"])

@@ -255,3 +255,127 @@ def test_readme_python_example_runs_as_written(tmp_path, monkeypatch):
     exec(compile(block, "README.md", "exec"), scope)
     assert scope["h"].shape == (1, 32) and np.isfinite(np.asarray(scope["h"])).all()
     np.testing.assert_allclose(scope["h"], scope["h_full"], atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def saved_tokenizer(tmp_path_factory):
+    """The Qwen3 tokenizer as the installed transformers saves it, and HF's reload of it."""
+    from transformers import AutoTokenizer
+
+    from qwen_fixtures import save_tokenizer
+
+    folder = tmp_path_factory.mktemp("saved-tokenizer")
+    save_tokenizer(folder)
+    return folder, AutoTokenizer.from_pretrained(str(folder))
+
+
+CHAT = [{"role": "system", "content": "You play Craftax."}, {"role": "user", "content": MIXED}]
+
+
+def test_chat_template_read_where_transformers_5_saves_it(saved_tokenizer):
+    """transformers 5 writes the template to chat_template.jinja, not tokenizer_config.json:
+    ours renders what HF's reload of the same folder renders."""
+    folder, hf = saved_tokenizer
+    assert (folder / "chat_template.jinja").is_file()
+    assert "chat_template" not in json.loads((folder / "tokenizer_config.json").read_text())
+    tok = load_tokenizer(folder)
+    assert tok.folder == folder and tok.template_source == "chat_template.jinja"
+    for thinking in (True, False):
+        assert tok.apply_chat_template(CHAT, enable_thinking=thinking) == hf.apply_chat_template(
+            CHAT, tokenize=False, add_generation_prompt=True, enable_thinking=thinking)
+
+
+def test_chat_template_layouts_and_their_precedence(saved_tokenizer, tmp_path):
+    """The older layouts still read (tokenizer_config.json's `chat_template`, a string or a
+    list of named templates; a processor's chat_template.json), and where several files hold
+    one, transformers' own reload picks the same."""
+    from transformers import AutoTokenizer
+
+    folder, hf = saved_tokenizer
+    template = (folder / "chat_template.jinja").read_text()
+    conf = json.loads((folder / "tokenizer_config.json").read_text())
+
+    def layout(name, files):
+        d = tmp_path / name
+        d.mkdir()
+        shutil.copy(folder / "tokenizer.json", d)
+        (d / "tokenizer_config.json").write_text(json.dumps(conf))
+        for f, text in files.items():
+            (d / f).write_text(text)
+        return load_tokenizer(d)
+
+    want = hf.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
+    old = layout("v4", {"tokenizer_config.json": json.dumps({**conf, "chat_template": template})})
+    assert old.template_source == "tokenizer_config.json"
+    assert old.apply_chat_template(CHAT) == want
+    named = layout("named", {"tokenizer_config.json": json.dumps(
+        {**conf, "chat_template": [{"name": "tool_use", "template": "x"},
+                                   {"name": "default", "template": template}]})})
+    assert named.apply_chat_template(CHAT) == want
+    processor = layout("processor", {"chat_template.json": json.dumps({"chat_template": template})})
+    assert processor.template_source == "chat_template.json"
+    assert processor.apply_chat_template(CHAT) == want
+    other = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+    both = layout("both", {"chat_template.jinja": template, "tokenizer_config.json": json.dumps(
+        {**conf, "chat_template": other})})
+    assert both.apply_chat_template(CHAT) == want == AutoTokenizer.from_pretrained(
+        str(tmp_path / "both")).apply_chat_template(CHAT, tokenize=False,
+                                                    add_generation_prompt=True)
+    with pytest.raises(TokenizerError, match="no chat template"):
+        layout("none", {}).apply_chat_template(CHAT)
+
+
+def test_vl_prompt_takes_image_items_through_the_folders_jinja_template(tmp_path):
+    """A VL folder's own template (saved as chat_template.jinja) gets the image as an item of
+    the turn, as HF's processor passes it; its ids equal HF's render of the same folder with
+    each <|image_pad|> expanded."""
+    from transformers import AutoTokenizer
+
+    from llm_jax.vl import image_prompt_ids
+    from qwen_fixtures import save_tokenizer
+
+    save_tokenizer(tmp_path)
+    (tmp_path / "chat_template.jinja").write_text(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{% for c in m.content %}"
+        "{% if c.type == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+        "{% else %}{{ c.text }}{% endif %}{% endfor %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    cfg = type("Cfg", (), {"image_token_id": 151655})()
+    ids = image_prompt_ids(load_tokenizer(tmp_path), tmp_path, cfg, 2, "Describe.", True,
+                           False, 3)
+    hf = AutoTokenizer.from_pretrained(str(tmp_path))
+    text = hf.apply_chat_template([{"role": "user", "content": [
+        {"type": "image"}, {"type": "image"}, {"type": "text", "text": "Describe."}]}],
+        tokenize=False, add_generation_prompt=True)
+    want = hf.encode(text.replace("<|image_pad|>", "<|image_pad|>" * 3), add_special_tokens=False)
+    assert ids.tolist() == want and (ids == 151655).sum() == 6
+
+
+@pytest.mark.parametrize("damage", ["no template", "damaged tokenizer.json",
+                                    "damaged tokenizer_config.json"])
+def test_tokenizer_problems_end_every_command_in_one_line(tiny_folder, tmp_path, damage):
+    """train.py, play.py llm and `python -m llm_jax generate` on a folder whose tokenizer files
+    cannot serve: one line naming the file, before anything compiles."""
+    from qwen_fixtures import save_tokenizer
+
+    folder = tmp_path / "w"
+    shutil.copytree(tiny_folder, folder)
+    save_tokenizer(folder)
+    if damage == "no template":
+        (folder / "chat_template.jinja").unlink()
+    elif damage == "damaged tokenizer.json":
+        (folder / "tokenizer.json").write_text('{"version": ')
+    else:
+        (folder / "chat_template.jinja").unlink()
+        (folder / "tokenizer_config.json").write_text("{not json")
+    named = {"no template": "no chat template", "damaged tokenizer.json": "tokenizer.json",
+             "damaged tokenizer_config.json": "tokenizer_config.json"}[damage]
+    for words in (["train.py", "smoke", "--llm.weights", folder],
+                  ["play.py", "llm", "--llm.weights", folder],
+                  ["-m", "llm_jax", "generate", "--weights", folder, "--prompt", "hi",
+                   "--max-new-tokens", "2", "--out", tmp_path / "o.json"]):
+        p = subprocess.run([sys.executable, *map(str, words)], cwd=ROOT, env=subprocess_env(),
+                           capture_output=True, text=True, timeout=120)
+        lines = [x for x in p.stderr.splitlines() if x.strip()]
+        assert p.returncode not in (0, None) and len(lines) == 1, (words, p.stderr[-2000:])
+        assert lines[0].startswith("error: ") and named in lines[0], lines[0]

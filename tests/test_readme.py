@@ -90,7 +90,7 @@ def run_walkthrough(tmp_path: Path, pixels: bool, smoke_run: Path | None = None)
 
     commands = [w for w in readme_commands() if is_pixels(w) == pixels]
     if not pixels:
-        build_tiny_qwen3(weights, layers=3, vocab=151_680)
+        build_tiny_qwen3(weights, layers=3, vocab=151_680, tokenizer=True)
         shutil.copytree(smoke_run, tmp_path / "runs" / "RUN")
         tools = {tuple(w[:2]) for w in commands}
         assert {("label.py", "generate"), ("label.py", "label"), ("label.py", "returns"),

@@ -15,6 +15,7 @@ from llm_jax.config import Qwen3Config, Qwen3ConfigError, resolve_dtype
 from llm_jax.memory import MemoryFitError, check_fits, fixes, generation_need
 from llm_jax.model import AttentionForm
 from llm_jax.sampling import GenerateError, Resolved, SamplingFlags, check_flags, resolve_sampling
+from llm_jax.tokenizer import Qwen3Tokenizer, TokenizerError, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +256,8 @@ def validate_llm(m: LLMConfig, env_name: str, local_envs: int, num_devices: int 
 
 
 def validate_model(m: ModelConfig) -> None:
-    """The weights folder holds safetensors (config.json was read by `model_config`)."""
+    """The weights folder holds safetensors (config.json was read by `model_config`) and a
+    tokenizer with its chat template."""
     if m.weights is not None:
         from llm_jax.loader import WeightsError, check_weights, resolve_folder
 
@@ -263,6 +265,20 @@ def validate_model(m: ModelConfig) -> None:
             check_weights(resolve_folder(m.weights))
         except WeightsError as e:
             raise ConfigError(f"llm.weights={m.weights!r}: {e}") from None
+    tokenizer_of(m.weights)
+
+
+def tokenizer_of(weights: str | None) -> Qwen3Tokenizer:
+    """The model folder's tokenizer (None: the packaged Qwen3 one) with its chat template; a
+    missing or damaged file is a ConfigError naming it."""
+    from llm_jax.loader import WeightsError
+
+    try:
+        tok = load_tokenizer(weights)
+        tok.require_chat_template()
+    except (TokenizerError, WeightsError) as e:
+        raise ConfigError(f"llm.weights={weights!r}: {e}") from None
+    return tok
 
 
 def check_llm_memory(model: ModelConfig, need: dict[str, int], generates: bool) -> float:

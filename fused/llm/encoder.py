@@ -24,7 +24,7 @@ import numpy as np
 
 from fused.errors import ConfigError
 from fused.llm.config import (LLMConfig, ModelConfig, check_llm_memory, is_vl,
-                              model_config, pool_every, sampling_of)
+                              model_config, pool_every, sampling_of, tokenizer_of)
 from fused.llm.vllm_host import HostEncoder
 from fused.text.buckets import at_smallest_fit, coarse_buckets, encode_buckets
 from fused.text.prompt import IMAGINE_INSTRUCTION, garbage_prefix, prompt_parts
@@ -35,7 +35,6 @@ from llm_jax.memory import generation_need
 from llm_jax.model import (AttentionConfig, PrefixCache, encode, first_layers, init_params,
                            prefill)
 from llm_jax.sampling import GREEDY, Resolved
-from llm_jax.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +139,7 @@ def make_llm(cfg: LLMConfig, env_name: str, seed: int = 0, weights_of: LLM | Non
     override = bucket_override()  # (a bad value: one line before any work)
     if override:
         log.info(f"encoding lengths {override} from ${BUCKETS_ENV} (not the default's)")
-    tok = load_tokenizer(cfg.weights)
+    tok = tokenizer_of(cfg.weights)
     renderer = make_renderer(env_name, tok)
     im = cfg.imagine
     if im.tokens:

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from fused.errors import ConfigError
 from fused.envspec import spec, text_env
-from fused.llm.config import ModelConfig, model_config, sampling_of
+from fused.llm.config import ModelConfig, model_config, sampling_of, tokenizer_of
 from fused.llm.encoder import load_llm_params
 from fused.rl.acting import Policy, chosen
 from fused.text.buckets import at_smallest_fit, coarse_buckets
@@ -36,7 +36,7 @@ from llm_jax.decode import generate
 from llm_jax.memory import generation_need
 from llm_jax.model import AttentionConfig, PrefixCache, prefill
 from llm_jax.sampling import GenerateError, Resolved, SamplingFlags, check_flags
-from llm_jax.tokenizer import load_tokenizer, stop_ids
+from llm_jax.tokenizer import stop_ids
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ def make_player(model: ModelConfig, settings: PlayerSettings, env_name: str, row
     s = spec(env_name)
     if text_env(env_name) is None:
         raise ConfigError(f"env {env_name!r} has no text renderer; the LLM plays Craftax envs")
-    tok = load_tokenizer(model.weights)
+    tok = tokenizer_of(model.weights)
     renderer = make_renderer(env_name, tok)
     parts = play_parts(tok, env_name, settings.thinking, shots)
     qcfg = model_config(model)

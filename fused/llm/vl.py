@@ -27,7 +27,7 @@ import numpy as np
 
 from fused.envspec import spec
 from fused.errors import ConfigError
-from fused.llm.config import LLMConfig
+from fused.llm.config import LLMConfig, tokenizer_of
 
 VL_INSTRUCTION = ("This is a frame of {game}, a 2D open-world survival game seen from above, "
                   "the inventory below the map. Think about what matters most in this "
@@ -53,7 +53,6 @@ class VLEncoder:
                  prefix_cache: bool = False):
         from llm_jax.loader import resolve_folder
         from llm_jax.memory import MemoryFitError, check_fits, fixes, generation_need, itemsize
-        from llm_jax.tokenizer import load_tokenizer
         from llm_jax.vision import preprocess
         from llm_jax.vl import VLConfig, image_prompt_ids, load_vl_params, rope_index
 
@@ -66,7 +65,7 @@ class VLEncoder:
         h, w, _ = s.image
         _, grid = preprocess(jnp.zeros((1, h, w, 3), jnp.uint8), cfg.processor)
         per_image = int(np.prod(grid)) // cfg.vision.spatial_merge_size ** 2
-        tok = load_tokenizer(m.weights)
+        tok = tokenizer_of(m.weights)
         self.tokenizer = tok
         im = m.imagine
         text = (Path(im.prompt).expanduser().read_text().strip() if im.tokens and im.prompt
