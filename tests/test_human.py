@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -319,9 +320,9 @@ def test_bad_input_ends_in_one_line(tmp_path, monkeypatch):
                                                                          so, se)
 
 
-def start_server(out: Path, *flags) -> tuple[subprocess.Popen, str]:
+def start_server(out: Path, *flags, port: int = 0) -> tuple[subprocess.Popen, str]:
     p = subprocess.Popen([sys.executable, str(ROOT / "play.py"), "human", "--out", str(out),
-                          "--port", "0", *flags], env=subprocess_env(),
+                          "--port", str(port), *flags], env=subprocess_env(),
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)
     deadline = time.time() + 180
@@ -429,6 +430,42 @@ def test_server_survives_sigkill_tabs_and_a_second_recorder(tmp_path):
     assert run("label.py", "verify", "--data", str(out)).returncode == 0
 
 
+@pytest.mark.slow
+def test_restarts_on_its_port_at_once_and_says_nothing_of_clients_that_left(tmp_path):
+    """After refused requests (the server closes those connections, leaving them in TIME_WAIT
+    on its port), clients that leave mid-answer and Ctrl-C, the same command starts again on
+    the same port at once; nothing on the console is a traceback."""
+    import socket
+
+    out = tmp_path / "data"
+    p, url = start_server(out, "--seed", "3")
+    port = int(url.rsplit(":", 1)[1].strip("/"))
+    try:
+        for _ in range(3):
+            assert call(url, "/state", Host=f"evil.example:{port}")[0] == 403
+            assert call(url, "/claim", {}, **{"Content-Type": "text/plain"})[0] == 415
+        for wait in (0.0, 0.05, 0.2):  # gone before, while and after the answer is made
+            c = socket.create_connection(("127.0.0.1", port))
+            c.sendall(f"GET /state HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+            time.sleep(wait)
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            c.close()  # a reset, as a tab closed mid-answer
+        assert call(url, "/state")[0] == 200
+        os.killpg(p.pid, signal.SIGINT)
+        said, _ = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 0, said
+    assert "Traceback" not in said and "Error" not in said, said
+    p, again = start_server(out, port=port)  # (failed with "Address already in use")
+    try:
+        assert again == url and call(again, "/state")[0] == 200
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
 def _have(kind: str) -> bool:
     from browser import BROWSERS
 
@@ -472,6 +509,13 @@ def test_page_in_a_headless_browser_records_the_keys_pressed(tmp_path, kind):
         assert shot[:8] == b"\x89PNG\r\n\x1a\n"
         if os.environ.get("CRAFTAX_SCREENSHOT") and kind == "chromium":  # the README's picture
             Path(os.environ["CRAFTAX_SCREENSHOT"]).write_bytes(shot)
+        # 40 keys at once: one on its way, 16 waiting, 23 not played, said where it stays
+        b.eval("for (let i = 0; i < 40; i++) document.dispatchEvent("
+               "new KeyboardEvent('keydown', {key: 's'})); 0")
+        b.wait(f"lastView.rows === {len(keys) + 17} && !busy", 120)
+        assert b.eval("document.getElementById('dropped').hidden") is False
+        assert b.eval("document.getElementById('dropped').textContent").startswith(
+            "23 keys not played (the last: s)")
     finally:
         if b is not None:
             b.close()
@@ -482,7 +526,9 @@ def test_page_in_a_headless_browser_records_the_keys_pressed(tmp_path, kind):
     cols = read_all(out)
     assert cols["action"].tolist() == [Action[a].value for a in ["RIGHT", "DO", "DO", "DOWN",
                                                                  "SLEEP", "UP",
-                                                                 "MAKE_WOOD_PICKAXE"]]
+                                                                 "MAKE_WOOD_PICKAXE"]
+                                       + ["DOWN"] * 17]
+    cols = {k: v[:len(keys)] for k, v in cols.items()}
     script = tmp_path / "keys.txt"
     script.write_text("\n".join(keys) + "\n")
     human("--out", str(tmp_path / "scripted"), "--script", str(script), "--seed", "2")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import json
 import secrets
+import sys
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -35,13 +36,24 @@ MAX_BODY = 4096
 
 class Server(ThreadingHTTPServer):
     daemon_threads = True
-    allow_reuse_address = False  # a port in use is an error, not shared
+    # SO_REUSEADDR: a restart binds at once over the last run's TIME_WAIT connections (closed
+    # by the server after refusing a request); a port another server listens on is still an
+    # error, as SO_REUSEPORT (never set) alone would share it
+    allow_reuse_address = True
 
     def __init__(self, host: str, port: int, session: Session):
         super().__init__((host, port), Handler)
         self.session = session
         self.owner: str | None = None  # the tab that plays
         self.owner_lock = threading.Lock()
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that went away mid-answer (a closed tab, a reload) is no error; anything
+        else is one line on the console, not a traceback."""
+        e = sys.exc_info()[1]
+        if not isinstance(e, ConnectionError):
+            self.session.say(f"a request from {client_address[0]} failed: "
+                             f"{type(e).__name__}: {e}")
 
     def url(self) -> str:
         host, port = self.server_address[:2]
