@@ -43,6 +43,27 @@ def test_bad_value_is_one_line_error_before_compiling(tmp_path):
 
 
 @pytest.mark.slow
+def test_progress_says_what_it_trains_and_no_nan(tmp_path):
+    """--total-timesteps that is not whole updates: said once, with what is trained; a progress
+    line whose updates ended no episode shows its return as `-`, not nan."""
+    p = subprocess.run(train_cmd("smoke", "--total-timesteps", "400", "--out-dir", str(tmp_path),
+                                 "--run-name", "r"),
+                       capture_output=True, text=True, env=subprocess_env(), timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    notes = [x for x in p.stdout.splitlines() if x.startswith("note: --total-timesteps")]
+    assert notes == ["note: --total-timesteps 400 is not a whole number of updates (64 env steps "
+                     "each): training 6 updates, 384 steps"], p.stdout
+    rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    lines = [x for x in p.stdout.splitlines() if "steps/s  return" in x]
+    assert len(lines) == 3 and "nan" not in p.stdout, p.stdout
+    for line, chunk in zip(lines, (rows[0:2], rows[2:4], rows[4:6])):
+        shown = line.split("return")[1].split()[0]
+        ended = [r["return"] for r in chunk if "return" in r]
+        assert shown == (f"{sum(ended) / len(ended):.2f}" if ended else "-"), (line, chunk)
+    assert any(not any("return" in r for r in c) for c in (rows[0:2], rows[2:4], rows[4:6]))
+
+
+@pytest.mark.slow
 def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
     env = subprocess_env()
     a = tmp_path / "a"

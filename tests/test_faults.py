@@ -149,6 +149,20 @@ def test_damaged_trajectory_shard_is_named_and_its_command_repairs_it(dataset, t
     assert run("label.py", "verify", "--data", str(d)).returncode == 0
 
 
+@pytest.mark.slow
+def test_damage_is_named_before_a_missing_returns_set(dataset, tmp_path):
+    """A damaged shard in a dataset without a returns set: `offline.py bc` names the damage
+    and its repair, not `label.py returns` (which would stop at the damage)."""
+    d = copy_of(dataset, tmp_path)
+    ds = Dataset(d)
+    ds.write_manifest({k: v for k, v in ds.manifest().items() if k != "returns"})
+    shard = ds.shard_names()[0]
+    flip_byte(data_file(d / "shards" / shard, "action"))
+    msg = one_line_error(run("offline.py", "bc", "smoke", "--data", str(d)))
+    assert f"shard {shard} is damaged" in msg and "label.py generate --out" in msg, msg
+    assert "returns" not in msg.split("rerun")[0], msg
+
+
 def hand_label_set(d: Path, name: str = "h") -> None:
     """A label set written through the store (random hidden states, one per row)."""
     ds = Dataset(d)
@@ -439,3 +453,47 @@ def test_regenerated_shard_with_other_bytes_marks_derived_sets_stale(dataset, tm
     assert p.returncode == 0 and "1 rewritten" in p.stdout, p.stdout[-2000:]
     assert "stale" not in Dataset(d).manifest()["returns"]["gamma0.9"]
     assert run("label.py", "verify", "--data", str(d)).returncode == 0
+
+
+@pytest.mark.parametrize("module, argv, named, nearest", [
+    ("train", ["--env.name", "Craftax-Clasic-Symbolic-v1"], "--env.name",
+     "'Craftax-Classic-Symbolic-v1'"),
+    ("train", ["cpu_pixels"], "no preset 'cpu_pixels'", "'cpu-pixels'"),
+    ("train", ["smoke", "--ppo.num-step", "8"], "no flag --ppo.num-step", "'--ppo.num-steps'"),
+    ("label", ["generate", "--num-env", "4"], "no flag --num-env", "'--num-envs'"),
+    ("offline", ["awr", "--dat", "d"], "no flag --dat", "'--data'"),
+    ("offline", ["awr", "cpux", "--data", "d"], "no preset 'cpux'", "'cpu'"),
+    ("play", ["llm", "--env.name", "Craftax-Symbolic"], "--env.name", "'Craftax-Symbolic-v1'"),
+    ("play", ["human", "--seeed", "3"], "no flag --seeed", "'--seed'"),
+])
+def test_typos_are_one_line_naming_the_closest_values(module, argv, named, nearest, capsys):
+    """A mistyped preset, flag or choice: one line naming the closest valid ones (difflib),
+    not tyro's box, before anything is set up."""
+    import importlib
+
+    main = importlib.import_module(f"fused.commands.{module}").main
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == "", out
+    msg = str(e.value.code)
+    assert msg.startswith("error: ") and "\n" not in msg, msg
+    assert named in msg and f"did you mean {nearest}" in msg, msg
+
+
+def test_eval_of_a_run_that_is_not_there_leaves_nothing(tmp_path, monkeypatch):
+    """`offline.py eval --run runs/does-not-exist`: one line, and no empty folder made."""
+    from fused.commands.offline import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["eval", "--run", "runs/does-not-exist"])
+    assert str(e.value.code).startswith("error: ") and "no config.json" in str(e.value.code)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_intervals_print_as_brackets():
+    """A confidence interval with negative bounds reads as two numbers."""
+    from fused.rl.evaluate import ci_text
+
+    assert ci_text(-0.812, -0.19) == "[-0.81, -0.19]" and ci_text(1, 2.5) == "[1.00, 2.50]"

@@ -21,7 +21,7 @@ from fused.errors import ConfigError
 from fused.llm.config import is_vl
 from fused.trained_policy import TrainedPolicy, is_offline, load_policy
 from fused.rl.envs import make_env
-from fused.rl.evaluate import make_evaluate, summarise
+from fused.rl.evaluate import ci_text, make_evaluate, summarise
 from fused.rl.acting import network_policy
 from fused.rl.sharding import on_device
 from fused.runs.config_io import from_json
@@ -108,10 +108,10 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None,
     run_dir = Path(c.run).expanduser()
     path = Path(c.out).expanduser() if c.out else run_dir / "eval.json"
     require_writable(path.parent, "--out" if c.out else "--run")  # before playing, not after
-    path.parent.mkdir(parents=True, exist_ok=True)
     if c.video:
         require_writable(run_dir / "videos", "--run (videos/)")
     pol = load_policy(run_dir, c.episodes, c.checkpoint, llm_overrides=llm_overrides, like=like)
+    path.parent.mkdir(parents=True, exist_ok=True)  # (once the run is known: a typo leaves none)
     if is_offline(run_dir) and pol.cfg.llm.active_backend != "none" and not c.allow_mismatch:
         check_llm_matches_labels(run_dir, pol)
     env = make_env(pol.cfg.env, needs_text(pol.cfg))
@@ -155,7 +155,7 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None,
         atomic_write_json(path, out)
         console.print(f"{len(out['videos'])} videos -> {run_dir / 'videos'}")
     lo, hi = out["return_ci95"]
-    console.print(f"return {out['return_mean']:.2f} (95% CI {lo:.2f}-{hi:.2f}) over "
+    console.print(f"return {out['return_mean']:.2f} (95% CI {ci_text(lo, hi)}) over "
                   f"{out['episodes']} episodes, length {out['length_mean']:.0f}"
                   + (f", {out['censored']} censored at {c.max_steps} steps"
                      if out["censored"] else "") + f" -> {path}")

@@ -36,7 +36,7 @@ from fused.envspec import spec
 from fused.trained_policy import load_policy
 from fused.rl.acting import network_policy
 from fused.rl.envs import make_env
-from fused.rl.evaluate import episode_keys
+from fused.rl.evaluate import ci_text, episode_keys
 from fused.runs.files import atomic_write, atomic_write_json
 from fused.runs.metrics import save_figure
 
@@ -337,8 +337,7 @@ def table(r: dict) -> str:
     if "eval" in r:
         rows += ["", "| hidden state | eval return | 95% CI |", "|---|---|---|"]
         for k, e in r["eval"].items():
-            rows.append(f"| {k} | {e['return_mean']:.2f} | {e['return_ci95'][0]:.2f}-"
-                        f"{e['return_ci95'][1]:.2f} |")
+            rows.append(f"| {k} | {e['return_mean']:.2f} | {ci_text(*e['return_ci95'])} |")
     return "\n".join(rows) + "\n"
 
 

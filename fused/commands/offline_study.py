@@ -22,7 +22,7 @@ from fused.errors import ConfigError
 from fused.rl.config import PolicyConfig
 from fused.commands.offline_eval import EvalConfig, evaluate
 from fused.commands.offline_train import PRESETS, build, train, validate
-from fused.rl.evaluate import mean_ci95
+from fused.rl.evaluate import ci_text, mean_ci95
 from fused.runs.files import atomic_write, atomic_write_json, require_writable
 from fused.runs.run_dir import RunDir
 
@@ -183,6 +183,6 @@ def table(results: dict) -> str:
         lo, hi = v["return_ci95"]
         seeds = ", ".join(f"{x:.2f}" for x in v["seed_means"])
         ratio = f"{v['vs_behaviour']:.2f}x" if v.get("vs_behaviour") is not None else "-"
-        rows.append(f"| {name} | {v['return_mean']:.2f} | {lo:.2f}-{hi:.2f} | {seeds} | {ratio} "
+        rows.append(f"| {name} | {v['return_mean']:.2f} | {ci_text(lo, hi)} | {seeds} | {ratio} "
                     f"| {v['episodes']} |")
     return "\n".join(rows) + "\n"

@@ -312,7 +312,7 @@ def play(c: PlayConfig, run: Path, console, command: str) -> dict:
     from fused.envspec import spec
     from fused.llm.player import make_player
     from fused.rl.envs import make_env
-    from fused.rl.evaluate import make_evaluate
+    from fused.rl.evaluate import ci_text, make_evaluate
     from fused.rl.policy_input import Identity
     from fused.rl.sharding import on_device
 
@@ -454,7 +454,7 @@ def play(c: PlayConfig, run: Path, console, command: str) -> dict:
         atomic_write_json(run / "eval.json", out)
         console.print(f"{len(out['videos'])} videos -> {run / 'videos'}")
     lo, hi = out["return_ci95"]
-    console.print(f"return {out['return_mean']:.2f} (95% CI {lo:.2f}-{hi:.2f}) over "
+    console.print(f"return {out['return_mean']:.2f} (95% CI {ci_text(lo, hi)}) over "
                   f"{out['episodes']} episodes, length {out['length_mean']:.0f}, invalid "
                   f"replies {out['invalid_action_rate']:.1%}"
                   + (f" ({out['unfinished_thought_rate']:.1%} unfinished thoughts)"

@@ -276,6 +276,11 @@ def main(argv: list[str] | None = None) -> Path:
         sys.exit(f"error: {e}")
     for k, (old, new) in changed.items():
         console.print(f"resume: {k} {old!r} -> {new!r}")
+    trained = cfg.num_updates * cfg.steps_per_update
+    if trained != cfg.total_timesteps and not cfg.resume:
+        console.print(f"note: --total-timesteps {cfg.total_timesteps:,} is not a whole number of "
+                      f"updates ({cfg.steps_per_update:,} env steps each): training "
+                      f"{cfg.num_updates:,} updates, {trained:,} steps")
     return train(online, run, console)
 
 
@@ -315,7 +320,7 @@ def train(online: Online, run: RunDir, console: Console) -> Path:
         returns = [r["return"] for r in rows if "return" in r]
         return Chunk(state, rows, new_update, (
             f"{rows[-1]['env_steps']:>11,} steps  {sps:>8,.0f} steps/s  return "
-            f"{sum(returns) / len(returns) if returns else float('nan'):6.2f}"
+            + (f"{sum(returns) / len(returns):6.2f}" if returns else f"{'-':>6}")  # (none ended)
             + (f"  (first chunk incl. compile {dt:.0f}s)" if first else "")))
 
     devices = online.mesh.size if online.mesh else 1

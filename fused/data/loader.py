@@ -65,10 +65,15 @@ def open_training_set(root: str, returns: str | None = None,
                       labels: str | None = None) -> TrainingSet:
     ds = Dataset(root)
     card, manifest = ds.card(), ds.manifest()
-    ret_name = pick_set("return", manifest.get("returns", {}), returns, ds.root)
-    if labels is not None:
-        pick_set("label", manifest.get("labels", {}), labels, ds.root)
     names = [s["name"] for s in manifest["shards"]]
+    try:
+        ret_name = pick_set("return", manifest.get("returns", {}), returns, ds.root)
+        if labels is not None:
+            pick_set("label", manifest.get("labels", {}), labels, ds.root)
+    except DatasetError:
+        for name in names:  # damage first: its repair comes before making any set
+            ds.verify("shards", name)
+        raise
     for kind, sets in (("returns", {ret_name: manifest["returns"][ret_name]}),
                        ("labels", {labels: manifest["labels"][labels]} if labels else {})):
         for set_name, entry in sets.items():

@@ -141,6 +141,11 @@ def mean_ci95(x: np.ndarray) -> tuple[float, float, float]:
     return m, m - half, m + half
 
 
+def ci_text(lo: float, hi: float) -> str:
+    """An interval as `[-0.81, -0.19]` (a dash between signed bounds reads as one number)."""
+    return f"[{lo:.2f}, {hi:.2f}]"
+
+
 def summarise(s: EvalState, achievement_names, max_steps: int | None,
               only: np.ndarray | None = None) -> dict:
     """eval.json's figures from the final state (host numpy); `only` [N] bool: of those
