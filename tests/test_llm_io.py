@@ -351,25 +351,29 @@ def test_vl_prompt_takes_image_items_through_the_folders_jinja_template(tmp_path
     assert ids.tolist() == want and (ids == 151655).sum() == 6
 
 
-@pytest.mark.parametrize("damage", ["no template", "damaged tokenizer.json",
-                                    "damaged tokenizer_config.json"])
-def test_tokenizer_problems_end_every_command_in_one_line(tiny_folder, tmp_path, damage):
-    """train.py, play.py llm and `python -m llm_jax generate` on a folder whose tokenizer files
-    cannot serve: one line naming the file, before anything compiles."""
+def test_tokenizer_problems_end_every_command_in_one_line(tiny_folder, tmp_path):
+    """A folder whose tokenizer files cannot serve (no chat template anywhere transformers
+    looks; a damaged tokenizer.json or tokenizer_config.json): a ConfigError naming the file
+    from the check every command runs with the weights, and train.py, play.py llm and
+    `python -m llm_jax generate` end in that one line before anything compiles."""
+    from fused.errors import ConfigError
+    from fused.llm.config import tokenizer_of
     from qwen_fixtures import save_tokenizer
 
-    folder = tmp_path / "w"
-    shutil.copytree(tiny_folder, folder)
-    save_tokenizer(folder)
-    if damage == "no template":
-        (folder / "chat_template.jinja").unlink()
-    elif damage == "damaged tokenizer.json":
-        (folder / "tokenizer.json").write_text('{"version": ')
-    else:
-        (folder / "chat_template.jinja").unlink()
-        (folder / "tokenizer_config.json").write_text("{not json")
-    named = {"no template": "no chat template", "damaged tokenizer.json": "tokenizer.json",
-             "damaged tokenizer_config.json": "tokenizer_config.json"}[damage]
+    folders = {}
+    for damage, named in (("no template", "no chat template"),
+                          ("tokenizer.json", "tokenizer.json does not load"),
+                          ("tokenizer_config.json", "tokenizer_config.json is not a JSON")):
+        folder = folders[damage] = tmp_path / damage.replace(" ", "-")
+        shutil.copytree(tiny_folder, folder)
+        save_tokenizer(folder)
+        if damage != "tokenizer.json":
+            (folder / "chat_template.jinja").unlink()
+        if damage != "no template":
+            (folder / damage).write_text('{"version": ')
+        with pytest.raises(ConfigError, match=named):
+            tokenizer_of(str(folder))
+    folder = folders["no template"]
     for words in (["train.py", "smoke", "--llm.weights", folder],
                   ["play.py", "llm", "--llm.weights", folder],
                   ["-m", "llm_jax", "generate", "--weights", folder, "--prompt", "hi",
@@ -378,4 +382,4 @@ def test_tokenizer_problems_end_every_command_in_one_line(tiny_folder, tmp_path,
                            capture_output=True, text=True, timeout=120)
         lines = [x for x in p.stderr.splitlines() if x.strip()]
         assert p.returncode not in (0, None) and len(lines) == 1, (words, p.stderr[-2000:])
-        assert lines[0].startswith("error: ") and named in lines[0], lines[0]
+        assert lines[0].startswith("error: ") and "no chat template" in lines[0], lines[0]
