@@ -5,8 +5,8 @@
 #                                              jax 0.11, CUDA 13) plus the wheels carried in
 #                                              .whl/ and the peer in .peers/ (gpu_prepare.sh)
 #   bash scripts/gpu_check.sh --cpu-smoke OUT  the same steps at tiny shapes on this CPU
-# Flags after OUT go to bench/gpu_check.py (--part N: one of five parts, each one call of
-# ~9 minutes; --only STEP ...; --budget SECONDS).
+# Flags after OUT go to bench/gpu_check.py (--part N: one of five parts, every part without it;
+# --only STEP ...; --budget SECONDS for the whole run; --max-trace-mb M).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SMOKE=""

@@ -141,7 +141,8 @@ def test_gpu_check_cpu_smoke_runs_every_step(tmp_path):
 def test_gpu_check_parts_pick_their_steps(tmp_path, monkeypatch):
     """`--part N` on a GPU runs that part's steps alone (here with no budget left, so each is
     skipped with a row naming it, and nothing compiles); every GPU step is in one of the five
-    parts; a step name that does not exist ends in one line listing the steps."""
+    parts, and without `--part` every part runs; a step name that does not exist ends in one
+    line listing the steps."""
     sys.path.insert(0, str(ROOT / "bench"))
     import gpu_check
 
@@ -157,10 +158,50 @@ def test_gpu_check_parts_pick_their_steps(tmp_path, monkeypatch):
     assert seen[4] == ["ppo_pixels_ours_1024", "ppo_pixels_public_1024",
                        "ppo_pixels_ours_1024_mb32", "ppo_pixels_public_1024_mb32"]
     assert seen[5] == ["vl_4b_1024"]
-    gpu_steps = [s.name for s in gpu_check.steps(tmp_path, 1.0) if s.gpu is not None]
+    gpu_steps = [s.name for s in gpu_check.STEPS if s.gpu is not None]
     assert sorted(sum(seen.values(), [])) == sorted(gpu_steps)
+    assert gpu_check.main([str(tmp_path / "all"), "--budget", "1"]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "all" / "rows.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["name"] == "step"] == gpu_steps
     with pytest.raises(SystemExit):
         gpu_check.main([str(tmp_path / "x"), "--only", "decode_4b", "nosuch"])
+
+
+def test_gpu_check_table_is_whole():
+    """Every row of the check's table names a script of bench/ with only the runner's
+    placeholders ({out}, {bandwidth}) in its argv, under a positive box, in a known part;
+    names are unique; each smoke form is of the same script as its GPU form."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_check
+
+    names = [s.name for s in gpu_check.STEPS]
+    assert len(set(names)) == len(names)
+    for step in gpu_check.STEPS:
+        assert step.part in gpu_check.PARTS, step
+        for run in (step.gpu, step.smoke):
+            if run is None:
+                continue
+            argv = [x.format(out="OUT", bandwidth=1.0) for x in run.argv]
+            assert (ROOT / argv[0]).is_file() and run.box_s > 0, step
+        assert step.smoke is None or step.smoke.argv[0] == step.gpu.argv[0], step
+
+
+def test_gpu_check_keeps_traces_unless_a_limit_is_given(tmp_path):
+    """A trace is read into the report either way; with `--max-trace-mb` it is deleted when
+    over that size, without one it is kept whatever its size."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_check
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"name": "trace", "steps": 2}) + "\n")
+    trace = tmp_path / "trace_decode.json.gz"
+    with gzip.open(trace, "wt") as f:
+        json.dump({"traceEvents": gpu_trace()}, f)
+    kept = gpu_check.reports(tmp_path, rows, None)
+    assert trace.is_file() and kept["decode"]["kernels_per_step"] == 2
+    dropped = gpu_check.reports(tmp_path, rows, 10.0)
+    assert not trace.exists() and "dropped" in dropped["decode"]
+    assert dropped["decode"]["device_events"] == 4
 
 
 def test_loop_kernels_counts_a_hand_made_program():
