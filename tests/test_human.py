@@ -250,6 +250,56 @@ def test_a_failed_game_save_or_a_removed_game_loses_no_recorded_row(tmp_path, mo
     assert json.loads((tmp_path / "e" / "card.json").read_text())["policy"] == "human"
 
 
+def test_recording_frames_goes_on_from_a_v1_recording(tmp_path):
+    """On a pixel env the rows hold frames as pictures [H, W, 3]; a recording the v1 recorder
+    left (a v1 card, its shards' and journal's frames flat) goes on: its journal is committed
+    as pictures, its shards read as pictures, its card stays v1."""
+    import shutil
+
+    from fused.data.store import FORMAT_V1, Dataset, commit_group, read_group
+    from fused.human.game import Game
+    from fused.human.recorder import Recorder
+
+    px = "Craftax-Classic-Pixels-v1"
+    d = tmp_path / "d"
+    rec = Recorder(d, Game(px), 3, "test")
+    rec.step(2)
+    rec.close()  # one shard
+    rec = Recorder(d, Game(px), 3, "test")
+    rec.step(2)
+    rec.step(5)
+    rec._lock_file.close()  # a kill: two rows in the journal
+    frames = read_all(d)["frame"]
+    assert frames.shape == (1, 63, 63, 3)
+    # as the v1 recorder wrote it: flat frames in the shard and the journal, a v1 card
+    ds = Dataset(d)
+    manifest = ds.manifest()
+    name = manifest["shards"][0]["name"]
+    cols = read_group(ds.shard_dir(name))
+    shutil.rmtree(ds.shard_dir(name))
+    manifest["shards"][0] = commit_group(ds.shard_dir(name),
+                                         dict(cols, frame=cols["frame"].reshape(1, -1)))
+    ds.write_manifest(manifest)
+    card = {k: v for k, v in ds.card().items() if k != "observation"}
+    ds.write_card(dict(card, format=FORMAT_V1))
+    journal = sorted((d / "work" / "human" / "steps").glob("*.npz"))
+    waiting = []
+    for p in journal:
+        with np.load(p) as z:
+            row = {k: z[k] for k in z.files}
+        waiting.append(row["frame"])
+        np.savez(p, **dict(row, frame=row["frame"].reshape(1, -1)))
+    rec = Recorder(d, Game(px), 3, "test")  # commits the journal
+    rec.step(1)
+    rec.close()
+    names = ds.shard_names()
+    assert len(names) == 3 and ds.card()["format"] == FORMAT_V1
+    assert read_group(ds.shard_dir(names[1]), ["frame"])["frame"].shape == (2, 63, 63, 3)
+    cols = read_all(d)
+    assert cols["frame"].shape == (4, 63, 63, 3) and cols["t"].tolist() == [0, 1, 2, 3]
+    np.testing.assert_array_equal(cols["frame"][:3], np.concatenate([frames] + waiting))
+
+
 def test_bad_input_ends_in_one_line(tmp_path, monkeypatch):
     """Each refusal is one line, made before a game is built (textures, compiles): the
     command's one line through play.py for a bad script key, the rest in process (a Game
@@ -601,7 +651,7 @@ def test_play_llm_with_golden_shots_records_them_and_refuses_bad_input(played, t
     out = json.loads((run_ / "eval.json").read_text())
     assert out["llm"]["shots"] == 3 and out["episodes"] == 2
     ds = Dataset(tmp_path / "played")
-    assert ds.read(ds.shard_names()[0], ["frame"])["frame"].shape == (4, 63 * 63 * 3)
+    assert ds.read(ds.shard_names()[0], ["frame"])["frame"].shape == (4, 63, 63, 3)
     used = json.loads((run_ / "shots.json").read_text())
     assert [w[1] for w in used["from"]] == [0, 3, 6] and len(used["turns"]) == 3
     assert "--shots 9" in one_line_error(run("play.py", "llm", "--examples",

@@ -230,8 +230,10 @@ def test_rnd_over_cnn_features_learns_the_frames_it_sees():
 
 
 def test_frames_are_stored_as_bytes():
-    """Frames round to uint8 (k / 255 on reading, within 1/510 of the frame); symbolic maps stay
-    bits, exactly."""
+    """Frames round to uint8 pictures [N, H, W, 3] (each the observation's frame reshaped, as
+    craftax draws it; k / 255 on reading, within 1/510 of the frame, flat again as the policy
+    sees it, whatever the leading axes); symbolic maps stay bits, exactly; the layouts the card
+    records say so."""
     from fused.envspec import spec
     from fused.rl.obs_codec import ObsCodec
 
@@ -240,13 +242,23 @@ def test_frames_are_stored_as_bytes():
     frames[0, :4] = [0.0, 1.0, 0.5 / 255, 254.6 / 255]
     cols, ok = px.encode(np, frames)
     assert px.columns == ["frame"] and not px.exact and ok.all()
-    assert cols["frame"].dtype == np.uint8 and cols["frame"].shape == (3, 63 * 63 * 3)
-    assert list(cols["frame"][0, :4]) == [0, 255, 0, 255]  # round half to even: 0.5 -> 0
+    assert cols["frame"].dtype == np.uint8 and cols["frame"].shape == (3, 63, 63, 3)
+    assert list(cols["frame"][0, 0, 0]) == [0, 255, 0]  # round half to even: 0.5 -> 0
+    assert cols["frame"][0, 0, 1, 0] == 255
+    np.testing.assert_array_equal(cols["frame"][2],
+                                  np.round(frames[2].reshape(63, 63, 3) * 255))
     back = px.decode(np, cols)
     assert back.dtype == np.float32 and np.abs(back - frames).max() <= 0.5 / 255 + 1e-7
     np.testing.assert_array_equal(back * 255, np.round(frames * 255))
+    pairs = cols["frame"].reshape(3, 1, 63, 63, 3)  # [T, B, H, W, C] (a recurrent minibatch)
+    np.testing.assert_array_equal(px.decode(np, {"frame": pairs})[:, 0], back)
+    assert px.layouts == {"frame": {"shape": [63, 63, 3], "dtype": "uint8",
+                                    "layout": "HWC RGB, round(255 x)"}}
     sym = ObsCodec(spec("Craftax-Classic-Symbolic-v1"))
     assert sym.columns == ["obs_bits", "obs_aux"] and sym.exact
+    assert list(sym.layouts) == sym.columns
+    assert [sym.layouts[c]["shape"][0] for c in sym.columns] == [
+        -(-sym.map_size // 8), sym.dim - sym.map_size]
 
 
 @pytest.mark.slow
@@ -256,6 +268,7 @@ def test_a_dataset_of_frames_through_offline(tmp_path):
     windows; a text label set of frames is refused in one line. (AWR on frames, streamed, and
     its evaluation: the README's walkthrough, tests/test_readme.py.)"""
     import zarr
+    from PIL import Image
 
     env = subprocess_env()
     data = tmp_path / "px"
@@ -274,11 +287,16 @@ def test_a_dataset_of_frames_through_offline(tmp_path):
     assert rows == 4 * 48 and len(manifest["shards"]) == 3
     shard = data / "shards" / manifest["shards"][0]["name"]
     frame = zarr.open_group(str(shard), mode="r")["frame"]
-    assert frame.dtype == np.uint8 and frame.shape == (64, 63 * 63 * 3)
+    assert frame.dtype == np.uint8 and frame.shape == (64, 63, 63, 3)  # pictures, as stored
     stored = sum(f.stat().st_size for f in (shard / "frame").rglob("*") if f.is_file())
     assert stored < frame.nbytes / 2  # compressed: frames repeat their textures
     x = np.asarray(frame[:])
-    assert x.std() > 10 and (x[1:] != x[:-1]).any(axis=1).mean() > 0.5  # images that move
+    assert x.std() > 10 and (x[1:] != x[:-1]).any(axis=(1, 2, 3)).mean() > 0.5  # they move
+    assert Image.fromarray(x[0]).size == (63, 63)  # an image to Pillow as it comes
+    card = json.loads((data / "card.json").read_text())
+    assert card["format"] == "craftax-fused/trajectories/v2"
+    assert card["observation"] == {"frame": {"shape": [63, 63, 3], "dtype": "uint8",
+                                             "layout": "HWC RGB, round(255 x)"}}
     run("label.py", "verify", "--data", str(data))
     run("label.py", "returns", "--data", str(data))
     run("offline.py", "bc", "smoke", "--data", str(data), "--out-dir", str(tmp_path),
@@ -305,6 +323,91 @@ def test_a_missing_observation_column_is_one_line(tmp_path):
     with pytest.raises(DatasetError, match=r"no array 'frame' \(it holds action, obs\)"):
         read_group(tmp_path / "g", ["frame", "action"])
     assert read_group(tmp_path / "g", ["action"])["action"].shape == (3,)
+
+
+def v1_frames_dataset(root, frames: np.ndarray, episode_len: int = 4):
+    """A Classic-Pixels dataset as the v1 writer left it, built with the store's own functions:
+    frames flat [N, H * W * 3] uint8, a v1 card without layouts; then a returns set."""
+    from rich.console import Console
+
+    from fused.data.config import ReturnsConfig
+    from fused.data.returns import compute_returns
+    from fused.data.store import FORMAT_V1, Dataset, commit_group
+
+    n = len(frames)
+    ds = Dataset(root)
+    ds.write_card({"format": FORMAT_V1, "env": "Craftax-Classic-Pixels-v1", "policy": "random",
+                   "generate": {}, "labels": {}, "returns": {}})
+    entries = []
+    for i, start in enumerate(range(0, n, 8)):
+        sl = slice(start, min(n, start + 8))
+        k = sl.stop - sl.start
+        step = np.arange(sl.start, sl.stop) % episode_len
+        entries.append(commit_group(ds.shard_dir(f"s000-{i:06d}"), {
+            "frame": frames[sl], "action": (np.arange(k) % 17).astype(np.uint8),
+            "reward": np.ones(k, np.float32), "terminated": step == episode_len - 1,
+            "truncated": np.zeros(k, bool), "log_prob": np.zeros(k, np.float32),
+            "value": np.full(k, np.nan, np.float32),
+            "truncation_value": np.zeros(k, np.float32),
+            "step": step.astype(np.int32), "t": np.arange(sl.start, sl.stop, dtype=np.int32),
+            "episode_id": (np.arange(sl.start, sl.stop) // episode_len).astype(np.int64)}))
+    ds.write_manifest({"shards": entries, "labels": {}, "returns": {}})
+    compute_returns(ReturnsConfig(data=str(root), gamma=0.99), Console(quiet=True))
+    return ds
+
+
+def test_a_v1_dataset_of_flat_frames_reads_as_pictures(tmp_path):
+    """A dataset written before frames were pictures (v1: flat, no layouts in its card) reads
+    through today's reader and loader as [N, H, W, 3], the same bytes; a returns set added to it
+    keeps its v1 card; a frame column of another size is one line."""
+    from fused.data.loader import load_training_data
+    from fused.data.store import FORMAT_V1, Dataset, DatasetError, to_layout
+    from fused.envspec import spec
+    from fused.rl.obs_codec import ObsCodec
+
+    frames = np.random.default_rng(0).integers(0, 256, (12, 63 * 63 * 3), np.uint8)
+    ds = v1_frames_dataset(tmp_path / "d", frames)
+    card = Dataset(ds.root).card()
+    assert card["format"] == FORMAT_V1 and "observation" not in card and card["returns"]
+    codec = ObsCodec(spec("Craftax-Classic-Pixels-v1"))
+    assert ds.observation() == codec.layouts
+    first = ds.read("s000-000000", ["frame"], np.array([1, 3]))["frame"]
+    np.testing.assert_array_equal(first, frames[[1, 3]].reshape(2, 63, 63, 3))
+    data, _, _ = load_training_data(str(ds.root))
+    np.testing.assert_array_equal(data.arrays["rows"]["frame"], frames.reshape(12, 63, 63, 3))
+    np.testing.assert_array_equal(codec.decode(np, data.arrays["rows"]) * 255, frames)
+    with pytest.raises(DatasetError, match=r"column 'frame' holds rows of shape \[10\], not "
+                                           r"the \[63, 63, 3\]"):
+        to_layout({"frame": np.zeros((2, 10), np.uint8)}, codec.layouts)
+
+
+def test_a_v1_generations_resume_point_goes_on_as_pictures(tmp_path):
+    """A resume point a v1 `label.py generate` saved (its waiting rows' frames flat) is read back
+    with its frames as the pictures the shards written now hold, the carry as it was."""
+    from fused.data.generate import resume_rows
+    from fused.data.store import commit_group
+
+    frames = np.random.default_rng(0).integers(0, 256, (5, 63 * 63 * 3), np.uint8)
+    carry = np.arange(7, dtype=np.int32)
+    commit_group(tmp_path / "resume-0000000006", {"frame": frames, "carry_0000": carry,
+                                                  "waiting_env": np.zeros(5, np.int32)})
+    cols = resume_rows(tmp_path / "resume-0000000006", "Craftax-Classic-Pixels-v1")
+    np.testing.assert_array_equal(cols["frame"], frames.reshape(5, 63, 63, 3))
+    np.testing.assert_array_equal(cols["carry_0000"], carry)
+
+
+@pytest.mark.slow  # (compiles the CNN's training chunk)
+def test_offline_training_takes_a_v1_dataset_of_frames(tmp_path):
+    """offline.py bc trains the CNN on a v1 dataset of flat frames as on today's."""
+    from fused.commands import offline
+
+    frames = np.random.default_rng(0).integers(0, 256, (16, 63 * 63 * 3), np.uint8)
+    ds = v1_frames_dataset(tmp_path / "d", frames)
+    run = offline.main(["bc", "smoke", "--data", str(ds.root), "--out-dir", str(tmp_path),
+                        "--run-name", "bc", "--num-updates", "2", "--updates-per-chunk", "2"])
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["update"] for m in metrics] == [1, 2]
+    assert all(np.isfinite(m["loss/actor"]) for m in metrics)
 
 
 def test_a_dataset_too_big_for_memory_names_device_rows(monkeypatch):
@@ -374,7 +477,7 @@ def test_an_llm_beside_the_cnn_reads_the_text_of_the_same_state():
     for a, b in zip(net.apply(params, inp), net.apply(params, alone)):
         np.testing.assert_array_equal(a, b)  # the text part never reaches the CNN
     cols, _ = ObsCodec(spec(px)).encode(np, rows)
-    assert cols["frame"].shape == (6, frame_dim)
+    assert cols["frame"].shape == (6,) + spec(px).image
 
 
 def _run(script, *args):

@@ -8,7 +8,7 @@ killed at any moment and started again writes the same bytes. Process i of n (ja
 takes streams i, i + n, ...; process 0 writes the manifest once all are done.
 
 Per row: the observation acted on (`fused.rl.obs_codec`: symbolic ones exact, map bits packed;
-frames as uint8), action, reward,
+frames as uint8 pictures [H, W, 3], their layout in the card), action, reward,
 terminated, truncated, log_prob and value of the behaviour policy, the critic's value of the
 final observation where truncated, step within the episode, stream step `t`, global env index,
 achievements unlocked at that step (bits), episode id. An LLM-augmented behaviour policy's
@@ -33,7 +33,7 @@ from fused.errors import ConfigError
 from fused.data.config import GenerateConfig, parse_part
 from fused.data.episodes import EpisodeAssembler, Rows
 from fused.data.store import (SET_NOUN, Dataset, DatasetError, attrs, commit_group, committed,
-                               read_group)
+                               observation_layouts, read_group, to_layout)
 from fused.agent import needs_text
 from fused.envspec import spec
 from fused.trained_policy import load_policy
@@ -266,12 +266,18 @@ class StreamWriter:
             for p in points:
                 shutil.rmtree(p)
             return None
-        cols = read_group(points[-1])
+        cols = resume_rows(points[-1], self.c.env.name)
         leaves, treedef = jax.tree.flatten(fresh)
         restored = [jax.device_put(cols.pop(f"carry_{i:04d}").reshape(np.shape(x)).astype(x.dtype),
                                    x.sharding) for i, x in enumerate(leaves)]
         asm.restore(cols, meta)
         return jax.tree.unflatten(treedef, restored), int(meta["t0"]), int(meta["shards"])
+
+
+def resume_rows(point: Path, env_name: str) -> dict:
+    """A resume point's columns (rows waiting, the carry's leaves), the observation columns in
+    the layout shards are written in now (a point a v1 writer saved holds flat frames)."""
+    return to_layout(read_group(point), observation_layouts(env_name))
 
 
 def host_rows(rec, t0: int, env_offset: int) -> Rows:

@@ -1,6 +1,8 @@
 """Trajectory datasets on disk: zarr v3 groups, one per shard, indexed by a manifest.
 
-    D/card.json                  what the data is: env, policy, seed, commit, counts, label sets
+    D/card.json                  what the data is: format, env, policy, seed, commit, counts,
+                                 label sets, and "observation": each observation column's row
+                                 {"shape", "dtype", "layout"} (frames: [H, W, 3] uint8)
     D/manifest.json              {"shards": [{"name", "rows", "digest"}], "labels": {NAME: {...,
                                  "shards": [...]}}, "returns": {NAME: {..., "shards": [...]}}}
     D/shards/<name>/             zarr group: one array per column, rows along axis 0
@@ -14,6 +16,12 @@ bytes are deterministic (no timestamps), so a shard's sha256 names its content. 
 written under a temporary name, its digest recorded inside it (`record.json`, outside the
 digest), and committed by one rename: a shard folder that exists is complete, and one whose
 files no longer match its record is damaged.
+
+Format versions (the card's "format"): v2 stores a frame column as pictures [N, H, W, 3] and
+records the observation columns' layouts in the card; v1 (before) stored frames flat
+[N, H * W * 3] and recorded none. A v1 dataset keeps its v1 card (a set added, a generation or
+recording continued: the shards written then hold pictures) and reads as v2: `Dataset.read`
+reshapes each shard's frames to the layouts its env gives.
 """
 
 from __future__ import annotations
@@ -36,7 +44,8 @@ from fused.runs.invocation import command
 CHUNK_ROWS = 1024  # rows per compressed chunk (the unit of random access)
 RECORD = "record.json"
 
-FORMAT = "craftax-fused/trajectories/v1"
+FORMAT = "craftax-fused/trajectories/v2"
+FORMAT_V1 = "craftax-fused/trajectories/v1"  # frames flat, no "observation" in the card
 
 
 SET_NOUN = {"labels": "label set", "returns": "returns set"}
@@ -125,6 +134,25 @@ def _read(g, names, rows) -> dict:
     return out
 
 
+def to_layout(columns: dict[str, np.ndarray], layouts: dict[str, dict]) -> dict:
+    """`columns` with each one `layouts` describes given its row shape: the same bytes reshaped
+    (a v1 dataset's flat frames [N, H * W * C] become [N, H, W, C]); DatasetError where a
+    column's rows hold another number of values than its layout."""
+    out = dict(columns)
+    for name, a in columns.items():
+        if name not in layouts:
+            continue
+        want = tuple(layouts[name]["shape"])
+        if a.shape[1:] == want:
+            continue
+        if int(np.prod(a.shape[1:])) != int(np.prod(want)):
+            raise DatasetError(f"column {name!r} holds rows of shape {list(a.shape[1:])}, not "
+                               f"the {list(want)} its layout says: written for another env or "
+                               "format; regenerate it")
+        out[name] = a.reshape(a.shape[:1] + want)
+    return out
+
+
 def attrs(folder: Path) -> dict:
     return dict(open_group(folder).attrs)
 
@@ -186,6 +214,7 @@ class Dataset:
     def __init__(self, root: str | Path):
         self.root = Path(root).expanduser()
         self._manifest: dict | None = None
+        self._observation: dict | None = None
         self._verified: set = set()
 
     # --- layout ---------------------------------------------------------------------------------
@@ -218,14 +247,29 @@ class Dataset:
             raise DatasetError(f"{self.root} is not a dataset (no card.json); create one with "
                                f"`{command('label.py')} generate --out DIR ...`")
         card = json.loads(self.card_path.read_text())
-        if card.get("format") != FORMAT:
+        if card.get("format") not in (FORMAT, FORMAT_V1):
             raise DatasetError(f"{self.root}/card.json has format {card.get('format')!r}, not "
                                f"{FORMAT!r}: not a craftax-fused trajectory dataset")
         return card
 
     def write_card(self, card: dict) -> None:
+        """Writes `card`; a new one (no "format") as the current format, with its env's
+        observation layouts. A card read from the dataset keeps its format (a v1 dataset's
+        shards stay as they were written)."""
+        card = {"format": FORMAT, **card}
+        if card["format"] == FORMAT and "observation" not in card:
+            card["observation"] = observation_layouts(card["env"])
         self.root.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(self.card_path, dict(card, format=FORMAT))
+        atomic_write_json(self.card_path, card)
+        self._observation = None
+
+    def observation(self) -> dict:
+        """Each observation column's row layout {column: {"shape", "dtype", "layout"}}: the
+        card's, or for a v1 card (which records none) its env's."""
+        if self._observation is None:
+            card = self.card()
+            self._observation = card.get("observation") or observation_layouts(card["env"])
+        return self._observation
 
     def manifest(self) -> dict:
         if not self.manifest_path.is_file():
@@ -321,8 +365,9 @@ class Dataset:
 
     # --- reads (each shard verified against the manifest first) ----------------------------------
     def read(self, name: str, columns=None, rows=None) -> dict:
+        """Columns of shard `name`, the observation columns in their layout (`observation`)."""
         self.verify("shards", name)
-        return read_group(self.shard_dir(name), columns, rows)
+        return to_layout(read_group(self.shard_dir(name), columns, rows), self.observation())
 
     def read_labels(self, label: str, name: str) -> dict:
         self.verify("labels", name, label)
@@ -331,6 +376,14 @@ class Dataset:
     def read_returns(self, label: str, name: str) -> dict:
         self.verify("returns", name, label)
         return read_group(self.returns_dir(label, name))
+
+
+def observation_layouts(env: str) -> dict:
+    """The observation columns' layouts of a dataset of `env` (`fused.rl.obs_codec`)."""
+    from fused.envspec import spec
+    from fused.rl.obs_codec import ObsCodec
+
+    return ObsCodec(spec(env)).layouts
 
 
 def check_folder(folder: Path, entry: dict) -> str | None:

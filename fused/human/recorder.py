@@ -30,7 +30,7 @@ import numpy as np
 
 from fused.data.episodes import concat
 from fused.data.generate import repo_commit
-from fused.data.store import Dataset, DatasetError, commit_group
+from fused.data.store import Dataset, DatasetError, commit_group, to_layout
 from fused.errors import ConfigError
 from fused.human.game import Game
 from fused.runs.files import atomic_path
@@ -247,8 +247,8 @@ class Recorder:
             return 0
         rows = []
         for p in files:
-            with np.load(p) as z:
-                rows.append({k: z[k] for k in z.files})
+            with np.load(p) as z:  # (a journal of a v1 recorder holds flat frames)
+                rows.append(to_layout({k: z[k] for k in z.files}, self.game.codec.layouts))
         cols = concat(rows)
         if int(cols["t"][0]) != first or len(files) != int(cols["t"][-1]) - first + 1:
             raise DatasetError(f"{self.steps_dir}: journal rows {int(cols['t'][0])}.."
