@@ -1,4 +1,4 @@
-"""Frames to pooled Qwen3-VL states: our label path (`fused.llm.vl.VLLabeller`: the
+"""Frames to pooled Qwen3-VL states: our encoder (`fused.llm.vl.VLEncoder.fn`: the
 processor on the device, the tower, the text pass, every:8 pooling, one jitted function) vs
 HF transformers (its Qwen2-VL image processor, PIL backend, then the model's forward), the
 same random-weight checkpoint and Craftax-Classic frames, in one process.
@@ -127,10 +127,11 @@ def frames(n: int) -> np.ndarray:
 
 
 def rows(args: Args, emit) -> None:
+    import jax
     import torch
 
     from fused.llm.config import LLMConfig
-    from fused.llm.vl import VLLabeller
+    from fused.llm.vl import VLEncoder
     from qwen_fixtures import build_tiny_qwen3_vl, hf_vl_processor
 
     torch.set_num_threads(os.cpu_count())
@@ -141,18 +142,19 @@ def rows(args: Args, emit) -> None:
         params = sum(p.numel() for p in model.parameters())
         proc = hf_vl_processor()
         for b in args.batches:
-            lab = VLLabeller(LLMConfig(weights=str(folder), pool="every:8", dtype="float32",
-                                       post_norm=True),  # HF's last hidden state is normed
-                             ENV, b)
+            lab = VLEncoder(LLMConfig(weights=str(folder), pool="every:8", dtype="float32",
+                                      post_norm=True),  # HF's last hidden state is normed
+                            ENV, b)
+            encode = jax.jit(lab.fn)
             x = shots[:b].reshape(b, -1).astype(np.float32) / 255.0
             ids = torch.tensor(np.repeat(lab.ids[None], b, 0), dtype=torch.long)
             img = ids == 151655
             t0 = time.perf_counter()
-            ours_out = np.asarray(lab.encode(lab.params, x))
+            ours_out = np.asarray(encode(lab.params, x))
             compile_s = time.perf_counter() - t0
 
             def ours():
-                return np.asarray(lab.encode(lab.params, x))
+                return np.asarray(encode(lab.params, x))
 
             def hf():
                 pix = proc(images=list(shots[:b]), return_tensors="pt")

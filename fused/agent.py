@@ -12,9 +12,8 @@ import flax.linen as nn
 
 from fused.envspec import spec
 from fused.errors import ConfigError
-from fused.llm.config import LLMConfig, is_vl
-from fused.llm import batching
-from fused.llm.encoder import make_llm
+from fused.llm.config import LLMConfig
+from fused.llm.encoders import kind_of, make_encoder
 from fused.llm.policy_input import LLMInput
 from fused.rl.networks import (ActorCritic, AugmentedActorCritic, ConvActorCritic,
                                RecurrentActorCritic)
@@ -54,25 +53,25 @@ def make_agent(cfg: AgentConfig, num_envs: int, num_devices: int = 1,
     network = policy_network(cfg)
     if cfg.llm.active_backend == "none":
         return Agent(network, Identity())
-    if like is not None and isinstance(like.inputs, LLMInput) and like.inputs.llm.cfg == cfg.llm:
-        llm = like.inputs.llm
+    shared = like.inputs.encoder if like is not None and isinstance(like.inputs, LLMInput) \
+        else None
+    if shared is not None and shared.cfg == cfg.llm:
+        encoder = shared
     else:  # an ablation of `like`'s LLM reads its weights rather than loading them again
-        llm = make_llm(cfg.llm, cfg.env.name, cfg.seed,
-                       weights_of=like.inputs.llm if like is not None
-                       and isinstance(like.inputs, LLMInput) else None)
+        encoder = make_encoder(cfg.llm, cfg.env.name, cfg.seed, like=shared)
     local_envs = num_envs // num_devices
-    sizes = batching.for_llm(llm, local_envs)
-    if like is None and cfg.llm.active_backend == "jax":
+    sizes = encoder.batching(local_envs)
+    if like is None and encoder.frozen is not None:
         log.info(f"LLM calls: micro-batches of {sizes.microbatch} envs, refreshes in calls of "
                  f"{sizes.refresh} (about {sizes.efficiency:.0%} of a refresh call is row work)")
-    return Agent(network, LLMInput(llm, sizes.microbatch, sizes.refresh, num_envs))
+    return Agent(network, LLMInput(encoder, sizes.microbatch, sizes.refresh, num_envs))
 
 
 def needs_text(cfg: AgentConfig) -> bool:
     """A pixel env whose policy has a text LLM: its env observes the text twin after the frame
     (a Qwen3-VL reads the frame itself)."""
     return (spec(cfg.env.name).is_pixels and cfg.llm.active_backend != "none"
-            and not is_vl(cfg.llm))
+            and not kind_of(cfg.llm).reads_frames)
 
 
 def network_kind(cfg: AgentConfig) -> str:

@@ -112,7 +112,8 @@ def load_policy(run_dir: str | Path, num_envs: int, checkpoint: int | None = Non
         from fused.llm.norm import RunningNorm
         from fused.llm.policy_input import init_llm_state
 
-        inputs_state = init_llm_state(agent.inputs.llm, 1).replace(norm=RunningNorm(**norm))
+        inputs_state = init_llm_state(agent.inputs.encoder.hidden_size, 1).replace(
+            norm=RunningNorm(**norm))
     return TrainedPolicy(run_dir, acting, num_envs, agent, part["params"], inputs_state, step)
 
 

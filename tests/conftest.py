@@ -38,7 +38,7 @@ FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emit
                 "--xla_cpu_parallel_codegen_split_count=1")
 # Two encoding lengths (512 and the prompt bound) instead of 9 (Classic) or 11 (Symbolic): each
 # is compiled at every call site of a fused program (the same states;
-# `fused.llm.encoder.bucket_override`; imagination's three lengths and a VL model's one are
+# `fused.llm.text_encoder.bucket_override`; imagination's three lengths and a VL model's one are
 # unchanged). An observation after the cached prompt prefix is 137-454 tokens on Classic (a
 # batch of 8 rows almost never fits 256) and 338-819 on Symbolic (measured on random play), so a
 # 256 length was compile time nearly never used (an LLM-augmented `train.py smoke` on the tiny

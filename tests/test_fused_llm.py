@@ -17,7 +17,7 @@ from fused.commands.train import TrainConfig, WandbConfig, validate
 from fused.errors import ConfigError
 from fused.llm.config import LLMConfig
 from fused.rl.config import EnvConfig, PolicyConfig, PPOConfig
-from fused.llm.encoder import encode_observations, make_llm
+from fused.llm.encoders import make_encoder
 from fused.text.buckets import encode_buckets
 from fused.llm.policy_input import LLMInput, init_llm_state, llm_step
 from fused.rl.envs import rollout_observations
@@ -41,7 +41,7 @@ def llm():
 
     saved = os.environ.pop("FUSED_ENCODE_BUCKETS", None)
     try:
-        llm = make_llm(LLMConfig(backend="jax", skip_n=3, refresh_batch=2), ENV)
+        llm = make_encoder(LLMConfig(backend="jax", skip_n=3, refresh_batch=2), ENV)
     finally:
         if saved is not None:
             os.environ["FUSED_ENCODE_BUCKETS"] = saved
@@ -53,7 +53,7 @@ def llm():
 def test_encoder_equals_full_prompt_from_scratch(llm, obs):
     """Device render + tail + prefix cache + length buckets + sorted microbatches must give the
     hidden state of the last token of tokenizer.encode(full prompt text), encoded without cache."""
-    got, tokens = jax.jit(lambda o: encode_observations(llm, llm.frozen, o, 4))(obs)
+    got, tokens = jax.jit(lambda o: llm.encode(llm.frozen, o, 4)[:2])(obs)
     layout = get_layout(ENV)
     texts = [full_prompt(llm.tokenizer, ENV, render_text(layout, o)) for o in obs]
     ids = [llm.tokenizer.encode(t) for t in texts]
@@ -74,7 +74,8 @@ def test_refresh_on_reset_and_skip(llm, obs):
     n = obs.shape[0]
     step = jax.jit(lambda s, d, t: llm_step(llm, llm.frozen, s, jnp.asarray(obs), d, t,
                                             jax.random.PRNGKey(0), 4, 2))
-    s0, m = step(init_llm_state(llm, n), jnp.zeros(n, bool), jnp.int32(0))  # 0 % 3: full call
+    s0, m = step(init_llm_state(llm.hidden_size, n), jnp.zeros(n, bool),
+                 jnp.int32(0))  # 0 % 3: full call
     assert float(m["llm/calls"]) == 1 and int(s0.age.max()) == 0
     base = np.asarray(s0.hidden)
     changed = s0.replace(hidden=s0.hidden + 1.0)
@@ -105,9 +106,9 @@ def test_refresh_on_reset_and_skip(llm, obs):
 
 @pytest.mark.slow
 def test_no_refresh_keeps_stale_hidden(obs):
-    llm = make_llm(LLMConfig(backend="jax", skip_n=3, refresh_on_reset=False), ENV)
+    llm = make_encoder(LLMConfig(backend="jax", skip_n=3, refresh_on_reset=False), ENV)
     n = obs.shape[0]
-    s = init_llm_state(llm, n).replace(hidden=jnp.ones((n, llm.hidden_size)),
+    s = init_llm_state(llm.hidden_size, n).replace(hidden=jnp.ones((n, llm.hidden_size)),
                                        age=jnp.zeros(n, jnp.int32))
     s1, m = jax.jit(lambda s: llm_step(llm, llm.frozen, s, jnp.asarray(obs), jnp.ones(n, bool),
                                        jnp.int32(1), jax.random.PRNGKey(0), 4, 2))(s)
@@ -172,7 +173,7 @@ def test_resume_from_checkpoint_is_exact(trained, tmp_path):
 
 def policy_view(cfg: LLMConfig, obs):
     """(LLM, what the policy receives for `obs` after the full call of step 0, raw hidden)."""
-    llm = make_llm(cfg, ENV)
+    llm = make_encoder(cfg, ENV)
     inputs = LLMInput(llm, 4, 2, obs.shape[0])
     state, _ = jax.jit(lambda o: inputs.init(llm.frozen, o, jax.random.PRNGKey(1), None))(
         jnp.asarray(obs))
@@ -341,7 +342,7 @@ def test_length_buckets_at_their_boundaries():
 def test_bucket_override_is_read_and_checked(monkeypatch):
     """$FUSED_ENCODE_BUCKETS sets the encoding lengths below the bound; a bad value is one
     line naming the variable."""
-    from fused.llm.encoder import bucket_override
+    from fused.llm.text_encoder import bucket_override
 
     monkeypatch.setenv("FUSED_ENCODE_BUCKETS", "128,512")
     assert bucket_override() == (128, 512)
@@ -409,10 +410,10 @@ def test_call_sizes_from_env_count_and_cost_model():
 def test_explicit_call_sizes_win(llm):
     from fused.llm import batching
 
-    auto = batching.for_llm(llm._replace(cfg=LLMConfig(backend="jax")), 16, "cpu")
+    auto = batching.for_calls(llm.call_shape, LLMConfig(backend="jax"), 16, "cpu")
     assert auto[:2] == (16, 1)  # tiny model: all rows fit; 16 * 4 / 150 envs wait -> 1
-    assert batching.for_llm(llm._replace(cfg=LLMConfig(backend="jax", microbatch=4,
-                                                       refresh_batch=2)), 16, "cpu")[:2] == (4, 2)
+    assert batching.for_calls(llm.call_shape, LLMConfig(backend="jax", microbatch=4,
+                                                        refresh_batch=2), 16, "cpu")[:2] == (4, 2)
 
 
 def test_llm_call_sizes_cost_each_gpu_kind_by_its_own_figures(caplog):

@@ -43,7 +43,7 @@ def test_labels_are_hf_generation_states_pooled(labelled):
     from fused.data.labelling import imagined_texts, label_sources
     from fused.envspec import spec
     from fused.llm.config import ImagineConfig, LLMConfig
-    from fused.llm.encoder import make_llm
+    from fused.llm.encoders import make_encoder
     from fused.rl.obs_codec import ObsCodec
     from fused.text.render import render_tokens
     import jax.numpy as jnp
@@ -53,7 +53,7 @@ def test_labels_are_hf_generation_states_pooled(labelled):
     env = ds.card()["env"]
     entry = ds.card()["labels"]["im"]
     assert entry["pool"] == "imagine:every:2" and entry["imagine"]["tokens"] == N_NEW
-    llm = make_llm(LLMConfig(backend="jax", weights=str(weights), layer=LAYER,
+    llm = make_encoder(LLMConfig(backend="jax", weights=str(weights), layer=LAYER,
                              imagine=ImagineConfig(tokens=N_NEW, pool="every:2")), env)
     name = ds.shard_names()[0]
     codec = ObsCodec(spec(env))

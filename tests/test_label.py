@@ -315,7 +315,7 @@ def test_labels_equal_encoding_from_scratch_and_the_online_carry(smoke_data, tmp
     from fused.llm.config import LLMConfig
     from fused.data.config import LabelConfig
     from fused.data.labelling import label
-    from fused.llm.encoder import make_llm
+    from fused.llm.encoders import make_encoder
     from fused.llm.policy_input import init_llm_state, llm_step
     from fused.rl.obs_codec import ObsCodec
     from fused.envspec import spec
@@ -337,10 +337,10 @@ def test_labels_equal_encoding_from_scratch_and_the_online_carry(smoke_data, tmp
     obs = ObsCodec(spec(ENV)).decode(np, cols)
     grid = np.zeros((64, 8), np.int64)  # row of (t, env)
     grid[cols["t"], cols["env"]] = np.arange(len(obs))
-    llm = make_llm(LLMConfig(backend="jax", skip_n=7, refresh_wait=1, refresh_batch=8), ENV)
+    llm = make_encoder(LLMConfig(backend="jax", skip_n=7, refresh_wait=1, refresh_batch=8), ENV)
     step = jax.jit(lambda s, o, d, t: llm_step(llm, llm.frozen, s, o, d, t,
                                                jax.random.PRNGKey(0), 8, 8)[0])
-    state = init_llm_state(llm, 8)
+    state = init_llm_state(llm.hidden_size, 8)
     scale = np.abs(hidden).max()
     for t in range(64):
         rows = grid[t]
@@ -411,7 +411,7 @@ def test_an_llm_run_records_the_hidden_states_it_acted_on(tmp_path):
     its first observation."""
     from fused.llm.config import LLMConfig
     from fused.envspec import spec
-    from fused.llm.encoder import encode_observations, make_llm
+    from fused.llm.encoders import make_encoder
     from fused.rl.obs_codec import ObsCodec
 
     env = subprocess_env()
@@ -436,8 +436,8 @@ def test_an_llm_run_records_the_hidden_states_it_acted_on(tmp_path):
     first = np.flatnonzero(cols["t"] == 0)
     assert len(first) == 8 and len(hidden) == len(cols["t"])
     obs = ObsCodec(spec(ENV)).decode(np, {k: v[first] for k, v in cols.items()})
-    llm = make_llm(LLMConfig(backend="jax"), ENV)
-    want, _ = encode_observations(llm, llm.frozen, jnp.asarray(obs), 8)
+    llm = make_encoder(LLMConfig(backend="jax"), ENV)
+    want, _ = llm.encode(llm.frozen, jnp.asarray(obs), 8)[:2]
     got = hidden[first].astype(np.float32)
     np.testing.assert_allclose(got, np.asarray(want), atol=1e-2 * np.abs(want).max())
     # the same on 2 devices (envs split, the checkpoint's parameters and normaliser replicated

@@ -135,16 +135,16 @@ def test_fused_expert_load_by_hand():
     8 experts, top 2) counts every encoded token twice (k = 2), and the update metrics are
     numpy's max / mean and std / mean of a load by hand."""
     from fused.llm.config import LLMConfig
-    from fused.llm.encoder import make_llm
+    from fused.llm.encoders import make_encoder
     from fused.llm.policy_input import LOAD, init_llm_state, llm_step, load_metrics
     from fused.rl.envs import rollout_observations
 
-    llm = make_llm(LLMConfig(backend="jax", random_model="tiny-moe", skip_n=3), ENV)
-    assert llm.reports_load and llm.qcfg.sparse_layers == (False, True)
+    llm = make_encoder(LLMConfig(backend="jax", random_model="tiny-moe", skip_n=3), ENV)
+    assert llm.load_shape == (1, 8) and llm.qcfg.sparse_layers == (False, True)
     obs = rollout_observations(ENV, 8, 3, 4)[::2]
     _, m = jax.jit(lambda s, o: llm_step(llm, llm.frozen, s, o, jnp.zeros(o.shape[0], bool),
                                          jnp.int32(0), jax.random.PRNGKey(0), 2, 2))(
-        init_llm_state(llm, obs.shape[0]), obs)
+        init_llm_state(llm.hidden_size, obs.shape[0]), obs)
     load = np.asarray(m[LOAD])
     assert load.shape == (1, 8) and load.sum() == 2 * float(m["llm/tokens"]) > 0
     hand = np.array([[0, 6, 2, 0], [5, 5, 5, 5], [0, 0, 0, 0]], np.float32)
@@ -158,7 +158,8 @@ def test_memory_check_names_the_numbers():
     """The released 30B-A3B shape in bf16 on a device with less memory: one line, before any
     weight is made, with the weights' size and the device's."""
     from fused.errors import ConfigError
-    from fused.llm.config import LLMConfig, validate_llm
+    from fused.llm.config import LLMConfig
+    from fused.llm.encoders import validate_llm
     from llm_jax.memory import available_bytes
 
     have, _ = available_bytes()

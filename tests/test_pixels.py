@@ -179,7 +179,8 @@ def test_policy_kind_auto_and_refusals():
     LLM on an env without text are one line each."""
     from fused.agent import AgentConfig, network_kind, policy_network
     from fused.errors import ConfigError
-    from fused.llm.config import LLMConfig, validate_llm
+    from fused.llm.config import LLMConfig
+    from fused.llm.encoders import validate_llm
     from fused.rl.config import EnvSettings, PolicyConfig, validate_policy
     from fused.rl.networks import (ActorCritic, AugmentedActorCritic, ConvActorCritic,
                                    RecurrentActorCritic)

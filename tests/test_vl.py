@@ -455,7 +455,7 @@ def test_frames_prompt_continues_its_prefix_cache_and_pools_as_hf(tmp_path):
     import torch
 
     from fused.llm.config import ImagineConfig, LLMConfig
-    from fused.llm.vl import VLEncoder
+    from fused.llm.vl import VLEncoder, VLImaginingEncoder
 
     model = build_tiny_qwen3_vl(tmp_path / "vl", vocab=151_680, seed=3, layers=3)
     frames = classic_frames(3)
@@ -481,9 +481,10 @@ def test_frames_prompt_continues_its_prefix_cache_and_pools_as_hf(tmp_path):
             want = {"mean": x.mean(0), "last": x[-1],
                     "every:8": x[ids[0].numpy() == 151655][::8].mean(0)}[pool]
             np.testing.assert_allclose(got[r], want, atol=1e-4, rtol=0, err_msg=pool)
-    enc = VLEncoder(LLMConfig(backend="jax", weights=str(tmp_path / "vl"), layer=2,
-                              dtype="float32", imagine=ImagineConfig(tokens=4, greedy=True)),
-                    "Craftax-Classic-Pixels-v1", 1, prefix_cache=True)
+    enc = VLImaginingEncoder(LLMConfig(backend="jax", weights=str(tmp_path / "vl"), layer=2,
+                                       dtype="float32",
+                                       imagine=ImagineConfig(tokens=4, greedy=True)),
+                             "Craftax-Classic-Pixels-v1", 1, prefix_cache=True)
     stop = list(enc.stop_ids)
     new, states = hf_imagined(model, frames[2], 2, 4, stop)
     _, tokens, num = jax.jit(enc.imagine)(enc.params, jnp.asarray(frames[2:].reshape(1, -1)

@@ -41,7 +41,6 @@ def test_fused_jax_backend_matches_vllm_fallback(vllm_server):
     from fused.commands.train import TrainConfig, WandbConfig, validate
     from fused.llm.config import LLMConfig
     from fused.rl.config import EnvConfig, PolicyConfig, PPOConfig
-    from fused.llm.encoder import encode_observations
     from fused.commands.train import build
 
     folder, client = vllm_server
@@ -62,10 +61,10 @@ def test_fused_jax_backend_matches_vllm_fallback(vllm_server):
         online = build(cfg)
         state = jax.jit(online.trainer.init)(jax.random.PRNGKey(0), online.frozen)
         state, metrics = jax.jit(online.trainer.chunk)(state, online.frozen)
-        runs[name] = (online.agent.inputs.llm, jax.device_get(state), jax.device_get(metrics))
+        runs[name] = (online.agent.inputs.encoder, jax.device_get(state), jax.device_get(metrics))
     obs = np.asarray(runs["jax"][1].env.obs)  # the envs' last observations
-    h_jax, n_jax = encode_observations(runs["jax"][0], runs["jax"][0].frozen, obs, 2)
-    h_vllm, n_vllm = runs["vllm"][0].host.encode_numpy(obs)
+    h_jax, n_jax = runs["jax"][0].encode(runs["jax"][0].frozen, obs, 2)[:2]
+    h_vllm, n_vllm = runs["vllm"][0].encode_numpy(obs)
     np.testing.assert_allclose(np.asarray(h_jax), h_vllm, atol=1e-4, rtol=0)
     assert int(n_jax) == int(n_vllm)
     (_, s_jax, m_jax), (_, s_vllm, m_vllm) = runs["jax"], runs["vllm"]
@@ -82,19 +81,19 @@ def test_garbage_prompt_ablation_reaches_the_vllm_backend(vllm_server):
     """--llm.hidden garbage-prompt with the vllm backend sends the shuffled prefix too: its
     states equal the jax backend's garbage-prompt states and differ from the real prompt's."""
     from fused.llm.config import LLMConfig
-    from fused.llm.encoder import encode_observations, make_llm
+    from fused.llm.encoders import make_encoder
     from fused.rl.envs import rollout_observations
 
     folder, client = vllm_server
     env = "Craftax-Classic-Symbolic-v1"
     obs = rollout_observations(env, 4, 5, 4)
     base = LLMConfig(weights=str(folder), post_norm=True, hidden="garbage-prompt")
-    jax_llm = make_llm(base, env)
-    vllm_llm = make_llm(LLMConfig(backend="vllm", weights=str(folder), url=client.url,
+    jax_llm = make_encoder(base, env)
+    vllm_llm = make_encoder(LLMConfig(backend="vllm", weights=str(folder), url=client.url,
                                   hidden="garbage-prompt"), env)
-    real = make_llm(LLMConfig(backend="vllm", weights=str(folder), url=client.url), env)
+    real = make_encoder(LLMConfig(backend="vllm", weights=str(folder), url=client.url), env)
     assert vllm_llm.host.prefix == jax_llm.prefix_ids.tolist() != real.host.prefix
-    h_jax, _ = encode_observations(jax_llm, jax_llm.frozen, obs, 2)
+    h_jax, _ = jax_llm.encode(jax_llm.frozen, obs, 2)[:2]
     h_vllm, _ = vllm_llm.host.encode_numpy(obs)
     h_real, _ = real.host.encode_numpy(obs)
     np.testing.assert_allclose(np.asarray(h_jax), h_vllm, atol=1e-4, rtol=0)
@@ -116,7 +115,7 @@ def test_label_sets_from_vllm_match_the_jax_path(vllm_server, tmp_path):
     from fused.data.labelling import BatchEncoder, label
     from fused.data.store import Dataset
     from fused.envspec import spec
-    from fused.llm.encoder import make_llm
+    from fused.llm.encoders import make_encoder
     from fused.rl.obs_codec import ObsCodec
 
     folder, client = vllm_server
@@ -139,7 +138,6 @@ def test_label_sets_from_vllm_match_the_jax_path(vllm_server, tmp_path):
     cols = ds.read(ds.shard_names()[0])
     obs = ObsCodec(spec(env)).decode(np, cols)[:8]
     keys = np.asarray(jax.random.split(jax.random.PRNGKey(0), len(obs)))  # (no imagination)
-    ours = BatchEncoder(make_llm(cfgs["jax"], env), LabelConfig(data="", batch=8), 1)(obs, keys)[0]
-    theirs = BatchEncoder(make_llm(cfgs["vllm"], env), LabelConfig(data="", batch=8), 1)(obs,
-                                                                                         keys)[0]
+    ours, theirs = (BatchEncoder(make_encoder(cfgs[k], env), LabelConfig(data="", batch=8), 1)(
+        obs, keys)[0] for k in ("jax", "vllm"))
     assert np.abs(ours - theirs).max() <= 1e-4 * np.abs(ours).max()

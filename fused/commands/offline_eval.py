@@ -18,7 +18,7 @@ import numpy as np
 
 from fused.agent import Agent, needs_text
 from fused.errors import ConfigError
-from fused.llm.config import is_vl
+from fused.llm.encoders import kind_of
 from fused.trained_policy import TrainedPolicy, is_offline, load_policy
 from fused.rl.envs import make_env
 from fused.rl.evaluate import ci_text, make_evaluate, summarise
@@ -67,7 +67,6 @@ class EvalConfig:
 
 def check_llm_matches_labels(run_dir: Path, pol: TrainedPolicy) -> None:
     """An offline policy's LLM, built now, against the label set it was trained on."""
-    from fused.llm.digests import folder_digest, prompt_digest
     from fused.data.store import Dataset
     from fused.commands.offline_train import OfflineConfig
 
@@ -81,10 +80,7 @@ def check_llm_matches_labels(run_dir: Path, pol: TrainedPolicy) -> None:
         raise ConfigError(f"the label set {ocfg.labels!r} of {ocfg.data} that {run_dir} was "
                           "trained on cannot be read to check the LLM against; pass "
                           "--allow-mismatch to evaluate anyway") from None
-    llm, m = pol.agent.inputs.llm, pol.cfg.llm
-    now = {"weights_digest": folder_digest(m.weights, m.random_model, 0),
-           "prompt_digest": prompt_digest(llm), "layer": llm.layer, "pool": m.pooled,
-           "post_norm": m.post_norm}
+    now = pol.agent.inputs.encoder.identity()
     for k, v in now.items():
         if entry.get(k) != v:
             raise ConfigError(f"{k} of the LLM built for evaluation ({v!r}) differs from the "
@@ -143,7 +139,7 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None,
     out.update(run=str(run_dir), checkpoint=pol.step, seed=c.seed, greedy=c.greedy,
                env=pol.cfg.env.name, seconds=time.time() - t0,
                llm=None if pol.cfg.llm.active_backend == "none" else {
-                   "layer": pol.agent.inputs.llm.layer, "skip_n": pol.cfg.llm.skip_n,
+                   "layer": pol.agent.inputs.encoder.layer, "skip_n": pol.cfg.llm.skip_n,
                    "hidden": pol.cfg.llm.hidden, "weights": pol.cfg.llm.weights})
     atomic_write_json(path, out)
     if c.plot and out["achievements"]:
@@ -169,7 +165,8 @@ def video_watch(pol: TrainedPolicy, c: EvalConfig):
     from fused.video import FrameWatch
 
     name = pol.cfg.env.name
-    if not (c.video_text and pol.cfg.llm.active_backend != "none" and not is_vl(pol.cfg.llm)):
+    if not (c.video_text and pol.cfg.llm.active_backend != "none"
+            and not kind_of(pol.cfg.llm).reads_frames):
         return FrameWatch(name, c.video, c.video_max_steps)
     from fused.text.format import render_text
 

@@ -214,11 +214,12 @@ def run_probe(c: ProbeConfig, console) -> dict:
     for n in names:
         obs[n] = observe(jax.jit(jax.vmap(EDITS[n][0]))(base))
     llm = pol.cfg.llm.active_backend != "none"
-    # A Qwen3-VL's prompt is the frame and one instruction: no garbage-prompt variant
-    vl = llm and pol.agent.inputs.llm.vl is not None
-    variants = (["real", "zero", "shuffle"] + ([] if vl else ["garbage"]) + ["counterfactual"]
+    # the garbage-prompt variant where the encoder builds one (a Qwen3-VL's prompt is the frame
+    # and one instruction: none)
+    garbage = llm and "garbage-prompt" in pol.agent.inputs.encoder.ablations
+    variants = (["real", "zero", "shuffle"] + (["garbage"] if garbage else []) + ["counterfactual"]
                 if llm else ["real"])
-    inputs = hidden_inputs(pol, obs, c.seed, garbage=not vl) if llm else None
+    inputs = hidden_inputs(pol, obs, c.seed, garbage=garbage) if llm else None
 
     def outputs(name, variant):
         if not llm:
@@ -254,7 +255,7 @@ def run_probe(c: ProbeConfig, console) -> dict:
                                                     else outputs("base", "real")[1], la)).mean())}
             results["ablations"][n] = row
     if c.eval_episodes and llm:
-        results["eval"] = ablation_returns(c, run_dir, console, pol.agent, garbage=not vl)
+        results["eval"] = ablation_returns(c, run_dir, console, pol.agent, garbage=garbage)
     out = run_dir / "probe.json"
     atomic_write_json(out, results)
     atomic_write(run_dir / "probe.md", table(results))
@@ -267,17 +268,17 @@ def run_probe(c: ProbeConfig, console) -> dict:
 def hidden_inputs(pol, obs: dict, seed: int, garbage: bool = True) -> Callable:
     """(edit name, variant) -> the normalised hidden states the policy would see [S, H]
     (`garbage`: the garbage-prompt variant is built)."""
-    from fused.llm.encoder import encode_observations, make_llm
+    from fused.llm.encoders import make_encoder
     from fused.llm.norm import normalize
 
-    llm = pol.agent.inputs.llm
+    enc = pol.agent.inputs.encoder
     mb = pol.agent.inputs.microbatch
-    enc_real = jax.jit(lambda f, o: encode_observations(llm, f, o, mb)[0])
+    enc_real = jax.jit(lambda f, o: enc.encode(f, o, mb).hidden)
     if garbage:
-        garbage = make_llm(dataclasses.replace(pol.cfg.llm, hidden="garbage-prompt"),
-                           pol.cfg.env.name, pol.cfg.seed, weights_of=llm)
-        enc_garbage = jax.jit(lambda f, o: encode_observations(garbage, f, o, mb)[0])
-    raw = {n: enc_real(llm.frozen, o) for n, o in obs.items()}
+        garbage = make_encoder(dataclasses.replace(pol.cfg.llm, hidden="garbage-prompt"),
+                               pol.cfg.env.name, pol.cfg.seed, like=enc)
+        enc_garbage = jax.jit(lambda f, o: garbage.encode(f, o, mb).hidden)
+    raw = {n: enc_real(enc.frozen, o) for n, o in obs.items()}
     norm = pol.inputs_state.norm if pol.inputs_state is not None else None
     perm = jax.random.permutation(jax.random.PRNGKey(seed), next(iter(obs.values())).shape[0])
 

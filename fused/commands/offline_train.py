@@ -24,7 +24,8 @@ import tyro
 
 from fused.agent import AgentConfig, policy_network
 from fused.errors import ConfigError
-from fused.llm.config import LLMConfig, text_config
+from fused.llm.config import LLMConfig
+from fused.llm.encoders import kind_of
 from fused.rl.config import EnvSettings, PolicyConfig
 from fused.data.store import DatasetError
 from fused.data.loader import (TrainingData, WindowStream, hidden_moments, load_training_data,
@@ -257,7 +258,7 @@ def example_input(agent: AgentConfig):
     obs = jnp.zeros((1, spec(agent.env.name).obs_dim), jnp.float32)
     if agent.llm.active_backend == "none":
         return obs
-    return {"obs": obs, "hidden": jnp.zeros((1, text_config(agent.llm).hidden_size),
+    return {"obs": obs, "hidden": jnp.zeros((1, kind_of(agent.llm).hidden_size(agent.llm)),
                                             jnp.float32)}
 
 

@@ -19,7 +19,8 @@ from rich.console import Console
 
 from fused.agent import Agent, AgentConfig, make_agent, needs_text
 from fused.errors import ConfigError
-from fused.llm.config import LLMConfig, validate_llm
+from fused.llm.config import LLMConfig
+from fused.llm.encoders import validate_llm
 from fused.rl.config import (EnvConfig, ExploreConfig, PolicyConfig, PPOConfig, env_settings,
                              validate_env, validate_policy)
 from fused.commands import process

@@ -9,7 +9,8 @@ from typing import Literal
 import tyro
 
 from fused.errors import ConfigError
-from fused.llm.config import ImagineConfig, LLMConfig, validate_imagine, validate_llm
+from fused.llm.config import ImagineConfig, LLMConfig, validate_imagine
+from fused.llm.encoders import validate_llm
 from fused.rl.config import EnvSettings, validate_env
 from fused.envspec import EnvName
 
@@ -191,13 +192,7 @@ def validate_label(c: LabelConfig, env_name: str, num_devices: int = 1) -> None:
     if not c.name or "/" in c.name or c.name.startswith("."):
         raise ConfigError(f"name={c.name!r} must be a plain folder name")
     validate_imagine(c.imagine, "imagine")
-    from fused.llm.config import validate_vl
-    from fused.llm.vl import is_vl_folder
-
-    if is_vl_folder(c.llm.weights):  # a Qwen3-VL labels frames
-        validate_vl(c.model, env_name)
-        return
-    validate_llm(c.model, env_name, c.batch // num_devices, num_devices)
+    validate_llm(c.model, env_name, c.batch // num_devices, num_devices, online=False)
 
 
 def validate_returns(c: ReturnsConfig) -> None:

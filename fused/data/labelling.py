@@ -9,9 +9,9 @@ the index of its state. A row whose label comes from an earlier shard (its episo
 has that observation re-encoded here, so every shard is self-contained and the shards of one
 set are independent units of work (process i of n takes shards i, i + n, ...).
 
-Rendering and encoding are the training path's own (`fused.llm.encoder.encode_observations`:
-device renderer, cached prompt prefix, length buckets); `--llm.backend vllm` sends the same
-prompts to a vLLM server instead.
+Encoding is the training path's own: the encoder `fused.llm.encoders.make_encoder` picks for the
+settings (the text encoder's device renderer, cached prompt prefix and length buckets; a
+Qwen3-VL on frames; `--llm.backend vllm` sends the same prompts to a vLLM server).
 """
 
 from __future__ import annotations
@@ -27,16 +27,16 @@ import ml_dtypes
 import numpy as np
 
 from fused.errors import ConfigError
+from fused.llm.config import LLMConfig
 from fused.data.config import LabelConfig, parse_part
 from fused.data.store import Dataset, DatasetError, commit_group, committed
 from fused.envspec import spec, text_env
-from fused.llm.vl import VLLabeller, is_vl_folder
 from fused.llm import batching
-from fused.llm.digests import folder_digest, prompt_digest
-from fused.llm.encoder import LLM, encode_observations, imagine_observations, make_llm
+from fused.llm.encoder import Encoder
+from fused.llm.encoders import kind_of, make_encoder
 from fused.rl.obs_codec import ObsCodec
 from fused.runs.cluster import barrier
-from fused.runs.config_io import to_dict
+from fused.runs.config_io import from_dict, to_dict
 from fused.runs.interrupts import stop_if_interrupted
 from fused.runs.progress import JobProgress
 
@@ -98,26 +98,11 @@ def find_rows(ds: Dataset, names: list[str], shard: int, wanted: np.ndarray,
     return {c: np.concatenate([r[c] for r in rows]) for c in columns}
 
 
-def label_card(c: LabelConfig, llm: LLM, seed: int) -> dict:
-    prompt = prompt_digest(llm)
-    m = c.model
-    entry = {"llm": to_dict(m), "backend": llm.backend,
-             "weights_digest": folder_digest(m.weights, m.random_model, seed),
-             "model": dict(llm.qcfg.__dict__), "layer": llm.layer, "pool": m.pooled,
-             "post_norm": m.post_norm or llm.backend == "vllm", "prompt_digest": prompt,
-             "prompt_tokens": int(len(llm.prefix_ids)), "skip_n": m.skip_n,
-             "dtype": c.dtype, "compute_dtype": m.compute_dtype, "hidden": m.hidden}
-    if m.imagine.tokens:
-        entry["imagine"] = dict(to_dict(c.imagine), sampling=llm.sampling.record())
-    return json.loads(json.dumps(entry))  # as card.json gives it back (tuples are lists)
-
-
 def label(c: LabelConfig, console, num_devices: int = 1) -> Dataset:
     ds = Dataset(c.data)
     card, manifest = ds.card(), ds.manifest()
     env = card["env"]
-    vl = is_vl_folder(c.model.weights)
-    if not spec(env).has_text and not vl:
+    if not spec(env).has_text and not kind_of(c.model).reads_frames:
         raise ConfigError(f"data={ds.root} holds {env!r} frames and no text observation to "
                           "label: text labels need a symbolic dataset (its text twin, "
                           f"{text_env(env) or 'none'}, from the same policy and seeds)")
@@ -130,14 +115,10 @@ def label(c: LabelConfig, console, num_devices: int = 1) -> Dataset:
         raise ConfigError(f"label set {c.name!r} is in {ds.root}/manifest.json but card.json "
                           "does not say how it was made; pass --overwrite to redo it or --name "
                           "for another")
-    if vl:  # frames, through the vision tower
-        llm = VLLabeller(c.model, env, c.batch)
-        entry = llm.card(c, 0)
-    else:
-        llm = make_llm(c.model, env, seed=0)
-        entry = label_card(c, llm, 0)
+    encoder = make_encoder(c.model, env, seed=0)
+    entry = encoder.card(c.dtype, to_dict(c.imagine))
     if old and not c.overwrite:
-        if {k: v for k, v in old.items() if k in entry} != entry:
+        if {k: v for k, v in with_defaults(old).items() if k in entry} != entry:
             raise ConfigError(f"label set {c.name!r} in {ds.root} was made with other settings; "
                               "pass --overwrite to replace it or --name for another")
     part = parse_part(c.part, jax.process_count())
@@ -154,7 +135,7 @@ def label(c: LabelConfig, console, num_devices: int = 1) -> Dataset:
     names = [s["name"] for s in manifest["shards"]]
     rows = {s["name"]: s["rows"] for s in manifest["shards"]}
     mine = [i for i in range(len(names)) if i % nproc == proc]
-    encoder = llm if vl else BatchEncoder(llm, c, num_devices)
+    encoder = BatchEncoder(encoder, c, num_devices)
     codec = ObsCodec(spec(env))
     t0, states, tokens, redone = time.time(), 0, 0, 0
     with JobProgress(console, sum(rows[names[i]] for i in mine), unit="rows",
@@ -234,17 +215,17 @@ class BatchEncoder:
     batches of `batch` rows split over this process's devices (the last batch padded with its
     first row); with imagination also the generated tokens [M, N] and their counts [M]."""
 
-    def __init__(self, llm: LLM, c: LabelConfig, num_devices: int):
-        self.llm, self.batch, self.tokenizer = llm, c.batch, llm.tokenizer
-        local = c.batch // num_devices
-        microbatch = batching.for_llm(llm, local).microbatch
+    def __init__(self, encoder: Encoder, c: LabelConfig, num_devices: int):
+        self.encoder, self.batch, self.tokenizer = encoder, c.batch, encoder.tokenizer
+        microbatch = encoder.batching(c.batch // num_devices).microbatch
 
         def encode(obs, keys, frozen):
-            if llm.imagines:
-                out = imagine_observations(llm, frozen, obs, microbatch, keys)
-                return out.hidden, out.tokens, out.generated, out.num_generated
-            return (*encode_observations(llm, frozen, obs, microbatch),
-                    jnp.zeros((obs.shape[0], 0), jnp.int32), jnp.zeros(obs.shape[0], jnp.int32))
+            with jax.named_scope("llm"):
+                e = encoder.encode(frozen, obs, microbatch, keys)
+            n = obs.shape[0]
+            gen = e.generated if e.generated is not None else jnp.zeros((n, 0), jnp.int32)
+            num = e.num_generated if e.num_generated is not None else jnp.zeros(n, jnp.int32)
+            return e.hidden, e.tokens, gen, num
 
         fn = encode
         if num_devices > 1:
@@ -261,15 +242,27 @@ class BatchEncoder:
         out, gen, num, tokens = [], [], [], 0
         for chunk, k, n in batching.padded_batches(obs, keys, self.batch):
             stop_if_interrupted()
-            h, tok, g, m = self.fn(jnp.asarray(chunk), jnp.asarray(k), self.llm.frozen)
+            h, tok, g, m = self.fn(jnp.asarray(chunk), jnp.asarray(k), self.encoder.frozen)
             out.append(np.asarray(h)[:n])
             gen.append(np.asarray(g)[:n])
             num.append(np.asarray(m)[:n])
             tokens += int(tok)
         if not out:
-            return (np.zeros((0, self.llm.hidden_size)), 0,
+            return (np.zeros((0, self.encoder.hidden_size)), 0,
                     (np.zeros((0, 0), np.int32), np.zeros(0, np.int32)))
         return np.concatenate(out), tokens, (np.concatenate(gen), np.concatenate(num))
+
+
+def with_defaults(card_entry: dict) -> dict:
+    """A label set's card entry with its `llm` settings read as today's config reads them
+    (fields added since it was written take their defaults), so it compares with a new one."""
+    if "llm" not in card_entry:
+        return card_entry
+    try:
+        llm = to_dict(from_dict(LLMConfig, card_entry["llm"], "the label set's card"))
+    except ConfigError:
+        return card_entry
+    return dict(card_entry, llm=llm)
 
 
 def _summed(out, axis):

@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 import jax
 
+from fused.llm.config import LLMConfig
 from llm_jax.config import Qwen3Config
 from llm_jax.memory import activation_bytes
 
@@ -136,24 +137,33 @@ def plan(q: Qwen3Config, layers: int, local_envs: int, refresh_wait: int, tokens
     return Batching(microbatch, refresh, refresh * per_row / (fixed + refresh * per_row))
 
 
-def for_llm(llm, local_envs: int, platform: str | None = None) -> Batching:
-    """`plan` for a built `fused.llm.encoder.LLM` on this process's backend, with the config's
+class CallShape(NamedTuple):
+    """What sizes an encoder's calls: its model and computed layers, the tokens of a row
+    (typically and at most) after a `prefix`-token shared prompt, the compute dtype, the device
+    bytes left for a call's activations (None: not checked), and what else a row holds at once
+    (a vision tower's activations)."""
+
+    qcfg: Qwen3Config
+    layers: int
+    typical: int
+    max_tokens: int
+    prefix: int
+    dtype: str
+    room: float | None = None
+    extra_row_bytes: float = 0
+
+
+def for_calls(shape: CallShape, cfg: LLMConfig, local_envs: int,
+              platform: str | None = None) -> Batching:
+    """`plan` for calls of `shape` on this process's backend (or `platform`), the config's
     explicit --llm.microbatch / --llm.refresh-batch (non-zero) taking precedence."""
-    c = llm.cfg
-    max_tokens = llm.buckets[-1]
-    if llm.vl is not None:  # a frame's prompt: one length after the text before the image
-        typical = max_tokens = llm.vl.row_tokens
-        prefix = llm.vl.prefix_len
-    else:  # rows are typically a quarter of the renderer's worst case (Classic: 209 of 1013)
-        typical = llm.renderer.max_tokens // 4 + max_tokens - llm.renderer.max_tokens
-        prefix = len(llm.prefix_ids)
     dev = platform or device_cost()
-    if platform is None and llm.activation_room is not None:  # what the weights leave
-        dev = dev._replace(activation_bytes=min(dev.activation_bytes, llm.activation_room))
-    auto = plan(llm.qcfg, llm.layer, local_envs, c.refresh_wait, typical, max_tokens, prefix,
-                llm.dtype, dev, llm.vl.vision_row_bytes if llm.vl is not None else 0)
-    microbatch = c.microbatch or auto.microbatch
-    refresh = min(c.refresh_batch or auto.refresh, local_envs)
+    if platform is None and shape.room is not None:  # what the weights leave
+        dev = dev._replace(activation_bytes=min(dev.activation_bytes, shape.room))
+    auto = plan(shape.qcfg, shape.layers, local_envs, cfg.refresh_wait, shape.typical,
+                shape.max_tokens, shape.prefix, shape.dtype, dev, shape.extra_row_bytes)
+    microbatch = cfg.microbatch or auto.microbatch
+    refresh = min(cfg.refresh_batch or auto.refresh, local_envs)
     return auto._replace(microbatch=microbatch, refresh=refresh)
 
 

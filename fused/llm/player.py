@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from fused.errors import ConfigError
 from fused.envspec import spec, text_env
 from fused.llm.config import ModelConfig, model_config, sampling_of, tokenizer_of
-from fused.llm.encoder import load_llm_params
+from fused.llm.weights import load_llm_params
 from fused.rl.acting import Policy, chosen
 from fused.text.buckets import at_smallest_fit, coarse_buckets
 from fused.text.prompt import PlayParts, play_parts

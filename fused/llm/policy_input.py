@@ -9,14 +9,12 @@ state normalised by running moments kept in the state (and so in checkpoints).
 
 from __future__ import annotations
 
-import time
-
 import jax
 import jax.numpy as jnp
 from flax import struct
 from jax.sharding import PartitionSpec as P
 
-from fused.llm.encoder import LLM, FrozenLLM, encode_observations
+from fused.llm.encoder import Encoder
 from fused.llm.norm import RunningNorm, init_norm, normalize, update_norm
 
 COUNTS = ("llm/calls", "llm/refreshed", "llm/tokens")  # per-step metrics, summed over steps
@@ -30,31 +28,20 @@ class LLMState:
     norm: RunningNorm
 
 
-def init_llm_state(llm: LLM, num_envs: int) -> LLMState:
-    return LLMState(jnp.zeros((num_envs, llm.hidden_size), jnp.float32),
+def init_llm_state(hidden_size: int, num_envs: int) -> LLMState:
+    return LLMState(jnp.zeros((num_envs, hidden_size), jnp.float32),
                     jnp.ones(num_envs, jnp.int32),  # never encoded yet: waiting
-                    init_norm(llm.hidden_size))
+                    init_norm(hidden_size))
 
 
-def policy_hidden(llm: LLM, s: LLMState) -> jax.Array:
+def policy_hidden(enc: Encoder, s: LLMState) -> jax.Array:
     """What the policy sees: [N, H] normalised (if enabled) hidden states. Without LLM calls
     (`constant_hidden`) the state is zero whatever was restored, so every row is the same."""
-    h = jnp.zeros_like(s.hidden) if llm.cfg.constant_hidden else s.hidden
-    return normalize(s.norm, h) if llm.cfg.normalize else h
+    h = jnp.zeros_like(s.hidden) if enc.cfg.constant_hidden else s.hidden
+    return normalize(s.norm, h) if enc.cfg.normalize else h
 
 
-def _ablate(llm: LLM, frozen: FrozenLLM | None, hidden, key):
-    """`--llm.hidden shuffle`: the rows' states permuted; a flag of the jax backend's frozen
-    arrays (so one program serves real and shuffle), of the config for the vllm backend."""
-    if frozen is None:
-        if llm.cfg.hidden != "shuffle":
-            return hidden
-        return hidden[jax.random.permutation(key, hidden.shape[0])]
-    return jnp.where(frozen.shuffle, hidden[jax.random.permutation(key, hidden.shape[0])],
-                     hidden)
-
-
-def llm_step(llm: LLM, frozen: FrozenLLM | None, s: LLMState, obs, done, step, key, microbatch,
+def llm_step(enc: Encoder, frozen, s: LLMState, obs, done, step, key, microbatch,
              refresh_rows, axis_name=None, first: bool = False):
     """Hidden states for the observations `obs` [N, D] about to be acted on.
 
@@ -66,36 +53,32 @@ def llm_step(llm: LLM, frozen: FrozenLLM | None, s: LLMState, obs, done, step, k
     `first`: `step` is the stream's step 0, where every env is encoded (the branch taken at any
     step a multiple of skip_n), so the other branches are not traced (a smaller init program).
     Returns (state, metrics dict of scalars)."""
-    c = llm.cfg
+    c = enc.cfg
     n = obs.shape[0]
     stale = (s.age > 0) | (done & c.refresh_on_reset)
     age = jnp.where(stale, s.age + 1, 0)
     zero = jnp.zeros((), jnp.float32)
     zeros = {k: zero for k in COUNTS}
-    if llm.reports_load:  # tokens routed to each expert, summed over the step's calls
-        no_load = jnp.zeros((sum(llm.qcfg.sparse_layers[:llm.layer]), llm.qcfg.num_experts),
-                            jnp.float32)
-        zeros[LOAD] = no_load
+    if enc.load_shape is not None:  # tokens routed to each expert, summed over the step's calls
+        zeros[LOAD] = jnp.zeros(enc.load_shape, jnp.float32)
     if c.constant_hidden:
         return s.replace(age=jnp.zeros_like(age)), zeros
     k_full, k_part = jax.random.split(key)
     k_imagine_full = k_imagine_part = None
-    if llm.imagines:  # (keys of their own, so the rest of the stream is as without)
+    if enc.draws:  # (keys of their own, so the rest of the stream is as without)
         k_full, k_imagine_full = jax.random.split(k_full)
         k_part, k_imagine_part = jax.random.split(k_part)
 
     def encode(o, mb, keys):
-        """(hidden, tokens, load or zeros)."""
-        if llm.reports_load:
-            h, t, load = encode_observations(llm, frozen, o, mb, keys, with_load=True)
-            return h, t, load.astype(jnp.float32)
-        h, t = encode_observations(llm, frozen, o, mb, keys)
-        return h, t, None
+        """(hidden, tokens, load or None)."""
+        with jax.named_scope("llm"):  # in profiles: `bench/trace_report.py` groups by it
+            e = enc.encode(frozen, o, mb, keys)
+        return e.hidden, e.tokens, None if e.load is None else e.load.astype(jnp.float32)
 
     def full(s):
         keys = None if k_imagine_full is None else jax.random.split(k_imagine_full, n)
         h, tokens, load = encode(obs, microbatch, keys)
-        h = _ablate(llm, frozen, h, k_full)
+        h = enc.shuffle(frozen, h, k_full)
         norm = update_norm(s.norm, h, jnp.ones(n), axis_name)
         m = {"llm/calls": jnp.float32(1), "llm/refreshed": zero,
              "llm/tokens": tokens.astype(jnp.float32)}
@@ -117,7 +100,7 @@ def llm_step(llm: LLM, frozen: FrozenLLM | None, s: LLMState, obs, done, step, k
             keys = (None if k_imagine_part is None
                     else jax.random.split(jax.random.fold_in(k_imagine_part, j), r))
             h, t, lj = encode(obs[idx], None, keys)
-            h = _ablate(llm, frozen, h, jax.random.fold_in(k_part, j))
+            h = enc.shuffle(frozen, h, jax.random.fold_in(k_part, j))
             hidden = hidden.at[idx].set(jnp.where(valid[:, None], h, hidden[idx]))
             load = None if load is None else load + lj
             return hidden, done_rows.at[idx].set(done_rows[idx] | valid), tokens + t, load
@@ -175,9 +158,9 @@ def hidden_metrics(h: jax.Array) -> dict:
 class LLMInput:
     """Observation + the LLM's (normalised) hidden state: network input {"obs", "hidden"}."""
 
-    def __init__(self, llm: LLM, microbatch: int, refresh_rows: int, num_envs: int):
-        self.llm = llm
-        self.frozen = llm.frozen
+    def __init__(self, encoder: Encoder, microbatch: int, refresh_rows: int, num_envs: int):
+        self.encoder = encoder
+        self.frozen = encoder.frozen
         self.microbatch = microbatch  # envs per LLM microbatch (per device)
         self.refresh_rows = refresh_rows  # envs per refresh call (per device)
         self.num_envs = num_envs  # global
@@ -186,20 +169,21 @@ class LLMInput:
     def init(self, frozen, obs, key, axis_name):
         k_run, k_llm = jax.random.split(key)
         n = obs.shape[0]
-        state, _ = llm_step(self.llm, frozen, init_llm_state(self.llm, n), obs,
+        state, _ = llm_step(self.encoder, frozen, init_llm_state(self.encoder.hidden_size, n),
+                            obs,
                             jnp.zeros(n, bool), jnp.int32(0), k_llm, self.microbatch,
                             self.refresh_rows, axis_name, first=True)
         return state, k_run
 
     def step(self, frozen, state, obs, done, t, key, axis_name):
-        return llm_step(self.llm, frozen, state, obs, done, t, key, self.microbatch,
+        return llm_step(self.encoder, frozen, state, obs, done, t, key, self.microbatch,
                         self.refresh_rows, axis_name)
 
     def view(self, state: LLMState, obs):
-        return {"obs": obs, "hidden": policy_hidden(self.llm, state)}
+        return {"obs": obs, "hidden": policy_hidden(self.encoder, state)}
 
     def example(self, obs):
-        return {"obs": obs, "hidden": jnp.zeros((obs.shape[0], self.llm.hidden_size))}
+        return {"obs": obs, "hidden": jnp.zeros((obs.shape[0], self.encoder.hidden_size))}
 
     def summary(self, state: LLMState, step_totals: dict, axis_name) -> dict:
         # Every device takes the same branch at every step: calls are counted once, the rest
@@ -220,14 +204,15 @@ class LLMInput:
     def host_metrics(self, row: dict, chunk_seconds: float, rows_in_chunk: int, obs) -> dict:
         """`llm/tokens_per_encode`, and `llm/time_share_est`: this update's encodes x the time
         of one call over all envs (the jitted encoder alone, timed once after a warm-up) / the
-        update's share of the chunk time (XLA gives no per-op clock inside a compiled chunk).
-        The vllm backend times its host calls itself (no estimate)."""
+        update's share of the chunk time (XLA gives no per-op clock inside a compiled chunk);
+        none for an encoder that times its own calls (the vLLM host)."""
         encodes = row["llm/calls"] * self.num_envs + row["llm/refreshed"]
         out = {"llm/tokens_per_encode": row["llm/tokens"] / max(encodes, 1.0)}
-        local = not isinstance(obs, jax.Array) or obs.is_fully_addressable
-        if self.llm.backend == "jax" and local:  # (one host's estimate: not across processes)
-            if self._call_seconds is None:
-                self._call_seconds = self._time_one_call(obs)
+        if isinstance(obs, jax.Array) and not obs.is_fully_addressable:
+            return out  # (one host's estimate: not across processes)
+        if self._call_seconds is None:
+            self._call_seconds = self.encoder.call_seconds(obs, self.microbatch) or 0.0
+        if self._call_seconds:
             out["llm/time_share_est"] = min(1.0, encodes / self.num_envs * self._call_seconds
                                             * rows_in_chunk / chunk_seconds)
         return out
@@ -239,12 +224,3 @@ class LLMInput:
     def adopt(self, fresh: LLMState, trained: LLMState) -> LLMState:
         """The trained run's running normaliser, so the policy sees what it saw in training."""
         return fresh.replace(norm=trained.norm)
-
-    def _time_one_call(self, obs) -> float:
-        obs = jax.device_get(obs)
-        keys = jax.random.split(jax.random.PRNGKey(0), obs.shape[0])  # (imagination's draws)
-        f = jax.jit(lambda o, fr: encode_observations(self.llm, fr, o, self.microbatch, keys))
-        jax.block_until_ready(f(obs, self.frozen))
-        t = time.perf_counter()
-        jax.block_until_ready(f(obs, self.frozen))
-        return time.perf_counter() - t
