@@ -26,14 +26,16 @@ class CraftaxEnv:
     `fused.envspec.text_offset`), which the LLM's renderer reads."""
 
     def __init__(self, env_spec: EnvSpec, max_episode_steps: int | None = None,
-                 text: bool = False):
-        from craftax.craftax_env import make_craftax_env_from_name
+                 text: bool = False, impl: str = "craftax"):
+        """impl: whose step (`fused.envs.IMPLS`): Craftax's own, or ours written for the
+        compiler (equal to Craftax's bit for bit)."""
+        from fused.envs import make_craftax_env
 
         self.spec = env_spec
-        self._env = make_craftax_env_from_name(env_spec.name, auto_reset=False)
+        self._env = make_craftax_env(env_spec.name, impl)
         self._twin = None
         if text and env_spec.is_pixels:
-            self._twin = make_craftax_env_from_name(text_env(env_spec.name), auto_reset=False)
+            self._twin = make_craftax_env(text_env(env_spec.name), impl)
         params = self._env.default_params
         if max_episode_steps is not None:
             params = params.replace(max_timesteps=max_episode_steps)
@@ -75,7 +77,7 @@ def make_env(cfg: EnvSettings, text: bool = False) -> Env:
     s = spec(cfg.name)
     if s.family == "probe":
         return make_probe(s, cfg.max_episode_steps)
-    return CraftaxEnv(s, cfg.max_episode_steps, text)
+    return CraftaxEnv(s, cfg.max_episode_steps, text, getattr(cfg, "impl", "craftax"))
 
 
 def rollout_observations(env_name: TextEnvName, num_states: int, seed: int,

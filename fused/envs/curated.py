@@ -1,0 +1,115 @@
+"""Hand-made Craftax-Classic states: a real state edited so that the rare parts of the step run
+(night, sleep, mobs next to the player, arrows in flight, tables and lava close by, the map's
+edge, a plant about to ripen, low health, full inventories). For equality tests of a step:
+`classic_edit(key, state)` edits one env's state (vmap it); every edit is one a game could reach
+or close to it (a mob map that marks the mobs placed), and each applies with some probability,
+so a batch mixes them."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from craftax.craftax_classic.constants import BlockType
+from craftax.craftax_classic.envs.craftax_state import EnvParams
+from craftax.craftax_classic.game_logic import calculate_light_level
+
+B = BlockType
+NEAR_BLOCKS = jnp.array([B.GRASS.value, B.GRASS.value, B.SAND.value, B.PATH.value, B.TREE.value,
+                         B.STONE.value, B.WATER.value, B.CRAFTING_TABLE.value, B.FURNACE.value,
+                         B.LAVA.value, B.COAL.value, B.IRON.value, B.DIAMOND.value,
+                         B.PLANT.value, B.RIPE_PLANT.value], dtype=jnp.int32)
+
+
+def _mobs(key, mobs, player, spread: int, health_max: int, is_arrow: bool = False):
+    k_pos, k_mask, k_health, k_cool = jax.random.split(key, 4)
+    n = mobs.mask.shape[0]
+    pos = player + jax.random.randint(k_pos, (n, 2), -spread, spread + 1)
+    mask = jax.random.bernoulli(k_mask, 0.7, (n,))
+    health = jax.random.randint(k_health, (n,), 0 if is_arrow else 1, health_max + 1)
+    cooldown = jax.random.randint(k_cool, (n,), -1, 6)
+    return mobs.replace(position=pos.astype(jnp.int32), mask=mask,
+                        health=health.astype(mobs.health.dtype),
+                        attack_cooldown=cooldown.astype(mobs.attack_cooldown.dtype))
+
+
+def classic_edit(key, state):
+    """One env's Classic state, edited at random (see the module's docstring)."""
+    ks = iter(jax.random.split(key, 32))
+    h, w = state.map.shape
+
+    def maybe(p):
+        return jax.random.bernoulli(next(ks), p)
+
+    # The player: now and then on the map's edge (an index of -1 wraps in Craftax's reads).
+    edge = jax.random.randint(next(ks), (2,), 0, 4)
+    corner = jnp.stack([jnp.array([0, 1, h - 2, h - 1])[edge[0]],
+                        jnp.array([0, 1, w - 2, w - 1])[edge[1]]]).astype(jnp.int32)
+    on_edge = maybe(0.15)
+    player = jnp.where(on_edge, corner, state.player_position)
+    state = state.replace(player_position=player,
+                          player_direction=jax.random.randint(next(ks), (), 1, 5).astype(
+                              state.player_direction.dtype))
+    # Blocks around the player (5 x 5), sometimes.
+    offsets = jnp.stack(jnp.meshgrid(jnp.arange(-2, 3), jnp.arange(-2, 3)), -1).reshape(-1, 2)
+    cells = player + offsets
+    blocks = NEAR_BLOCKS[jax.random.randint(next(ks), (25,), 0, NEAR_BLOCKS.shape[0])]
+    keep = (offsets == 0).all(-1) | ~maybe(0.5)  # the player's own cell stays
+    blocks = jnp.where(keep, state.map[cells[:, 0], cells[:, 1]], blocks)
+    state = state.replace(map=state.map.at[cells[:, 0], cells[:, 1]].set(blocks, mode="drop"))
+    # Night and sleep.
+    t = jnp.where(maybe(0.5), jax.random.randint(next(ks), (), 0, 10000), state.timestep)
+    sleep = maybe(0.3)
+    state = state.replace(timestep=t.astype(state.timestep.dtype),
+                          light_level=calculate_light_level(t, EnvParams()).astype(jnp.float32),
+                          is_sleeping=sleep | state.is_sleeping)
+    # Intrinsics, their counters, the inventory.
+    ints = jax.random.randint(next(ks), (4,), 0, 10)
+    low = maybe(0.3)
+    state = state.replace(
+        player_health=jnp.where(low, jnp.minimum(ints[0], 2), ints[0]).astype(jnp.int32),
+        player_food=ints[1].astype(jnp.int32), player_drink=ints[2].astype(jnp.int32),
+        player_energy=ints[3].astype(jnp.int32),
+        player_hunger=jax.random.uniform(next(ks), (), minval=0, maxval=26),
+        player_thirst=jax.random.uniform(next(ks), (), minval=0, maxval=21),
+        player_fatigue=jax.random.uniform(next(ks), (), minval=-11, maxval=31),
+        player_recover=jax.random.uniform(next(ks), (), minval=-16, maxval=26))
+    rich = maybe(0.4)
+    state = state.replace(inventory=jax.tree.map(
+        lambda x, k: jnp.where(rich, jax.random.randint(k, (), 0, 10), x).astype(x.dtype),
+        state.inventory, _keys_like(next(ks), state.inventory)))
+    # Mobs close by, arrows in flight (the mob map marks the live ones placed).
+    mobs_near = maybe(0.6)
+    zombies = _mobs(next(ks), state.zombies, player, 3, 5)
+    cows = _mobs(next(ks), state.cows, player, 4, 3)
+    skeletons = _mobs(next(ks), state.skeletons, player, 6, 3)
+    arrows = _mobs(next(ks), state.arrows, player, 4, 1, is_arrow=True)
+    directions = jnp.array([[0, -1], [0, 1], [-1, 0], [1, 0]], dtype=jnp.int32)[
+        jax.random.randint(next(ks), (arrows.mask.shape[0],), 0, 4)]
+    pick = lambda new, old: jax.tree.map(lambda a, b: jnp.where(mobs_near, a, b), new, old)
+    state = state.replace(zombies=pick(zombies, state.zombies), cows=pick(cows, state.cows),
+                          skeletons=pick(skeletons, state.skeletons),
+                          arrows=pick(arrows, state.arrows),
+                          arrow_directions=pick(directions, state.arrow_directions))
+    mob_map = state.mob_map
+    for mobs in (state.zombies, state.cows, state.skeletons):
+        mob_map = mob_map.at[mobs.position[:, 0], mobs.position[:, 1]].max(mobs.mask,
+                                                                           mode="drop")
+    state = state.replace(mob_map=jnp.where(mobs_near, mob_map, state.mob_map))
+    # Saplings near the player, some about to ripen.
+    n = state.growing_plants_mask.shape[0]
+    plants = maybe(0.4)
+    pos = player + jax.random.randint(next(ks), (n, 2), -3, 4)
+    age = jax.random.randint(next(ks), (n,), 590, 601)
+    mask = jax.random.bernoulli(next(ks), 0.6, (n,))
+    state = state.replace(
+        growing_plants_positions=jnp.where(plants, pos, state.growing_plants_positions),
+        growing_plants_age=jnp.where(plants, age, state.growing_plants_age),
+        growing_plants_mask=jnp.where(plants, mask, state.growing_plants_mask))
+    ach = jax.random.bernoulli(next(ks), 0.3, state.achievements.shape)
+    return state.replace(achievements=jnp.where(maybe(0.3), ach, state.achievements))
+
+
+def _keys_like(key, tree):
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef.unflatten(list(jax.random.split(key, len(leaves))))

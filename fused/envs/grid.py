@@ -1,0 +1,156 @@
+"""A map with point writes kept beside it, read and written with jnp's indexing rules, so a step
+that edits a map at a few cells in sequence (Craftax: a mined block, a placed one, a mob's move)
+reads every intermediate map exactly, and writes the map once, with one scatter.
+
+jnp's rules, which Craftax's `map[i, j]` and `map.at[i, j].set(v)` follow and `Grid` keeps: an
+index below 0 counts from the end once (-1 is the last row); a read then clamps to the edge, a
+write outside the map is dropped. Under `vmap` each `.at[].set` is a scatter (a kernel, and a
+copy of the map where the old one is still read); a read through `Grid.at` is a gather and a
+few selects, and `Grid.array` one scatter of the writes that last (later writes to a cell win).
+A map-wide quantity of the edited map (where a mob may spawn) is computed on the map as it was
+and corrected at the written cells (`Grid.written`, `scatter`), so nothing passes over the map
+once per write."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+def wrap(i: jax.Array, n: int) -> jax.Array:
+    """jnp's index normalisation: i < 0 counts from the end, once."""
+    return jnp.where(i < 0, i + n, i)
+
+
+def read_index(i: jax.Array, n: int) -> jax.Array:
+    """The row a read of index i gets: wrapped, then clamped."""
+    return jnp.clip(wrap(i, n), 0, n - 1)
+
+
+class Write(NamedTuple):
+    cell: jax.Array  # [] int32: row * W + col, -1 where the write does nothing
+    value: jax.Array  # []
+
+
+class Grid(NamedTuple):
+    """`base` [H, W] with `writes` applied in order (a tuple: static length)."""
+
+    base: jax.Array
+    writes: tuple[Write, ...] = ()
+
+    def cell(self, pos: jax.Array) -> jax.Array:
+        """The cell a read of pos [2] gets (jnp's rules), as row * W + col."""
+        h, w = self.base.shape
+        return read_index(pos[0], h) * w + read_index(pos[1], w)
+
+    def at(self, pos: jax.Array) -> jax.Array:
+        """`base.at[...]` after the writes, at pos [2] (what `map[pos[0], pos[1]]` reads)."""
+        v = self.base[pos[0], pos[1]]
+        if self.writes:
+            cell = self.cell(pos)
+            for x in self.writes:
+                v = jnp.where(x.cell == cell, x.value, v)
+        return v
+
+    def set(self, pos: jax.Array, value, when=True) -> "Grid":
+        """`map.at[pos[0], pos[1]].set(value)` where `when` (else nothing)."""
+        h, w = self.base.shape
+        r, c = wrap(pos[0], h), wrap(pos[1], w)
+        where = jnp.where((r >= 0) & (r < h) & (c >= 0) & (c < w), r * w + c, -1)
+        value = jnp.asarray(value, self.base.dtype)
+        return self._replace(writes=self.writes + (Write(jnp.where(when, where, -1), value),))
+
+    def flat(self) -> "Grid":
+        """The same map with its writes applied (`array`) and none pending."""
+        return Grid(self.array())
+
+    def dense(self) -> jax.Array:
+        """`array()` as selects over every cell, one per write: for a map-wide expression that
+        reads a map with one or two writes (XLA fuses it into the expression; no scatter)."""
+        h, w = self.base.shape
+        cells = (jax.lax.broadcasted_iota(jnp.int32, (h, w), 0) * w
+                 + jax.lax.broadcasted_iota(jnp.int32, (h, w), 1))
+        out = self.base
+        for x in self.writes:
+            out = jnp.where(cells == x.cell, x.value, out)
+        return out
+
+    def array(self) -> jax.Array:
+        """The map with every write applied: [H, W] (one scatter: each cell's last write)."""
+        if not self.writes:
+            return self.base
+        h, w = self.base.shape
+        cells, values = [], []
+        for k, x in enumerate(self.writes):
+            last = x.cell >= 0
+            for y in self.writes[k + 1:]:
+                last = last & (y.cell != x.cell)
+            cells.append(jnp.where(last, x.cell, h * w + k))  # the others outside: dropped
+            values.append(x.value)
+        return scatter(self.base, cells, values, unique=True)
+
+
+def scatter(base: jax.Array, cells: list, values: list, unique: bool = False) -> jax.Array:
+    """`base` [H, W] with `values` at the flat `cells` (outside [0, H * W): dropped); a cell
+    named twice must get the same value twice unless `unique`."""
+    h, w = base.shape
+    cells = jnp.stack(cells)
+    cells = jnp.where(cells < 0, h * w, cells)  # (a negative index would count from the end)
+    flat = base.reshape(-1).at[cells].set(
+        jnp.stack(values).astype(base.dtype), mode="drop", unique_indices=unique)
+    return flat.reshape(h, w)
+
+
+def take(vec: jax.Array, i: jax.Array) -> jax.Array:
+    """`vec[i]` for a traced i (jnp's rules: wrapped, clamped)."""
+    return vec[i]
+
+
+def put(vec: jax.Array, i: jax.Array, value) -> jax.Array:
+    """`vec.at[i].set(value)` along the first axis, elementwise (no scatter)."""
+    n = vec.shape[0]
+    hit = jnp.arange(n) == wrap(i, n)  # an index outside [0, n) matches no row: dropped
+    return jnp.where(hit.reshape((n,) + (1,) * (vec.ndim - 1)), jnp.asarray(value, vec.dtype),
+                     vec)
+
+
+def first_true(mask: jax.Array) -> jax.Array:
+    """`jnp.argmax(mask)` of a bool vector (the first True, 0 if none), as selects."""
+    out = jnp.int32(0)
+    for k in reversed(range(mask.shape[0])):
+        out = jnp.where(mask[k], jnp.int32(k), out)
+    return out
+
+
+def any_of(mask: jax.Array) -> jax.Array:
+    """`mask.sum() > 0` / `mask.any()` of a short bool vector, unrolled."""
+    out = mask[0]
+    for k in range(1, mask.shape[0]):
+        out = out | mask[k]
+    return out
+
+
+def fence(tree):
+    """`tree` as is, computed once. XLA fuses a cheap elementwise value into every expression
+    that reads it, so a long chain of small steps (mobs moving one after another) read in many
+    places is copied into each: quadratic code (`lax.optimization_barrier` is gone before XLA
+    fuses). An integer division by a value XLA cannot fold is not cheap, so XLA computes it once:
+    every small integer or bool leaf is divided by 1, a 1 made from one of them (x | 1 is odd:
+    never 0). Arrays of more than 64 elements (maps) pass as they are."""
+    leaves = [x for x in jax.tree.leaves(tree)
+              if x.size <= 64 and not jnp.issubdtype(x.dtype, jnp.floating)]
+    if not leaves:
+        return tree
+    odd = leaves[0].reshape(-1)[0].astype(jnp.int32) | 1
+    one = jax.lax.div(odd, odd)
+
+    def keep(x):
+        if x.size > 64 or jnp.issubdtype(x.dtype, jnp.floating):
+            return x
+        if x.dtype == jnp.bool_:
+            return jax.lax.div(x.astype(jnp.int32), one).astype(jnp.bool_)
+        return jax.lax.div(x, one.astype(x.dtype))
+
+    return jax.tree.map(keep, tree)

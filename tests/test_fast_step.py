@@ -1,0 +1,144 @@
+"""fused.envs' steps against Craftax's own (craftax 1.6.1), bit for bit: observations, every state
+field, rewards, dones and infos equal from the same states, keys and actions, through resets,
+from random play and from hand-made states (`fused.envs.curated`); a difference names its field.
+The pieces (point writes, the unrolled search, the probability draw) against the jnp / jax.random
+calls they replace. The 10-million-transition run is `bench/env_parity.py` (docs/BENCHMARKS.md)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fused.envs import make_craftax_env
+from fused.envs.curated import classic_edit
+from fused.envs.draws import choice, search_left
+from fused.envs.grid import Grid, first_true, put
+from fused.envs.parity import ParityReport, make_parity_run, random_policy
+
+CLASSIC = "Craftax-Classic-Symbolic-v1"
+# Classic's actions, drawn more often where the step does more: DO, placing, crafting.
+CLASSIC_WEIGHTS = [0.5, 1, 1, 1, 1, 3, 0.3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]
+
+
+def parity(name, num_envs, steps, seed=0, edit=None, weights=None, candidate=None):
+    """The report of Craftax's step against `candidate` (default: the fast step)."""
+    ref = make_craftax_env(name, "craftax")
+    new = candidate or make_craftax_env(name, "fast")
+    params = ref.default_params
+    run, total, names = make_parity_run(
+        lambda k, s, a: ref.step_env(k, s, a, params), lambda k, s, a: new.step_env(k, s, a, params),
+        lambda k: ref.reset_env(k, params), ref.get_obs, num_envs, steps,
+        random_policy(ref.num_actions, weights), pool=8, pool_every=25, edit=edit)
+    diff, first, ends = jax.jit(run)(jax.random.PRNGKey(seed))
+    return ParityReport(np.asarray(diff), np.asarray(first), total, int(ends), names)
+
+
+# --- the pieces ---------------------------------------------------------------------------------
+
+def test_grid_reads_and_writes_as_jnp_indexing():
+    """Point writes (negative, outside, gated) then reads, as a sequence of .at[].set would."""
+    base = jnp.arange(36, dtype=jnp.int32).reshape(6, 6)
+    rng = np.random.default_rng(0)
+
+    @jax.jit
+    def both(writes, gates, reads):
+        g, ref = Grid(base), base
+        for k in range(writes.shape[0]):
+            g = g.set(writes[k], 100 + k, gates[k])
+            ref = jnp.where(gates[k], ref.at[writes[k, 0], writes[k, 1]].set(100 + k), ref)
+        got = jnp.stack([g.at(r) for r in reads])
+        want = jnp.stack([ref[r[0], r[1]] for r in reads])
+        return g.array(), g.dense(), ref, got, want
+
+    for _ in range(20):
+        writes = jnp.asarray(rng.integers(-8, 9, (7, 2)), jnp.int32)
+        writes = writes.at[3].set(writes[1])  # a cell written twice: the later one stays
+        gates = jnp.asarray(rng.random(7) < 0.8)
+        reads = jnp.asarray(np.concatenate([np.asarray(writes), rng.integers(-9, 10, (6, 2))]),
+                            jnp.int32)
+        array, dense, ref, got, want = both(writes, gates, reads)
+        np.testing.assert_array_equal(array, ref)
+        np.testing.assert_array_equal(dense, ref)
+        np.testing.assert_array_equal(got, want)
+    v = jnp.arange(4)
+    for i in range(-5, 6):
+        np.testing.assert_array_equal(put(v, jnp.int32(i), 9), v.at[i].set(9))
+    for mask in ([0, 0, 1, 1], [0, 0, 0, 0], [1, 0, 1, 0]):
+        assert first_true(jnp.asarray(mask, bool)) == jnp.argmax(jnp.asarray(mask, bool))
+
+
+def test_search_left_is_jnp_searchsorted():
+    """The unrolled search gives jnp.searchsorted's index on sorted arrays, on arrays that go back
+    (as a blocked float cumsum can), with NaN and -0."""
+    rng = np.random.default_rng(1)
+    arrays = [np.sort(rng.random(n)).astype(np.float32) for n in (1, 2, 5, 64, 4096)]
+    arrays += [rng.random(n).astype(np.float32) for n in (2, 7, 100)]
+    arrays += [np.array([0.0, -0.0, 0.0, np.nan], np.float32),
+               np.cumsum((rng.random(4096) < 0.1) / 409.0).astype(np.float32)]
+    f = jax.jit(jax.vmap(search_left, (None, 0)))
+    for a in arrays:
+        queries = np.concatenate([a, rng.random(20), [0.0, -0.0, np.nan, np.inf, -1.0]])
+        queries = jnp.asarray(queries, jnp.float32)
+        np.testing.assert_array_equal(f(jnp.asarray(a), queries),
+                                      jnp.searchsorted(jnp.asarray(a), queries))
+
+
+def test_choice_is_jax_random_choice():
+    rng = np.random.default_rng(2)
+    keys = jax.random.split(jax.random.PRNGKey(3), 64)
+    for n, shape in ((2, ()), (64, (1,)), (4096, (1,))):
+        p = jnp.asarray(rng.random(n) < 0.3, jnp.float32)
+        p = p.at[0].set(1.0) / jnp.maximum(p.sum(), 1.0)
+        a = jnp.arange(n)
+        mine = jax.jit(jax.vmap(lambda k: choice(k, a, p, shape)))(keys)
+        theirs = jax.jit(jax.vmap(lambda k: jax.random.choice(k, a, shape, p=p)))(keys)
+        np.testing.assert_array_equal(mine, theirs)
+
+
+# --- the whole step -----------------------------------------------------------------------------
+
+def test_classic_step_equals_craftax():
+    """A fast sample: 8 envs, 50 steps, half of them from hand-made states, through resets."""
+    report = parity(CLASSIC, 8, 50, edit=classic_edit, weights=CLASSIC_WEIGHTS)
+    assert report.first() is None, report.first()
+    assert report.transitions == 400 and report.episode_ends > 0  # deaths, then resets
+
+
+def test_fast_env_is_chosen_by_impl():
+    from fused.envs import has_fast_step
+    from fused.envspec import spec
+    from fused.rl.envs import CraftaxEnv
+
+    assert type(CraftaxEnv(spec(CLASSIC), impl="fast")._env).__name__ == "FastClassicSymbolic"
+    assert "fused" not in type(CraftaxEnv(spec(CLASSIC))._env).__module__
+    assert has_fast_step(CLASSIC) and not has_fast_step("Craftax-Symbolic-v1")
+    with pytest.raises(ValueError, match="impl"):
+        make_craftax_env(CLASSIC, "fastest")
+
+
+@pytest.mark.slow
+def test_a_broken_rule_is_named(monkeypatch):
+    """Water walkable in the fast step (Craftax: water is solid): the first difference named is
+    the player's position."""
+    import fused.envs.classic as rules
+
+    solid = rules._solid
+    monkeypatch.setattr(rules, "_solid", lambda b: solid(b) & (b != 3))  # BlockType.WATER
+    report = parity(CLASSIC, 8, 50, edit=classic_edit, weights=CLASSIC_WEIGHTS)
+    assert report.first() is not None and report.first().startswith("state.player_position")
+
+
+@pytest.mark.slow
+def test_classic_step_equals_craftax_longer():
+    """64 envs x 1,000 steps: random play (uniform), then hand-made states and DO-heavy play."""
+    for seed, edit, weights in ((1, None, None), (2, classic_edit, CLASSIC_WEIGHTS)):
+        report = parity(CLASSIC, 64, 500, seed=seed, edit=edit, weights=weights)
+        assert report.first() is None, report.first()
+
+
+@pytest.mark.slow
+def test_classic_pixels_step_equals_craftax():
+    """The pixel env: the fast step's state through Craftax's renderer."""
+    report = parity("Craftax-Classic-Pixels-v1", 4, 50, edit=classic_edit,
+                    weights=CLASSIC_WEIGHTS)
+    assert report.first() is None, report.first()
