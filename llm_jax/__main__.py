@@ -270,7 +270,7 @@ def run_generate(a: Generate) -> Path:
     import jax
     import jax.numpy as jnp
 
-    from llm_jax.decode import generate
+    from llm_jax.decode import GenerateSpec, generate
     from llm_jax.loader import load_params
     from llm_jax.model import AttentionConfig, prefill
 
@@ -285,9 +285,9 @@ def run_generate(a: Generate) -> Path:
     tokens = np.full((len(rows), max(map(len, rows))), tok.pad_id, np.int32)
     for i, r in enumerate(rows):
         tokens[i, : len(r)] = r
-    fn = jax.jit(lambda p, t, n, k, c: generate(
-        p, cfg, t, n, k, max_new_tokens=a.max_new_tokens, pad_id=tok.pad_id, sampling=sampling,
-        stop_ids=stop, prefix=c, hidden_layer=a.layer, post_norm=a.post_norm, attn=attn))
+    spec = GenerateSpec(max_new_tokens=a.max_new_tokens, pad_id=tok.pad_id, sampling=sampling,
+                        stop_ids=stop, hidden_layer=a.layer, post_norm=a.post_norm, attn=attn)
+    fn = jax.jit(lambda p, t, n, k, c: generate(p, cfg, spec, t, n, key=k, prefix=c))
     out = fn(params, tokens, np.array([len(r) for r in rows], np.int32),
              jax.random.PRNGKey(a.seed or 0), cache)
     new, num = np.asarray(out.tokens), np.asarray(out.num_tokens)
@@ -339,8 +339,9 @@ def read_images(paths: tuple[str, ...]) -> np.ndarray:
 
 def image_prompt(tok, folder: Path, cfg, n_images: int, text: str, chat: bool,
                  enable_thinking: bool, image_tokens: int = 1) -> np.ndarray:
-    """`llm_jax.vl.image_prompt_ids`, a prompt with image tokens of its own a SystemExit."""
-    from llm_jax.vl import image_prompt_ids
+    """`llm_jax.vl_prompt.image_prompt_ids`, a prompt with image tokens of its own a
+    SystemExit."""
+    from llm_jax.vl_prompt import image_prompt_ids
 
     try:
         return image_prompt_ids(tok, folder, cfg, n_images, text, chat, enable_thinking,
@@ -358,7 +359,8 @@ def _vl_setup(weights: str, images: tuple[str, ...], dtype_flag: str, text_token
     from llm_jax.loader import resolve_folder
     from llm_jax.tokenizer import load_tokenizer
     from llm_jax.vision import preprocess
-    from llm_jax.vl import VLConfig, load_vl_params
+    from llm_jax.vl_config import VLConfig
+    from llm_jax.vl_loader import load_vl_params
 
     from llm_jax.memory import MemoryFitError, check_fits, fixes, generation_need, itemsize
 
@@ -390,7 +392,8 @@ def run_encode_images(a: Encode, text: str) -> Path:
     import jax
     import jax.numpy as jnp
 
-    from llm_jax.vl import image_pool_every, pool_states, rope_index, vl_hidden_states
+    from llm_jax.mrope import rope_index
+    from llm_jax.vl_model import image_pool_every, pool_states, vl_hidden_states
 
     pool = a.pool
     if pool not in ("none", "last", "mean") and image_pool_every(pool) is None:
@@ -411,7 +414,7 @@ def run_encode_images(a: Encode, text: str) -> Path:
 
     def fn(p, t, n, px, ps):
         x = vl_hidden_states(p, cfg, t, n, layer, px, grid, ps).x
-        return pool_states(p["text"], cfg, x, t, n, pool, a.post_norm)
+        return pool_states(p.text, cfg, x, t, n, pool, a.post_norm)
 
     hidden = jax.jit(fn)(params, jnp.asarray(ids)[None], jnp.array([ids.size]), pixels,
                          jnp.asarray(pos))[0]
@@ -429,10 +432,11 @@ def run_generate_images(a: Generate) -> Path:
     import jax
     import jax.numpy as jnp
 
-    from llm_jax.decode import GenerateError, check_generate
+    from llm_jax.decode import GenerateError, GenerateSpec, check_generate
+    from llm_jax.mrope import rope_index
     from llm_jax.sampling import resolve_sampling
     from llm_jax.tokenizer import stop_ids
-    from llm_jax.vl import rope_index, vl_generate
+    from llm_jax.vl_model import vl_generate
 
     if a.prompt is None or a.prefix_text_file is not None:
         raise SystemExit("error: --image takes one --prompt (no --prompt-file or "
@@ -452,10 +456,11 @@ def run_generate_images(a: Generate) -> Path:
     stop = () if a.ignore_eos else stop_ids(folder, tok, cfg.text.vocab_size, chat=not a.raw)
     pos, deltas = rope_index(ids[None], np.array([ids.size]), cfg, grid, len(a.image))
     print(f"sampling: {resolved.describe()}; {dtype} ({why})", flush=True)
-    fn = jax.jit(lambda p, t, n, px, ps, d, k: vl_generate(
-        p, cfg, t, n, px, grid, ps, d, k, max_new_tokens=a.max_new_tokens, pad_id=tok.pad_id,
-        sampling=resolved.sampling, stop_ids=stop, hidden_layer=a.layer,
-        post_norm=a.post_norm))
+    spec = GenerateSpec(max_new_tokens=a.max_new_tokens, pad_id=tok.pad_id,
+                        sampling=resolved.sampling, stop_ids=stop, hidden_layer=a.layer,
+                        post_norm=a.post_norm)
+    fn = jax.jit(lambda p, t, n, px, ps, d, k: vl_generate(p, cfg, spec, t, n, px, grid, ps, d,
+                                                           key=k))
     out = fn(params, jnp.asarray(ids)[None], jnp.array([ids.size]), pixels, jnp.asarray(pos),
              jnp.asarray(deltas), jax.random.PRNGKey(a.seed or 0))
     n = int(out.num_tokens[0])
@@ -520,6 +525,15 @@ def run_truncate(a: Truncate) -> Path:
     return out
 
 
+def parse(argv=None) -> "Encode | Generate | Truncate":
+    """The subcommand's settings from the command line (tyro; --help prints and exits)."""
+    return tyro.cli(
+        Annotated[Encode, tyro.conf.subcommand("encode", description=ENCODE)]
+        | Annotated[Generate, tyro.conf.subcommand("generate", description=GENERATE)]
+        | Annotated[Truncate, tyro.conf.subcommand("truncate", description=TRUNCATE)],
+        args=argv, prog="python -m llm_jax")
+
+
 def main(argv=None):
     from llm_jax.config import Qwen3ConfigError
     from llm_jax.loader import WeightsError
@@ -527,11 +541,7 @@ def main(argv=None):
     from llm_jax.vision import VisionConfigError
 
     try:
-        cmd = tyro.cli(
-            Annotated[Encode, tyro.conf.subcommand("encode", description=ENCODE)]
-            | Annotated[Generate, tyro.conf.subcommand("generate", description=GENERATE)]
-            | Annotated[Truncate, tyro.conf.subcommand("truncate", description=TRUNCATE)],
-            args=argv, prog="python -m llm_jax")
+        cmd = parse(argv)
     except BrokenPipeError:  # `--help | head`: end quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)

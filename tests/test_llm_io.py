@@ -240,8 +240,8 @@ def test_vllm_client_parses_retries_and_fails_loudly(stub):
 
 
 def test_readme_python_example_runs_as_written(tmp_path, monkeypatch):
-    """The README's Python block, executed verbatim with ~ pointing at a folder that holds a
-    (tiny, 28-layer) Qwen3 checkpoint where the example expects Qwen3-0.6B."""
+    """The LLM page's Python block (docs/llm.md), executed verbatim with ~ pointing at a folder
+    that holds a (tiny, 28-layer) Qwen3 checkpoint where the example expects Qwen3-0.6B."""
     pytest.importorskip("torch")
     import re
 
@@ -250,9 +250,10 @@ def test_readme_python_example_runs_as_written(tmp_path, monkeypatch):
     build_tiny_qwen3(tmp_path / "models" / "Qwen3-0.6B", layers=28, hidden=32, heads=2,
                      kv_heads=1, head_dim=16, vocab=151_680)
     monkeypatch.setenv("HOME", str(tmp_path))
-    block = re.search(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    block = re.search(r"```python\n(.*?)```", (ROOT / "docs/llm.md").read_text(),
+                      re.S).group(1)
     scope: dict = {}
-    exec(compile(block, "README.md", "exec"), scope)
+    exec(compile(block, "docs/llm.md", "exec"), scope)
     assert scope["h"].shape == (1, 32) and np.isfinite(np.asarray(scope["h"])).all()
     np.testing.assert_allclose(scope["h"], scope["h_full"], atol=1e-5)
 
@@ -331,7 +332,7 @@ def test_vl_prompt_takes_image_items_through_the_folders_jinja_template(tmp_path
     each <|image_pad|> expanded."""
     from transformers import AutoTokenizer
 
-    from llm_jax.vl import image_prompt_ids
+    from llm_jax.vl_prompt import image_prompt_ids
     from qwen_fixtures import save_tokenizer
 
     save_tokenizer(tmp_path)

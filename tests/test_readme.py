@@ -1,8 +1,10 @@
-"""The README's dataset, offline and LLM-play walkthrough, run as written (commands extracted from its code
-blocks, so the README cannot drift from what works), at smoke scale: flags appended to shrink
-sizes (a later flag overrides an earlier one), and the two machine-specific values replaced: the
-weights folder (a tiny random Qwen3 built here) and its layer. `runs/RUN` is a `train.py smoke`
-run, as the quick start makes one (conftest's, shared by the tests that read one)."""
+"""The manual's dataset, offline and LLM-play walkthrough, run as written (commands extracted from
+the code blocks of docs/datasets.md, docs/offline.md and docs/llm.md, so the pages cannot drift
+from what works), at smoke scale: flags appended to shrink sizes (a later flag overrides an
+earlier one), and the two machine-specific values replaced: the weights folder (a tiny random
+Qwen3 built here) and its layer. `runs/RUN` is a `train.py smoke` run, as the quick start makes
+one (conftest's, shared by the tests that read one). Every other documented command is parsed
+against its command's flags in tests/test_docs.py."""
 
 import json
 import re
@@ -16,7 +18,7 @@ import pytest
 
 from conftest import ROOT, console_script, subprocess_env
 
-SECTIONS = ("## Datasets and labels", "## Offline RL and evaluation", "## An LLM that plays")
+PAGES = ("docs/datasets.md", "docs/offline.md", "docs/llm.md")  # in the walkthrough's order
 
 # Appended to the README's command whose words start with the key (the most specific match).
 # Training and evaluation sizes match the smoke preset and one another, so the study's runs and
@@ -54,17 +56,17 @@ SMOKE = {
 
 
 def readme_commands() -> list[list[str]]:
-    """Every `python ...` command of the README's sections above, continuation lines joined,
-    comments and `--help` lines dropped."""
-    text = (ROOT / "README.md").read_text()
+    """Every `python X.py ...` command of the pages above, in order, continuation lines joined,
+    comments and `--help` lines dropped (not the cluster examples: their paths are a
+    cluster's)."""
     commands = []
-    for title in SECTIONS:
-        section = text[text.index(title):]
-        block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
-        for line in block.replace("\\\n", " ").splitlines():
-            words = shlex.split(line, comments=True)
-            if words[:1] == ["python"] and "--help" not in words:
-                commands.append(words[1:])
+    for page in PAGES:
+        for block in re.findall(r"```bash\n(.*?)```", (ROOT / page).read_text(), re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                words = shlex.split(line, comments=True)
+                if (words[:1] == ["python"] and words[1:2] != ["-m"] and "--help" not in words
+                        and not any(w.startswith("/scratch") for w in words)):
+                    commands.append(words[1:])
     return commands
 
 
@@ -119,6 +121,19 @@ def test_readme_walkthrough_runs_as_written(smoke_run, tmp_path):
     from fused.rl.config import EnvConfig
 
     run_walkthrough(tmp_path, pixels=False, smoke_run=smoke_run)
+    # the datasets page's Python example, as written, where the commands wrote data/ppo
+    block = re.search(r"```python\n(.*?)```", (ROOT / "docs/datasets.md").read_text(),
+                      re.S).group(1)
+    scope: dict = {}
+    previous = Path.cwd()
+    try:
+        import os
+
+        os.chdir(tmp_path)
+        exec(compile(block, "docs/datasets.md", "exec"), scope)
+    finally:
+        os.chdir(previous)
+    assert len(scope["rows"]["action"]) == len(scope["raw"]) > 0
     # what the commands wrote for an LLM-augmented offline run (awr-l24, labels l24 at skip 25)
     evaluated = json.loads((tmp_path / "runs/awr-l24/eval.json").read_text())
     assert evaluated["llm"]["layer"] == 2 and evaluated["llm"]["skip_n"] == 25
