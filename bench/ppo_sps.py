@@ -132,7 +132,6 @@ def ppo_rows(args: Args):
     from fused.commands.train import TrainConfig, validate
     from fused.rl.config import EnvConfig, ExploreConfig, PolicyConfig, PPOConfig
     from fused.commands.train import build
-    from fused.rl import networks
 
     rows = []
     for n, variant in [(n, v) for n in args.ppo_env_counts for v in args.variants]:
@@ -141,13 +140,13 @@ def ppo_rows(args: Args):
         if form not in ("", "lax", "im2col"):
             raise SystemExit(f"variant {variant!r}: the form after @ is lax or im2col "
                              "(e.g. cnn+rnd@lax)")
-        networks.FORCE_IM2COL = {"": None, "lax": False, "im2col": True}[form]
         cfg = TrainConfig(env=EnvConfig(name=args.env, num_envs=n, reset_pool=args.reset_pool,
                                         worlds_per_step=args.worlds_per_step),
                           ppo=PPOConfig(num_steps=args.num_steps,
                                         update_epochs=args.update_epochs,
                                         num_minibatches=args.num_minibatches),
-                          policy=PolicyConfig(kind, layer_width=args.width),
+                          policy=PolicyConfig(kind, layer_width=args.width,
+                                              conv=form or "auto"),
                           explore=ExploreConfig(explore or "none"),
                           total_timesteps=n * 64 * 10_000, updates_per_chunk=args.ppo_updates)
         validate(cfg)

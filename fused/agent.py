@@ -89,12 +89,13 @@ def policy_network(cfg: AgentConfig) -> nn.Module:
     gru = kind == "gru"
     if cfg.llm.active_backend == "none":
         if kind == "cnn":
-            return ConvActorCritic(s.num_actions, s.image, p.layer_width)
-        return (RecurrentActorCritic(s.num_actions, p.layer_width, p.num_layers, image=s.image)
+            return ConvActorCritic(s.num_actions, s.image, p.layer_width, p.conv)
+        return (RecurrentActorCritic(s.num_actions, p.layer_width, p.num_layers, image=s.image,
+                                     conv=p.conv)
                 if gru else ActorCritic(s.num_actions, p.layer_width, p.num_layers))
     if kind == "mlp" and s.is_pixels:
         raise ConfigError(f"--policy.kind mlp with an LLM on {cfg.env.name}: an LLM state joins "
                           "a frame's CNN features (--policy.kind cnn or gru)")
     cls = RecurrentActorCritic if gru else AugmentedActorCritic
     return cls(s.num_actions, p.layer_width, p.num_layers, cfg.llm.projection == "layernorm",
-                cfg.llm.constant_hidden, image=s.image)
+                cfg.llm.constant_hidden, image=s.image, conv=p.conv)

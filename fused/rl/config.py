@@ -13,12 +13,21 @@ from fused.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
-class EnvSettings:
-    """Which env and how it resets (everything but how many copies run)."""
+class GameSettings:
+    """Which env and how long its episodes run: what every command that steps one takes (those
+    whose episodes never reset, `play.py llm` and `human`, take only this)."""
 
     name: EnvName = "Craftax-Symbolic-v1"
     """Environment: Craftax-Symbolic-v1, Craftax-Classic-Symbolic-v1, their frames
     (Craftax-Pixels-v1, Craftax-Classic-Pixels-v1), or a probe-* test env."""
+    max_episode_steps: int | None = None
+    """Override the env's episode limit (truncation); None keeps the env default."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSettings(GameSettings):
+    """Which env and how it resets (everything but how many copies run)."""
+
     reset: Literal["optimistic", "auto"] = "optimistic"
     """`optimistic`: finished envs take worlds from a small pool refilled a few worlds per step
     (Craftax baselines' idea, amortised further); `auto`: every finished episode gets a freshly
@@ -29,8 +38,6 @@ class EnvSettings:
     """Optimistic reset: new worlds generated on each step where some env finished (<= reset_pool).
     If more envs finish in a step than this, some start from a world another env already got
     (counted in the `reset_reuse` metric)."""
-    max_episode_steps: int | None = None
-    """Override the env's episode limit (truncation); None keeps the env default."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +111,11 @@ class PolicyConfig:
     """Hidden width of the actor and critic (the GRU's width)."""
     num_layers: int = 3
     """Hidden layers in each of the actor and critic."""
+    conv: Literal["auto", "im2col", "lax"] = "auto"
+    """How a CNN's convolutions compute (the same function either way): `im2col`, shifted
+    copies of the input and one matmul (XLA:CPU runs a convolution's gradient through a slow
+    generic loop), `lax`, `lax.conv` (cuDNN on GPUs); `auto` is im2col on CPUs, lax
+    elsewhere."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,17 +147,21 @@ class ExploreConfig:
 
 
 
-def validate_env(e: EnvSettings, num_envs: int, num_devices: int = 1,
-                 num_envs_field: str = "env.num_envs") -> None:
+def validate_game(e: GameSettings) -> None:
     if e.name not in SPECS:
         raise ConfigError(f"env.name={e.name!r} is unknown; choose one of {', '.join(SPECS)}")
+    if e.max_episode_steps is not None and e.max_episode_steps <= 0:
+        raise ConfigError(f"env.max_episode_steps={e.max_episode_steps} must be positive or None")
+
+
+def validate_env(e: EnvSettings, num_envs: int, num_devices: int = 1,
+                 num_envs_field: str = "env.num_envs") -> None:
+    validate_game(e)
     for name, value in {num_envs_field: num_envs, "env.reset_pool": e.reset_pool,
                         "env.worlds_per_step": e.worlds_per_step}.items():
         if value <= 0:  # (a flag, --episodes, named as flags are: `--episodes 0`)
             said = f"{name} {value}" if name.startswith("--") else f"{name}={value}"
             raise ConfigError(f"{said} must be positive")
-    if e.max_episode_steps is not None and e.max_episode_steps <= 0:
-        raise ConfigError(f"env.max_episode_steps={e.max_episode_steps} must be positive or None")
     if e.worlds_per_step > e.reset_pool:
         raise ConfigError(
             f"env.worlds_per_step={e.worlds_per_step} exceeds env.reset_pool={e.reset_pool}; "

@@ -32,7 +32,7 @@ import optax
 from flax import struct
 
 from fused.rl.config import ExploreConfig
-from fused.rl.networks import ConvTorso
+from fused.rl.networks import ConvForm, ConvTorso
 
 
 class Net(nn.Module):
@@ -43,11 +43,12 @@ class Net(nn.Module):
     num_layers: int
     out: int
     image: tuple[int, int, int] | None = None
+    conv: ConvForm = "auto"
 
     @nn.compact
     def __call__(self, x):
         if self.image is not None:
-            x = ConvTorso(self.image)(x)
+            x = ConvTorso(self.image, self.conv)(x)
         for _ in range(self.num_layers):
             x = nn.relu(nn.Dense(self.width)(x))
         return nn.Dense(self.out)(x)
@@ -76,15 +77,15 @@ def _pmean(x, axis_name):
 
 class Explorer:
     def __init__(self, cfg: ExploreConfig, obs_dim: int, num_actions: int, local_envs: int,
-                 image: tuple[int, int, int] | None = None):
+                 image: tuple[int, int, int] | None = None, conv: ConvForm = "auto"):
         self.cfg, self.obs_dim, self.num_actions = cfg, obs_dim, num_actions
         self.local_envs = local_envs
         c = cfg
         if c.kind == "rnd":
-            self.nets = {"predictor": Net(c.layer_width, c.num_layers, c.rnd_output, image)}
-            self.target_net = Net(c.layer_width, c.num_layers, c.rnd_output, image)
+            self.nets = {"predictor": Net(c.layer_width, c.num_layers, c.rnd_output, image, conv)}
+            self.target_net = Net(c.layer_width, c.num_layers, c.rnd_output, image, conv)
         else:
-            self.nets = {"encoder": Net(c.layer_width, c.num_layers, c.latent, image),
+            self.nets = {"encoder": Net(c.layer_width, c.num_layers, c.latent, image, conv),
                          "forward": Net(c.layer_width, c.num_layers, c.latent),
                          "inverse": Net(c.layer_width, c.num_layers, num_actions)}
         self.tx = optax.adam(c.lr, eps=1e-5)
@@ -180,7 +181,9 @@ class Explorer:
 
 
 def make_explorer(cfg: ExploreConfig, obs_dim: int, num_actions: int, local_envs: int,
-                  image: tuple[int, int, int] | None = None) -> Explorer | None:
-    """The explorer of `cfg` (None for none); `image`: observations are frames of that shape."""
+                  image: tuple[int, int, int] | None = None,
+                  conv: ConvForm = "auto") -> Explorer | None:
+    """The explorer of `cfg` (None for none); `image`: observations are frames of that shape
+    (`conv`: how their convolutions compute)."""
     return None if cfg.kind == "none" else Explorer(cfg, obs_dim, num_actions, local_envs,
-                                                    image)
+                                                    image, conv)

@@ -4,6 +4,8 @@ over a CNN's features for frames)."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -57,15 +59,16 @@ class ActorCritic(nn.Module):
         return self.critic_mlp(obs)[:, 0]
 
 
-FORCE_IM2COL: bool | None = None  # set by benchmarks (bench/ppo_sps.py) to time both forms
+ConvForm = Literal["auto", "im2col", "lax"]
+IM2COL = {"auto": None, "im2col": True, "lax": False}  # `Conv.im2col` of each form
 
 
 class Conv(nn.Module):
     """`nn.Conv(features, (k, k))` with "SAME" padding and the same parameters (kernel
     [k, k, C, F] drawn as nn.Conv draws it, bias [F]). On XLA:CPU it computes the k * k shifted
     copies of the input (im2col) and one matmul: XLA:CPU runs the gradients of a convolution
-    inside the training loop through a slow generic loop (Classic-Pixels PPO: 29.5 steps/s with
-    `lax.conv`, 312 with this; docs/BENCHMARKS.md). Elsewhere `lax.conv` (cuDNN on GPUs). The
+    inside the training loop through a slow generic loop (docs/BENCHMARKS.md, PPO on frames).
+    Elsewhere `lax.conv` (cuDNN on GPUs). The
     copies cost k * k times the input's memory (kept for the gradient): a 130 x 110 frame's
     first two layers about 9 MB, so big minibatches of full-game frames on a CPU need RAM."""
 
@@ -78,8 +81,7 @@ class Conv(nn.Module):
         k, c = self.size, x.shape[-1]
         kernel = self.param("kernel", nn.initializers.lecun_normal(), (k, k, c, self.features))
         bias = self.param("bias", nn.initializers.zeros, (self.features,))
-        im2col = next(v for v in (self.im2col, FORCE_IM2COL, jax.default_backend() == "cpu")
-                      if v is not None)
+        im2col = jax.default_backend() == "cpu" if self.im2col is None else self.im2col
         if not im2col:
             y = jax.lax.conv_general_dilated(x, kernel, (1, 1), "SAME",
                                              dimension_numbers=("NHWC", "HWIO", "NHWC"))
@@ -136,12 +138,13 @@ class ConvTorso(nn.Module):
     reads, is not the CNN's) -> [B, F]."""
 
     image: tuple[int, int, int]
+    conv: ConvForm = "auto"  # how the convolutions compute (`Conv`): auto, im2col or lax
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         x = x[:, :int(np.prod(self.image))].reshape(x.shape[0], *self.image)
         for i in range(3):
-            x = nn.relu(Conv(32, name=f"conv_{i}")(x))
+            x = nn.relu(Conv(32, im2col=IM2COL[self.conv], name=f"conv_{i}")(x))
             x = max_pool3(x)
         return x.reshape(x.shape[0], -1)
 
@@ -164,10 +167,11 @@ class ConvActorCritic(nn.Module):
     num_actions: int
     image: tuple[int, int, int]
     width: int = 512
+    conv: ConvForm = "auto"
     shares_torso = True  # (a class attribute: not a field)
 
     def setup(self):
-        self.torso = ConvTorso(self.image)
+        self.torso = ConvTorso(self.image, self.conv)
         self.actor_hidden = dense(self.width, 2.0)
         self.actor_mid = dense(self.num_actions, 0.01)
         self.actor_head = dense(self.num_actions, 0.01)
@@ -256,6 +260,7 @@ class AugmentedActorCritic(nn.Module):
     layernorm: bool = False
     constant_hidden: bool = False
     image: tuple[int, int, int] | None = None
+    conv: ConvForm = "auto"
 
     def setup(self):
         self.actor_mlp = AugmentedMLP(self.width, self.num_layers, self.num_actions, 0.01,
@@ -263,7 +268,7 @@ class AugmentedActorCritic(nn.Module):
         self.critic_mlp = AugmentedMLP(self.width, self.num_layers, 1, 1.0, self.layernorm,
                                        self.constant_hidden)
         if self.image is not None:
-            self.torso = ConvTorso(self.image)
+            self.torso = ConvTorso(self.image, self.conv)
 
     @property
     def shares_torso(self) -> bool:
@@ -297,14 +302,16 @@ class Embed(nn.Module):
     layernorm: bool = False
     constant_hidden: bool = False
     image: tuple[int, int, int] | None = None
+    conv: ConvForm = "auto"
 
     @nn.compact
     def __call__(self, x) -> jax.Array:
         if not isinstance(x, dict):
             if self.image is not None:
-                x = ConvTorso(self.image, name="torso")(x)
+                x = ConvTorso(self.image, self.conv, name="torso")(x)
             return nn.relu(dense(self.width, np.sqrt(2), "embed")(x))
-        o = x["obs"] if self.image is None else ConvTorso(self.image, name="torso")(x["obs"])
+        o = (x["obs"] if self.image is None
+             else ConvTorso(self.image, self.conv, name="torso")(x["obs"]))
         o = nn.relu(dense(self.width, np.sqrt(2), "obs_proj")(o))
         h = x["hidden"][:1] if self.constant_hidden else x["hidden"]
         if self.layernorm:
@@ -337,12 +344,13 @@ class RecurrentActorCritic(nn.Module):
     layernorm: bool = False
     constant_hidden: bool = False
     image: tuple[int, int, int] | None = None  # frames: the GRU runs over their CNN features
+    conv: ConvForm = "auto"
 
     @nn.compact
     def __call__(self, carry, x, resets):
         t, b = resets.shape
         flat = jax.tree.map(lambda a: a.reshape((t * b,) + a.shape[2:]), x)
-        e = Embed(self.width, self.layernorm, self.constant_hidden, self.image,
+        e = Embed(self.width, self.layernorm, self.constant_hidden, self.image, self.conv,
                   name="embed")(flat)
         scan = nn.scan(ResetGRU, variable_broadcast="params", split_rngs={"params": False},
                        in_axes=0, out_axes=0)

@@ -64,7 +64,8 @@ def make_train(cfg: PPORun, env: Env, network: nn.Module, inputs: PolicyInput,
     rollout = Rollout(network_policy(network), inputs, VecEnv(env, cfg.env), cfg.env.num_envs,
                       local_envs, axis_name)
     explorer = make_explorer(cfg.explore, env.obs_dim, env.num_actions, local_envs,
-                             getattr(getattr(env, "spec", None), "image", None))
+                             getattr(getattr(env, "spec", None), "image", None),
+                             cfg.policy.conv)
     ctx = Ctx(rollout, tx, cfg.ppo, explorer)
 
     def init(key, frozen):
