@@ -18,42 +18,37 @@ system's golden examples (E/game_<time>/steps.jsonl with a PNG per step) for `pl
 from __future__ import annotations
 
 import dataclasses
-import os
 import shlex
-import signal
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Literal
 
 from rich.console import Console
 
+from fused.commands import process
+from fused.envspec import spec
 from fused.errors import ConfigError
+from fused.human.game import Game
+from fused.human.keys import key_map, key_name
+from fused.human.recorder import Recorder, check_out
+from fused.human.server import Server
+from fused.human.session import Session
+from fused.rl.config import GameSettings
+from fused.runs import config_io
 from fused.runs.files import require_writable
-from fused.runs.interrupts import Flag
+from fused.runs.interrupts import Flag, exit_now, on_signals, say
 
 DESCRIPTION = ("You play Craftax on a local web page (or from a --script of keys); every step is "
                "recorded into a label.py dataset at --out.")
-CraftaxName = Literal["Craftax-Classic-Symbolic-v1", "Craftax-Symbolic-v1",
-                      "Craftax-Classic-Pixels-v1", "Craftax-Pixels-v1"]
-
-
-@dataclasses.dataclass(frozen=True)
-class HumanEnv:
-    name: CraftaxName = "Craftax-Classic-Symbolic-v1"
-    """The game; the dataset stores its observations (a pixel env's: its frames)."""
-    max_episode_steps: int | None = None
-    """Override the env's episode limit (truncation); None keeps the env default."""
-
-
 @dataclasses.dataclass(frozen=True)
 class HumanConfig:
     out: str
     """The dataset the play is recorded into: a new folder, or one this command recorded
     before (it goes on: same env, the game where it stood)."""
-    env: HumanEnv = HumanEnv()
-    """The env played."""
+    env: GameSettings = GameSettings(name="Craftax-Classic-Symbolic-v1")
+    """The game, a Craftax env; the dataset stores its observations (a pixel env's: its
+    frames)."""
     seed: int = 0
     """The first new game's world seed (each next episode: one more); a reopened dataset
     goes on with its own game. The page's seed field starts another."""
@@ -78,8 +73,6 @@ class HumanConfig:
 
 def read_script(path: str, keys: dict) -> list[str]:
     """The key names of a --script file; one line naming the first bad one."""
-    from fused.human.keys import key_name
-
     p = Path(path).expanduser()
     if not p.is_file():
         raise ConfigError(f"--script {p}: no such file")
@@ -100,6 +93,10 @@ def validate(c: HumanConfig) -> None:
         raise ConfigError("--shard-rows and --block-pixels must be positive")
     if not 0 <= c.port < 65536:
         raise ConfigError(f"--port {c.port}: a port from 0 to 65535")
+    if spec(c.env.name).family == "probe":
+        raise ConfigError(f"--env.name {c.env.name}: a test env has no game to show; a person "
+                          "plays a Craftax env (Craftax-Classic-Symbolic-v1, Craftax-Symbolic-v1 "
+                          "or their Pixels)")
     if c.env.max_episode_steps is not None and c.env.max_episode_steps <= 0:
         raise ConfigError("--env.max-episode-steps must be positive")
     require_writable(Path(c.out).expanduser(), "--out")
@@ -112,11 +109,6 @@ def validate(c: HumanConfig) -> None:
 
 
 def run(c: HumanConfig, command: str, console: Console) -> dict:
-    from fused.human.game import Game
-    from fused.human.keys import key_map
-    from fused.human.recorder import Recorder, check_out
-    from fused.human.session import Session
-
     validate(c)
     script = read_script(c.script, key_map(c.env.name)) if c.script else None
     card = check_out(c.out, c.env.name, c.env.max_episode_steps)  # before textures / compiles
@@ -125,8 +117,6 @@ def run(c: HumanConfig, command: str, console: Console) -> dict:
                  else c.env.max_episode_steps)
     server = None
     if script is None:  # the port first: a port in use ends here, before anything compiles
-        from fused.human.server import Server
-
         try:
             server = Server(c.host, c.port, None)
         except OSError as e:
@@ -182,10 +172,8 @@ def run(c: HumanConfig, command: str, console: Console) -> dict:
                   f"{rec.ds.root}" + (f"; golden examples in {session.examples}"
                                       if session.examples else ""))
     if STOP.is_set():  # Ctrl-C / SIGTERM: everything is committed; exit at once (XLA may
-        # still be compiling in another thread, and teardown beside it crashed: SIGSEGV)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        # still be compiling in another thread)
+        exit_now(0)
     return counts
 
 
@@ -196,31 +184,24 @@ def run(c: HumanConfig, command: str, console: Console) -> dict:
 STOP = Flag()
 
 
-def _on_signal(*_) -> None:
+def _on_signal(signum: int) -> None:
     if STOP.is_set():  # a second Ctrl-C: say what is happening (stopping is not cut short)
-        sys.stderr.write("still stopping: committing what was played (every step the page "
-                         "showed is already on disk; a kill loses none of it)\n")
+        say("still stopping: committing what was played (every step the page showed is "
+            "already on disk; a kill loses none of it)\n")
     STOP.set()
 
 
 def _starting_stopped(console) -> None:
     console.print("\ninterrupted while starting: nothing recorded; run the same command again")
-    sys.stdout.flush()
-    os._exit(130)
+    exit_now(130)
 
 
 def main(argv: list[str], prog: str) -> dict:
-    from fused.commands import process
-    from fused.runs import config_io
-
     console = Console(soft_wrap=True)
     c = config_io.cli(HumanConfig, argv, DESCRIPTION, f"{prog} human")
     STOP.clear()
-    previous = {sig: signal.signal(sig, _on_signal)  # what waits is committed on the way out
-                for sig in (signal.SIGINT, signal.SIGTERM)}
-    process.setup_compilation_cache()
-    try:
+    # what waits is committed on the way out; (called in process, by tests: the caller's
+    # handlers back after)
+    with on_signals(_on_signal):
+        process.setup_compilation_cache()
         return run(c, f"{prog} human " + shlex.join(argv), console)
-    finally:  # (called in process, by tests: the caller's handlers back)
-        for sig, h in previous.items():
-            signal.signal(sig, h)

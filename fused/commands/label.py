@@ -69,8 +69,9 @@ def main(argv: list[str] | None = None):
     try:
         if cmd == "verify":
             sys.exit(verify(cfg, console))
-        with interrupts_exit(console, f"{command('label.py')} " + shlex.join(argv)):
-            return run(cmd, cfg, console)
+        again = f"{command('label.py')} " + shlex.join(argv)
+        with interrupts_exit(console, again):
+            return run(cmd, cfg, console, again)
     except ConfigError as e:
         sys.exit(f"error: {e}")
     except OSError as e:
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None):
 cli = process.console_script(main)  # craftax-label
 
 
-def run(cmd: str, cfg, console: Console):
+def run(cmd: str, cfg, console: Console, again: str):
     from fused.runs.files import require_writable
 
     process.setup_compilation_cache()
@@ -114,7 +115,7 @@ def run(cmd: str, cfg, console: Console):
         validate_label(cfg, card["env"], devices)
         from fused.data.labelling import label
 
-        return label(cfg, console, devices)
+        return label(cfg, console, devices, again)
     validate_returns(cfg)
     from fused.data.returns import compute_returns
 

@@ -13,7 +13,6 @@ episodes from fixed seeds and writes R/eval.json. `python offline.py awr --help`
 
 from __future__ import annotations
 
-import os
 import sys
 
 from rich.console import Console
@@ -22,6 +21,7 @@ from fused.commands import process
 from fused.errors import ConfigError
 from fused.runs import config_io
 from fused.runs.files import require_writable
+from fused.runs.interrupts import exit_now
 from fused.runs.run_dir import RunDir, default_name
 from fused.runs.invocation import command
 
@@ -77,9 +77,7 @@ def evaluation(cmd: str, rest: list[str], prog: str, console):
         return go(cfg, console)
     except KeyboardInterrupt:
         console.print("\ninterrupted: what had finished is kept; run the same command again")
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(130)  # a compilation may still run in another thread
+        exit_now(130)  # a compilation may still run in another thread
 
 
 @process.quiet_broken_pipe

@@ -16,10 +16,9 @@ Qwen3-VL on frames; `--llm.backend vllm` sends the same prompts to a vLLM server
 
 from __future__ import annotations
 
-import json
 import shutil
+import threading
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +36,7 @@ from fused.llm.encoders import kind_of, make_encoder
 from fused.rl.obs_codec import ObsCodec
 from fused.runs.cluster import barrier
 from fused.runs.config_io import from_dict, to_dict
-from fused.runs.interrupts import stop_if_interrupted
+from fused.runs.blocks import run_blocks
 from fused.runs.progress import JobProgress
 
 STORAGE = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
@@ -98,7 +97,11 @@ def find_rows(ds: Dataset, names: list[str], shard: int, wanted: np.ndarray,
     return {c: np.concatenate([r[c] for r in rows]) for c in columns}
 
 
-def label(c: LabelConfig, console, num_devices: int = 1) -> Dataset:
+def label(c: LabelConfig, console, num_devices: int = 1,
+          resume_command: str = "the same command") -> Dataset:
+    """The label set `c.name` of the dataset `c.data`: this process's shards (its `--part`),
+    then, once every process is done, the manifest. Shards already committed and good are kept;
+    Ctrl-C keeps every shard committed (`resume_command` finishes the set)."""
     ds = Dataset(c.data)
     card, manifest = ds.card(), ds.manifest()
     env = card["env"]
@@ -136,20 +139,12 @@ def label(c: LabelConfig, console, num_devices: int = 1) -> Dataset:
     rows = {s["name"]: s["rows"] for s in manifest["shards"]}
     mine = [i for i in range(len(names)) if i % nproc == proc]
     encoder = BatchEncoder(encoder, c, num_devices)
-    codec = ObsCodec(spec(env))
-    t0, states, tokens, redone = time.time(), 0, 0, 0
+    t0 = time.time()
     with JobProgress(console, sum(rows[names[i]] for i in mine), unit="rows",
                      description=f"labelling {c.name}", rate=True) as progress:
-        for i in mine:
-            stop_if_interrupted()
-            target = ds.label_dir(c.name, names[i])
-            if done and not c.overwrite and ds.problem("labels", names[i], c.name):
-                shutil.rmtree(target, ignore_errors=True)  # stale (damage `committed` finds)
-            if committed(target, verify=True) is None:
-                n_states, n_tokens = label_shard(ds, names, i, c, codec, encoder, target)
-                states, tokens = states + n_states, tokens + n_tokens
-                redone += 1
-            progress.advance(rows[names[i]], info=f"{states:,} states encoded")
+        job = LabelShards(ds, c, names, mine, bool(done), encoder, progress, resume_command)
+        run_blocks(job, console)
+    states, tokens, redone = job.states, job.tokens, job.redone
     if part is not None:
         console.print(f"part {c.part} done ({len(mine)} shards); when every part is, run the "
                       "same command without --part to write the manifest")
@@ -170,8 +165,48 @@ def label(c: LabelConfig, console, num_devices: int = 1) -> Dataset:
     return ds
 
 
-def label_shard(ds: Dataset, names: list[str], i: int, c: LabelConfig, codec: ObsCodec,
-                encoder: "BatchEncoder", target: Path) -> tuple[int, int]:
+class LabelShards:
+    """This process's shards of a label set, one block each (`fused.runs.blocks`): a shard whose
+    states are committed and verify is kept, a stale or damaged one is redone."""
+
+    def __init__(self, ds: Dataset, c: LabelConfig, names: list[str], mine: list[int],
+                 done: bool, encoder: "BatchEncoder", progress: JobProgress,
+                 resume_command: str):
+        self.ds, self.c, self.names, self.todo, self.done = ds, c, names, list(mine), done
+        self.encoder, self.progress, self.resume_command = encoder, progress, resume_command
+        self.codec = ObsCodec(spec(ds.card()["env"]))
+        self.rows = {s["name"]: s["rows"] for s in ds.manifest()["shards"]}
+        self.lock = threading.Lock()
+        self.states = self.tokens = self.redone = 0
+
+    def pending(self) -> bool:
+        return bool(self.todo)
+
+    def run_block(self) -> None:
+        ds, c, i = self.ds, self.c, self.todo[0]
+        name = self.names[i]
+        target = ds.label_dir(c.name, name)
+        if self.done and not c.overwrite and ds.problem("labels", name, c.name):
+            shutil.rmtree(target, ignore_errors=True)  # stale (damage `committed` finds)
+        if committed(target, verify=True) is None:
+            columns, tokens = label_columns(ds, self.names, i, c, self.codec, self.encoder)
+            with self.lock:
+                commit_group(target, columns)
+            self.states += len(columns["hidden"])
+            self.tokens += tokens
+            self.redone += 1
+        self.todo.pop(0)
+        self.progress.advance(self.rows[name], info=f"{self.states:,} states encoded")
+
+    def stopped(self) -> str:
+        return (f"interrupted: the work committed so far is kept; resume with "
+                f"`{self.resume_command}`")
+
+
+def label_columns(ds: Dataset, names: list[str], i: int, c: LabelConfig, codec: ObsCodec,
+                  encoder: "BatchEncoder") -> tuple[dict, int]:
+    """Shard `i`'s label columns (its states, each row's state, imagined text with
+    --imagine.keep-text) and the tokens encoded."""
     ocols = codec.columns
     cols = ds.read(names[i], ["t", "step", "episode_id"] + ocols)
     source, label_row, carried = label_sources(cols, c.model.skip_n)
@@ -188,8 +223,7 @@ def label_shard(ds: Dataset, names: list[str], i: int, c: LabelConfig, codec: Ob
     columns = {"hidden": hidden.astype(STORAGE[c.dtype]), "label_row": label_row}
     if c.imagine.tokens and c.imagine.keep_text:
         columns.update(text_columns(encoder.tokenizer, *imagined))
-    commit_group(target, columns)
-    return len(states), tokens
+    return columns, tokens
 
 
 def text_columns(tokenizer, generated: np.ndarray, num: np.ndarray) -> dict:
@@ -241,7 +275,6 @@ class BatchEncoder:
     def __call__(self, obs: np.ndarray, keys: np.ndarray):
         out, gen, num, tokens = [], [], [], 0
         for chunk, k, n in batching.padded_batches(obs, keys, self.batch):
-            stop_if_interrupted()
             h, tok, g, m = self.fn(jnp.asarray(chunk), jnp.asarray(k), self.encoder.frozen)
             out.append(np.asarray(h)[:n])
             gen.append(np.asarray(g)[:n])

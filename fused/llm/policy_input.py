@@ -69,22 +69,13 @@ def llm_step(enc: Encoder, frozen, s: LLMState, obs, done, step, key, microbatch
         k_full, k_imagine_full = jax.random.split(k_full)
         k_part, k_imagine_part = jax.random.split(k_part)
 
-    def encode(o, mb, keys):
-        """(hidden, tokens, load or None)."""
-        with jax.named_scope("llm"):  # in profiles: `bench/trace_report.py` groups by it
-            e = enc.encode(frozen, o, mb, keys)
-        return e.hidden, e.tokens, None if e.load is None else e.load.astype(jnp.float32)
-
     def full(s):
         keys = None if k_imagine_full is None else jax.random.split(k_imagine_full, n)
-        h, tokens, load = encode(obs, microbatch, keys)
+        h, tokens, load = _encode(enc, frozen, obs, microbatch, keys)
         h = enc.shuffle(frozen, h, k_full)
         norm = update_norm(s.norm, h, jnp.ones(n), axis_name)
-        m = {"llm/calls": jnp.float32(1), "llm/refreshed": zero,
-             "llm/tokens": tokens.astype(jnp.float32)}
-        if load is not None:
-            m[LOAD] = load
-        return LLMState(h, jnp.zeros_like(age), norm), m
+        return (LLMState(h, jnp.zeros_like(age), norm),
+                _step_metrics(jnp.float32(1), zero, tokens, load))
 
     def refresh(s):
         r = min(refresh_rows, n)
@@ -99,7 +90,7 @@ def llm_step(enc: Encoder, frozen, s: LLMState, obs, done, step, key, microbatch
             valid = stale[idx] & ~done_rows[idx]
             keys = (None if k_imagine_part is None
                     else jax.random.split(jax.random.fold_in(k_imagine_part, j), r))
-            h, t, lj = encode(obs[idx], None, keys)
+            h, t, lj = _encode(enc, frozen, obs[idx], None, keys)
             h = enc.shuffle(frozen, h, jax.random.fold_in(k_part, j))
             hidden = hidden.at[idx].set(jnp.where(valid[:, None], h, hidden[idx]))
             load = None if load is None else load + lj
@@ -109,11 +100,8 @@ def llm_step(enc: Encoder, frozen, s: LLMState, obs, done, step, key, microbatch
         hidden, refreshed, tokens, load = jax.lax.fori_loop(
             0, calls, one_call, (s.hidden, jnp.zeros(n, bool), jnp.int32(0), zeros.get(LOAD)))
         norm = update_norm(s.norm, hidden, refreshed, axis_name)
-        m = {"llm/calls": zero, "llm/refreshed": refreshed.sum().astype(jnp.float32),
-             "llm/tokens": tokens.astype(jnp.float32)}
-        if load is not None:
-            m[LOAD] = load
-        return LLMState(hidden, jnp.where(refreshed, 0, age), norm), m
+        return (LLMState(hidden, jnp.where(refreshed, 0, age), norm),
+                _step_metrics(zero, refreshed.sum().astype(jnp.float32), tokens, load))
 
     def keep(s):
         return s.replace(age=age), zeros
@@ -125,6 +113,21 @@ def llm_step(enc: Encoder, frozen, s: LLMState, obs, done, step, key, microbatch
         due = jax.lax.psum(due.astype(jnp.int32), axis_name) > 0
     branch = jnp.where(step % c.skip_n == 0, 0, jnp.where(due, 1, 2))
     return jax.lax.switch(branch, [full, refresh, keep], s)
+
+
+def _encode(enc: Encoder, frozen, obs, microbatch, keys):
+    """(hidden, tokens, router load as float32 or None) of one call."""
+    with jax.named_scope("llm"):  # in profiles: `bench/trace_report.py` groups by it
+        e = enc.encode(frozen, obs, microbatch, keys)
+    return e.hidden, e.tokens, None if e.load is None else e.load.astype(jnp.float32)
+
+
+def _step_metrics(calls, refreshed, tokens, load) -> dict:
+    m = {"llm/calls": calls, "llm/refreshed": refreshed,
+         "llm/tokens": tokens.astype(jnp.float32)}
+    if load is not None:
+        m[LOAD] = load
+    return m
 
 
 def load_metrics(load: jax.Array) -> dict:

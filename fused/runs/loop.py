@@ -5,12 +5,14 @@ minutes, at the end and on SIGINT/SIGTERM, and stop cleanly with the command tha
 
 from __future__ import annotations
 
+import signal
 import time
 from typing import Any, Callable, NamedTuple
 
 from fused.runs.files import atomic_write
+from fused.runs.interrupts import on_signals
 from fused.runs.progress import JobProgress
-from fused.runs.run_dir import RunDir, StopFlag
+from fused.runs.run_dir import RunDir
 
 
 class Chunk(NamedTuple):
@@ -43,6 +45,22 @@ class Job(NamedTuple):
     lead: bool = True  # this process writes the run folder's files (all checkpoint)
     wandb_step: str = "update"  # the row field wandb steps by
     files: tuple[tuple[str, str], ...] = ()  # more files beside config.json: (name, text)
+
+
+class StopFlag:
+    """SIGINT/SIGTERM ask for a checkpoint and a clean exit at the next chunk boundary;
+    a second SIGINT interrupts at once."""
+
+    def __init__(self, console):
+        self.requested = False
+        self.console = console
+
+    def handle(self, signum: int) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.console.print(f"\nsignal {signal.Signals(signum).name}: checkpointing at the end "
+                           "of this chunk")
 
 
 class JobResult(NamedTuple):
@@ -84,12 +102,10 @@ def run_chunks(state, update: int, total: int, step: Callable[[Any, int, bool], 
                wandb_step: str = "update") -> tuple[Any, int]:
     """Runs `step(state, update, first)` until `total` updates; returns (state, update)."""
     stop = StopFlag(console)
-    try:
+    with on_signals(stop.handle):
         return _run(state, update, total, step, stop, console=console, ckpt=ckpt, log=log,
                     lead=lead, wandb_run=wandb_run, cadence=cadence, meta=meta,
                     resume_command=resume_command, wandb_step=wandb_step)
-    finally:
-        stop.restore()
 
 
 def _run(state, update, total, step, stop, *, console, ckpt, log, lead, wandb_run, cadence,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import signal
 from pathlib import Path
 
 from fused.runs.settings import WandbConfig
@@ -95,26 +94,3 @@ class RunDir:
         return wandb.init(project=w.project, entity=w.entity, mode=mode, dir=str(self.path),
                           config=to_dict(cfg), name=self.path.name,
                           id=self.path.name.replace("/", "_")[:120], resume="allow")
-
-
-class StopFlag:
-    """SIGINT/SIGTERM ask for a checkpoint and a clean exit at the next chunk boundary;
-    a second SIGINT interrupts at once."""
-
-    def __init__(self, console):
-        self.requested = False
-        self.console = console
-        self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM,
-                                                                     signal.SIGINT)}
-
-    def restore(self) -> None:
-        """Put back the handlers that were there before (after the job)."""
-        for s, handler in self.previous.items():
-            signal.signal(s, handler)
-
-    def _handle(self, signum, frame):
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.requested = True
-        self.console.print(f"\nsignal {signal.Signals(signum).name}: checkpointing at the end "
-                           "of this chunk")
