@@ -41,19 +41,18 @@ class DeviceCost(NamedTuple):
     activation_bytes: float  # budget for one micro-batch's activations
 
 
+# A platform's cost model: a GPU's is the datacenter GPU below ("H100"), a TPU's and a CPU's are
+# typical figures (f32 on a GPU runs as TF32; bf16 on a CPU is emulated). Where each figure
+# comes from (a data sheet, a measured row): docs/BENCHMARKS.md.
 DEVICE_COSTS = {
-    # H100: bf16 matmul 662 TFLOP/s measured (docs/gpu, bench/fused_sps.py's machine row),
-    # HBM3 3.35 TB/s and ~5 us launches from the datasheet / CUDA; f32 runs as TF32.
     "gpu": DeviceCost(6.6e14, 0.5, 3.35e12, 5e-6, 16 * 2**30),
-    # TPU v5e datasheet: 197 TFLOP/s bf16, 819 GB/s.
     "tpu": DeviceCost(1.97e14, 0.25, 8.2e11, 2e-6, 8 * 2**30),
-    # 2-core AMD EPYC: f32 GEMM ~186 GFLOP/s measured (bench/offline_sps.py); bf16 is emulated.
     "cpu": DeviceCost(4.6e10, 4.0, 2e10, 2e-6, 2 * 2**30),
 }
 
-# GPUs by their device_kind, from datasheets (dense bf16, memory bandwidth) scaled by the H100's
-# measured / datasheet matmul ratio (662 / 989): not measured on those GPUs. H200: the H100's
-# compute with HBM3e. A kind not listed is costed as an H100, with a notice.
+# GPUs by the names in their device_kind: dense bf16 matmul rate and memory bandwidth (data
+# sheets, scaled by the measured / data-sheet matmul ratio of the one measured kind). A kind not
+# listed is costed as the "gpu" platform's, with a notice.
 GPU_KINDS = {
     "H200": DeviceCost(6.6e14, 0.5, 4.8e12, 5e-6, 16 * 2**30),
     "H100": DEVICE_COSTS["gpu"],
