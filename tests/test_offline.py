@@ -262,8 +262,19 @@ def test_eval_cli_writes_eval_json_for_offline_and_online_runs(probe_data, tmp_p
     draw = jax.jit(lambda k: render(craftax.reset_env(k, craftax.default_params)[1]))
     worlds = [np.asarray(draw(jax.random.fold_in(jax.random.split(jax.random.PRNGKey(0))[0], i)))
               for i in (0, 1)]
-    err = np.array([[np.abs(g[0] - w).mean() for w in worlds] for g in gifs])
+    rows, cols = worlds[0].shape[:2]  # (the frame's corner: the curves lie under it)
+    err = np.array([[np.abs(g[0][:rows, :cols] - w).mean() for w in worlds] for g in gifs])
     assert err[0, 0] < 2 and err[1, 1] < 2 and err[0, 1] > 10 and err[1, 0] > 10, err
+    # beside each: the MP4 and the numbers drawn, every step of the episode (not only those
+    # drawn), the critic's values and the run's own gamma (test_video checks what they are)
+    assert saved["video_gamma"] == 0.99
+    from pathlib import Path
+
+    for i, p in enumerate(saved["videos"]):
+        z = np.load(Path(p).with_suffix(".npz"))
+        assert len(z["reward"]) == saved["lengths"][i] and z["frames"] == 5
+        assert z["critic"] and np.isfinite(z["value"]).all() and z["gamma"] == 0.99
+        assert iio.imread(Path(p).with_suffix(".mp4"), plugin="FFMPEG").shape == gifs[i].shape
     assert saved["episodes"] == 8 and set(saved["achievements"]) >= {"collect_wood"}
     assert all(0 <= v <= 1 for v in saved["achievements"].values())
     assert max(saved["lengths"]) <= 50

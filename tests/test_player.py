@@ -5,6 +5,7 @@ plays, records a dataset label.py and offline.py take, and refuses bad input in 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -229,6 +230,15 @@ def test_play_writes_eval_json_records_a_dataset_and_refuses_bad_input(tmp_path)
                        env=env, capture_output=True, text=True, timeout=300)
     warned = [x for x in r.stdout.splitlines() if x.startswith("warning:")]
     assert r.returncode == 0 and len(warned) == 1 and "no row" in warned[0], r.stdout
+    # the video's return-to-go is label.py returns' of its episode (both at gamma 0.99), over
+    # every step played (2 drawn of 5); the player has no critic: G_t alone
+    z = np.load(Path(out["videos"][0]).with_suffix(".npz"))
+    assert not z["critic"] and np.isnan(z["value"]).all() and z["gamma"] == out["video_gamma"]
+    rtg = np.concatenate([ds.read_returns(f"gamma{out['video_gamma']:g}", n)["rtg"]
+                          for n in ds.shard_names()])
+    assert len(z["reward"]) == 5 and z["frames"] == 2
+    np.testing.assert_allclose(z["return_to_go"], rtg[rows["episode_id"] == 0], atol=1e-6)
+    assert Path(out["videos"][0]).with_suffix(".mp4").is_file()
 
     def error(*args):
         r = subprocess.run(play_cmd(*args, "--out-dir", str(tmp_path)), env=env,
@@ -307,6 +317,13 @@ def test_play_interrupted_keeps_its_blocks_and_resumes_to_the_same_result(tmp_pa
     for gif in ("episode_000.gif", "episode_001.gif"):
         whole, resumed = (iio.imread(tmp_path / r / "videos" / gif) for r in ("full", "cut"))
         assert whole.shape[0] == 7 and np.array_equal(whole, resumed)
+        # the numbers drawn: every step played, those after the last frame too (blocks that
+        # drew nothing, read back from R/progress/)
+        whole, resumed = (np.load(tmp_path / r / "videos" / gif.replace(".gif", ".npz"))
+                          for r in ("full", "cut"))
+        assert len(whole["reward"]) == 9 and whole.files == resumed.files
+        for k in whole.files:
+            np.testing.assert_array_equal(whole[k], resumed[k], err_msg=k)
     assert not Dataset(tmp_path / "d-cut").card()["partial"]
     done = subprocess.run(play_cmd("--resume", str(tmp_path / "cut")), env=env,
                           capture_output=True, text=True, timeout=300)

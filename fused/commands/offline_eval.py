@@ -10,6 +10,7 @@ layer, pooling, post-norm): a mismatch is an error unless `allow_mismatch`.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from fused.rl.sharding import on_device
 from fused.runs.config_io import from_json
 from fused.runs.files import atomic_write_json, require_writable
 from fused.runs.metrics import save_figure
+from fused.video import DEFAULT_GAMMA, check_video_gamma, write_videos
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,11 +56,16 @@ class EvalConfig:
     plot: bool = True
     """Write eval_achievements.png beside eval.json."""
     video: int = 0
-    """Also write the first this many of the episodes evaluated as GIFs into RUN/videos/, drawn
-    as they are played (Craftax's pixel renderer; an LLM-augmented policy's frames show the
-    observation text beside them)."""
+    """Also write the first this many of the episodes evaluated into RUN/videos/ as GIF and MP4,
+    drawn as they are played (Craftax's pixel renderer; an LLM-augmented policy's frames show
+    the observation text beside them), each frame over two curves of the whole episode, the
+    critic's V(s) and the discounted return-to-go (`label.py returns`' G_t of that episode), the
+    current step marked; beside each, episode_NNN.npz holds the numbers drawn (`fused.video`)."""
     video_max_steps: int = 500
-    """Frames per video at most (and at most --max-steps)."""
+    """Frames per video at most (and at most --max-steps); the curves cover the whole episode."""
+    video_gamma: float | None = None
+    """Discount of the videos' return-to-go; default the run's own: a train.py run's ppo.gamma,
+    an offline run's returns set's (the one it trained on), else 0.99. The legend names it."""
     video_text: bool = True
     """With an LLM-augmented policy, put the text its LLM saw beside each frame."""
     out: str | None = None
@@ -101,6 +108,7 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None,
     if not 0 <= c.video <= c.episodes or c.video_max_steps <= 0:
         raise ConfigError(f"--video {c.video} must lie in 0..--episodes ({c.episodes}) and "
                           f"--video-max-steps {c.video_max_steps} be positive")
+    check_video_gamma(c.video_gamma)
     run_dir = Path(c.run).expanduser()
     path = Path(c.out).expanduser() if c.out else run_dir / "eval.json"
     require_writable(path.parent, "--out" if c.out else "--run")  # before playing, not after
@@ -145,9 +153,10 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None,
     if c.plot and out["achievements"]:
         plot_achievements(out, path.with_name(path.stem + "_achievements.png"))
     if c.video:
-        from fused.video import write_gifs
-
-        out["videos"] = [str(p) for p in write_gifs(watch.frames, run_dir / "videos")]
+        gamma, source = video_gamma(run_dir, c.video_gamma)
+        out["videos"] = [str(p) for p in write_videos(watch.episodes, run_dir / "videos", gamma,
+                                                      source, watch.critic)]
+        out["video_gamma"] = gamma
         atomic_write_json(path, out)
         console.print(f"{len(out['videos'])} videos -> {run_dir / 'videos'}")
     lo, hi = out["return_ci95"]
@@ -160,19 +169,55 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None,
 
 def video_watch(pol: TrainedPolicy, c: EvalConfig):
     """The `FrameWatch` of `--video`: for an LLM-augmented policy (not a vision-language one,
-    whose frames are its input) the observation text its LLM was given beside each frame."""
+    whose frames are its input) the observation text its LLM was given beside each frame. The
+    critic is drawn unless the run trained none (`has_critic`)."""
     from fused.envspec import spec, text_env, text_offset
     from fused.video import FrameWatch
 
-    name = pol.cfg.env.name
+    name, critic = pol.cfg.env.name, has_critic(pol.run_dir)
     if not (c.video_text and pol.cfg.llm.active_backend != "none"
             and not kind_of(pol.cfg.llm).reads_frames):
-        return FrameWatch(name, c.video, c.video_max_steps)
+        return FrameWatch(name, c.video, c.video_max_steps, critic=critic)
     from fused.text.format import render_text
 
     layout, offset = spec(text_env(name) or name).layout, text_offset(name)
     return FrameWatch(name, c.video, c.video_max_steps, extra=lambda before, after: before.obs,
-                      text=lambda obs: render_text(layout, obs[offset:]))
+                      text=lambda obs: render_text(layout, obs[offset:]), critic=critic)
+
+
+def _saved_config(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def has_critic(run_dir: Path) -> bool:
+    """The run trained its critic: PPO always; AWR and BC fit it to their data's returns-to-go
+    (BC's is then the behaviour policy's value, which BC imitates), unless --value-coef 0."""
+    return _saved_config(run_dir).get("value_coef", 1.0) != 0
+
+
+def video_gamma(run_dir: Path, override: float | None) -> tuple[float, str]:
+    """(gamma, where it came from) of a run's videos: `override` (--video-gamma); a train.py
+    run's ppo.gamma; an offline run's returns set's gamma (the set it trained on: --returns, or
+    its data's only one); else `fused.video.DEFAULT_GAMMA`."""
+    from fused.data.store import Dataset
+
+    if override is not None:
+        return float(override), "--video-gamma"
+    saved = _saved_config(run_dir)
+    if "gamma" in saved.get("ppo", {}):
+        return float(saved["ppo"]["gamma"]), "the run's ppo.gamma"
+    if saved.get("data"):
+        try:
+            sets = Dataset(saved["data"]).card().get("returns", {})
+        except (ConfigError, OSError, ValueError):
+            sets = {}
+        name = saved.get("returns") or (next(iter(sets)) if len(sets) == 1 else None)
+        if "gamma" in sets.get(name, {}):
+            return float(sets[name]["gamma"]), f"returns set {name!r}"
+    return DEFAULT_GAMMA, "default"
 
 
 def plot_achievements(out: dict, path: Path) -> None:

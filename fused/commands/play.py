@@ -337,7 +337,8 @@ def play(c: PlayConfig, run: Path, console, command: str) -> dict:
         watch = FrameWatch(c.env.name, c.video, c.video_max_steps,
                            extra=lambda before, after: (after.carry.last_reply,
                                                         after.carry.tokens),
-                           text=lambda reply: player.text(reply[0][:int(reply[1])]))
+                           text=lambda reply: player.text(reply[0][:int(reply[1])]),
+                           critic=False)  # (the return-to-go alone: the player has no critic)
     ev = make_evaluate(env, player.policy, Identity(), c.episodes, c.block_steps,
                        max_steps=c.max_steps, record=s if record is not None else None,
                        watch=watch)
@@ -366,7 +367,7 @@ def play(c: PlayConfig, run: Path, console, command: str) -> dict:
         if record is not None:
             progress.records = _load_records(records_dir, range(progress.blocks),
                                              like[1]["record"])
-        if watch is not None:  # the blocks that drew frames
+        if watch is not None:  # the blocks that kept steps of watched episodes
             drawn = [i for i in range(progress.blocks)
                      if (frames_dir / f"block-{i:06d}.npz").is_file()]
             for watched in _load_records(frames_dir, drawn, like[1]["watch"]):
@@ -397,8 +398,8 @@ def play(c: PlayConfig, run: Path, console, command: str) -> dict:
                         recs = jax.device_get(recs)
                         _save_records(records_dir, progress.blocks, recs)
                         progress.records.append(recs)
-                    if watch is not None and bool(np.asarray(extras["watch"]["on"]).any()):
-                        watched = jax.device_get(extras["watch"])
+                    if watch is not None and watch.holds(extras["watch"]):
+                        watched = watch.fetch(extras["watch"])
                         _save_records(frames_dir, progress.blocks, watched)
                         watch.add(watched)
                     progress.times.append(took)
@@ -448,9 +449,11 @@ def play(c: PlayConfig, run: Path, console, command: str) -> dict:
     if c.plot and out["achievements"]:
         plot_achievements(out, run / "eval_achievements.png")
     if c.video:
-        from fused.video import write_gifs
+        from fused.video import DEFAULT_GAMMA, write_videos
 
-        out["videos"] = [str(p) for p in write_gifs(watch.frames, run / "videos")]
+        out["videos"] = [str(p) for p in write_videos(watch.episodes, run / "videos",
+                                                      DEFAULT_GAMMA, "default", critic=False)]
+        out["video_gamma"] = DEFAULT_GAMMA
         atomic_write_json(run / "eval.json", out)
         console.print(f"{len(out['videos'])} videos -> {run / 'videos'}")
     lo, hi = out["return_ci95"]

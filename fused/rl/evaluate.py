@@ -69,13 +69,15 @@ def make_evaluate(env: Env, policy: Policy, inputs: PolicyInput, num_episodes: i
     installed with `inputs.adopt`. Steps past `max_steps` are not counted: episodes running then
     stay not done (censored). With `record` (the env's spec), `block` also returns each step's
     dataset record (`fused.rl.collect.Record`), so the episodes played can be stored; with
-    `watch`, `watch(before, after, live)` of each step (the states around it, and [N] whether
-    it counts), so what the episodes looked like can be kept (`fused.video.FrameWatch`)."""
+    `watch`, `watch(before, after, live, acted)` of each step (the states around it, [N]
+    whether it counts, and what it did: `fused.rl.acting.Acted`, V(x) of every step included),
+    so what the episodes looked like can be kept (`fused.video.FrameWatch`)."""
     cap = jnp.int32(max_steps if max_steps is not None else jnp.iinfo(jnp.int32).max)
     n_ach = len(env.achievement_names)
     rollout = Rollout(policy.with_sample(acting.greedy) if greedy else policy, inputs,
                       VecEnv(env, None), num_episodes, num_episodes,
-                      values=record is not None)  # a dataset stores V(x) of every step
+                      # a dataset stores V(x) of every step, a video draws it
+                      values=record is not None or watch is not None)
 
     def init(key, frozen, trained=None):
         k_reset, k_run = jax.random.split(key)
@@ -116,7 +118,7 @@ def make_evaluate(env: Env, policy: Policy, inputs: PolicyInput, num_episodes: i
             spent={k: v + a.policy_stats[k] for k, v in s.spent.items()})
         extras = {} if rec is None else {"record": rec}
         if watch is not None:
-            extras["watch"] = watch(s, new, live)
+            extras["watch"] = watch(s, new, live, a)
         return new, extras
 
     def block(s: EvalState, params, frozen):
