@@ -346,6 +346,7 @@ def test_study_trains_and_evaluates_every_variant_alike(probe_data, tmp_path):
     assert awr["return_ci95"][0] > bc["return_ci95"][1], (awr, bc)
     assert bc["return_ci95"][0] < 0.5 < bc["return_ci95"][1] + 0.1
     assert (out / "study.md").read_text().count("| awr-plain |") == 1
+    assert (out / "study.png").is_file()  # (its bars: test_video)
     mtimes = {p: p.stat().st_mtime for p in out.rglob("eval.json")}
     again = offline_main(*args)
     assert again["variants"] == res["variants"]

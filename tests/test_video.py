@@ -1,5 +1,5 @@
 """What researchers look at: evaluation videos (each frame over the critic's V(s) and the
-return-to-go of its episode, the numbers kept beside)."""
+return-to-go of its episode, the numbers kept beside) and the study's bar chart."""
 
 import json
 import shutil
@@ -218,3 +218,39 @@ def test_eval_video_numbers_are_the_critics_and_label_returns(tmp_path, smoke_ru
         assert len(video) == 6 and bool(z["critic"])
         check_drawn(video, z)
 
+
+def test_study_chart_bars_are_the_tables_numbers(tmp_path):
+    """study.png's bars: one per row of study.md, its height the row's mean return and its
+    error bar the row's 95% interval (read back from the table's text); grouped by algorithm,
+    one colour per label set, the behaviour policy first."""
+    import imageio.v3 as iio
+
+    from fused.commands.offline_study import study_figure, table
+    from fused.runs.metrics import save_figure
+
+    def variant(algo, labels, m, lo, hi):
+        return {"return_mean": m, "return_ci95": [lo, hi], "seed_means": [m - 0.1, m + 0.1],
+                "episodes": 64, "vs_behaviour": m / 2.0, "algo": algo, "labels": labels}
+
+    results = {"variants": {"awr-plain": variant("awr", "plain", 3.2, 2.5, 3.9),
+                            "awr-l24": variant("awr", "l24", 4.1, 3.0, 5.2),
+                            "bc-plain": variant("bc", "plain", -0.5, -1.2, 0.25),
+                            "bc-l24": variant("bc", "l24", 1.0, 0.4, 1.6)},
+               "behaviour": {"return_mean": 2.0, "return_ci95": [1.5, 2.5],
+                             "seed_means": [2.0], "episodes": 64}}
+    fig, bars = study_figure(results)
+    path = save_figure(fig, tmp_path / "study.png", dpi=100)
+    assert iio.imread(path).ndim == 3
+    rows = [r.strip("|").split("|") for r in table(results).splitlines()[2:]]
+    assert [r[0].strip() for r in rows] == list(bars) == [
+        "behaviour policy", "awr-plain", "awr-l24", "bc-plain", "bc-l24"]
+    for name, mean, ci, *_ in rows:
+        bar = bars[name.strip()]
+        lo, hi = (float(x) for x in ci.strip(" []").split(","))
+        assert bar[0].get_height() == pytest.approx(float(mean), abs=0.005), name
+        (_, bottom), (_, top) = bar.errorbar.lines[2][0].get_segments()[0]
+        assert (bottom, top) == (pytest.approx(lo, abs=0.005), pytest.approx(hi, abs=0.005))
+    x = {n: b[0].get_x() for n, b in bars.items()}
+    colour = {n: b[0].get_facecolor() for n, b in bars.items()}
+    assert x["behaviour policy"] < x["awr-plain"] < x["awr-l24"] < x["bc-plain"] < x["bc-l24"]
+    assert colour["awr-plain"] == colour["bc-plain"] != colour["awr-l24"] == colour["bc-l24"]

@@ -3,7 +3,8 @@ variant. Trains plain and LLM-augmented AWR (and BC) on the same data with sever
 evaluates every policy on the same episode seeds (whole episodes), and the behaviour policy
 too when the dataset names a run folder, then writes `study.json` and `study.md`: per variant
 the mean return over seeds with a 95% confidence interval (over the pooled episodes), per-seed
-means, and the ratio to the behaviour policy.
+means, and the ratio to the behaviour policy; and `study.png`, the same means and intervals as
+bars, grouped by algorithm, one colour per label set.
 
 Every run is its own run folder under the study folder; a study started again skips the runs
 that finished and the evaluations already written, so it resumes after a kill.
@@ -24,6 +25,7 @@ from fused.commands.offline_eval import EvalConfig, evaluate
 from fused.commands.offline_train import PRESETS, build, train, validate
 from fused.rl.evaluate import ci_text, mean_ci95
 from fused.runs.files import atomic_write, atomic_write_json, require_writable
+from fused.runs.metrics import save_figure
 from fused.runs.run_dir import RunDir
 
 
@@ -118,7 +120,8 @@ def run_study(c: StudyConfig, console) -> dict:
                 train(build(dataclasses.replace(cfg, resume=str(run_path) if run.resuming
                                                 else None)), run, console)
             per_seed.append(_evaluated(run_path, ev, console))
-        results["variants"][name] = summarise(per_seed)
+        results["variants"][name] = dict(summarise(per_seed), algo=algo,
+                                         labels=labels or "plain")
     behaviour = _behaviour(c, ev, root, console)
     if behaviour is not None:
         results["behaviour"] = behaviour
@@ -127,6 +130,7 @@ def run_study(c: StudyConfig, console) -> dict:
                                  if behaviour["return_mean"] else None)
     atomic_write_json(root / "study.json", results)
     atomic_write(root / "study.md", table(results))
+    save_figure(study_figure(results)[0], root / "study.png", dpi=100)
     console.print(table(results))
     return results
 
@@ -186,3 +190,48 @@ def table(results: dict) -> str:
         rows.append(f"| {name} | {v['return_mean']:.2f} | {ci_text(lo, hi)} | {seeds} | {ratio} "
                     f"| {v['episodes']} |")
     return "\n".join(rows) + "\n"
+
+
+def study_figure(results: dict):
+    """(figure, {row name: its `BarContainer`}) of `table`'s rows: each bar the mean return, its
+    error bar the 95% interval; the behaviour policy first (grey), then per algorithm a group of
+    bars, one colour per label set ('plain' the first)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    variants = results["variants"]
+    sets = list(dict.fromkeys(v.get("labels", "plain") for v in variants.values()))
+    algos = list(dict.fromkeys(v.get("algo", name) for name, v in variants.items()))
+    colours = {s: f"C{i}" for i, s in enumerate(sets)}
+    width = 0.8 / len(sets)
+    places = []  # (row name, x, colour, legend label)
+    if "behaviour" in results:
+        places.append(("behaviour policy", -1.0, "0.6", None))
+    for i, algo in enumerate(algos):
+        for name, v in variants.items():
+            if v.get("algo", name) == algo:
+                j = sets.index(v.get("labels", "plain"))
+                places.append((name, i + (j - (len(sets) - 1) / 2) * width,
+                               colours[sets[j]], sets[j]))
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 + 0.5 * len(places)), 3.8))
+    bars, labelled = {}, set()
+    for name, x, colour, label in places:
+        v = results["behaviour"] if name == "behaviour policy" else variants[name]
+        m, (lo, hi) = v["return_mean"], v["return_ci95"]
+        err = [[m - lo], [hi - m]] if lo is not None and hi is not None else None
+        bars[name] = ax.bar(x, m, width, color=colour, yerr=err, capsize=3,
+                            label=None if label in labelled else label)
+        labelled.add(label)
+        ax.annotate(f"{m:.2f}", (x, m), xytext=(0, 2), textcoords="offset points",
+                    ha="center", va="bottom" if m >= 0 else "top", fontsize=7)
+    ticks = ([-1.0] if "behaviour" in results else []) + list(range(len(algos)))
+    ax.set_xticks(ticks, (["behaviour"] if "behaviour" in results else []) + algos)
+    ax.axhline(0, color="0.3", linewidth=0.6)
+    ax.set_ylabel("mean return (95% CI)")
+    first = next(iter(variants.values()), {})
+    ax.set_title(f"{len(variants)} variants, {first.get('episodes', 0)} episodes each",
+                 fontsize=9)
+    ax.legend(fontsize=7, title="label set", title_fontsize=7)
+    return fig, bars
