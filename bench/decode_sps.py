@@ -138,11 +138,11 @@ def bound_row(args: Args, name: str, batch: int = 1) -> dict:
 def our_fn(cfg, n_new, steps_per_check: int = 1):
     import jax
 
-    from llm_jax.decode import generate
+    from llm_jax.decode import GenerateSpec, generate
 
-    return jax.jit(lambda p, c, t, n: generate(p, cfg, t, n, jax.random.PRNGKey(0),
-                                               max_new_tokens=n_new, prefix=c, pad_id=0,
-                                               steps_per_check=steps_per_check).tokens)
+    spec = GenerateSpec(max_new_tokens=n_new, pad_id=0, steps_per_check=steps_per_check)
+    return jax.jit(lambda p, c, t, n: generate(p, cfg, spec, t, n, key=jax.random.PRNGKey(0),
+                                               prefix=c).tokens)
 
 
 def decode_rate(b: int, n: int, t1: float, tn: float) -> float | None:

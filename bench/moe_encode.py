@@ -223,9 +223,9 @@ def parity_row(cfg, name: str, params, forms, tokens: int = 256) -> dict:
 
     from llm_jax.moe import dense_reference, moe_mlp, resolve_moe_form, route
 
-    mp = {k: v[0] for k, v in params["moe"].items()}
+    mp = jax.tree.map(lambda v: v[0], params.layers.moe)
     h = jax.random.normal(jax.random.PRNGKey(1), (1, tokens, cfg.hidden_size), jnp.bfloat16)
-    want = jax.jit(lambda m, x: dense_reference(cfg, m, x[0], route(cfg, m["router"], x[0])))(
+    want = jax.jit(lambda m, x: dense_reference(cfg, m, x[0], route(cfg, m.router, x[0])))(
         mp, h).astype(jnp.float32)
     scale = float(jnp.abs(want).max())
     out = {"name": "parity", "model": name, "tokens": tokens, "oracle": "dense_reference"}

@@ -184,7 +184,9 @@ def gpu_rows(args: Args, emit) -> None:
     from fused.llm.config import LLMConfig
     from fused.llm.vl import VLEncoder
     from fused_sps import matmul_flops
-    from llm_jax.vl import VLConfig, random_vl_params, vision_flops
+    from llm_jax.vision import vision_flops
+    from llm_jax.vl_config import VLConfig
+    from llm_jax.vl_loader import random_vl_params
 
     if args.frames % args.microbatch:
         raise SystemExit(f"--microbatch {args.microbatch} must divide --frames {args.frames}")

@@ -1,6 +1,7 @@
 """Text generation for Qwen3: a batch of ragged prompts after an optional shared prefix is
 prefilled in one pass, then decoded token by token under `lax.while_loop`, all in one pure
-function (`generate`) that the caller jits.
+function (`generate`) that the caller jits: the weights and arrays are its arguments, what it
+does (sampling, stops, lengths, states asked for, attention form) one static `GenerateSpec`.
 
 Positions. The shared prefix (a `PrefixCache`, `[L, P, K, D]`, computed once by
 `model.prefill`) holds positions 0..P-1 and is read by every row, never copied per row. Row b's
@@ -15,8 +16,8 @@ overwritten by the first generated tokens and never attended to: a query sees on
 slots). The prefix is not in it.
 
 The decode loop. Layers run unrolled, each on its own weight arrays (`llm_jax.weights
-.layer_blocks`: the per-layer layout's, or static slices of the stacks taken once, before the
-loop) and its own cache buffers, written in place at each row's slot: nothing inside the
+.layer_blocks`: the per-layer layout's `Layer`s, or static slices of the stacks taken once,
+before the loop) and its own cache buffers, written in place at each row's slot: nothing inside the
 `while_loop` slices a stack of layers or copies a cache (the scan over stacked layers did both
 every step; `tests/test_decode.py` reads the compiled loop). `steps_per_check` decode steps run
 per check of the loop's condition (stopped rows change nothing; fewer condition reads, which a
@@ -41,6 +42,7 @@ heads, g query heads per kv head, d head dim, l layers.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import NamedTuple, Sequence
 
@@ -49,10 +51,10 @@ import jax.numpy as jnp
 from einops import rearrange
 
 from llm_jax.config import Qwen3Config
-from llm_jax.model import (AttentionConfig, PrefixCache, Visual, hidden_states, layer_blocks,
-                           lm_logits, mlp_block, project_qkv, rms_norm, rope_tables,
-                           scan_layers)
+from llm_jax.model import (AttentionConfig, PrefixCache, Visual, hidden_states, lm_logits,
+                           mlp_block, project_qkv, rms_norm, rope_tables, scan_layers)
 from llm_jax.sampling import GREEDY, GenerateError, Sampling, sample_tokens
+from llm_jax.weights import Layer, Weights, layer_blocks
 
 
 class KVCache(NamedTuple):
@@ -73,17 +75,37 @@ class Generated(NamedTuple):
     hidden: jax.Array | None  # [B, N, H] states of the generated tokens (0 past num_tokens)
 
 
-class DecodeStatic(NamedTuple):
-    """The decode loop's static settings (part of the compiled program)."""
+@dataclasses.dataclass(frozen=True)
+class GenerateSpec:
+    """What `generate` does: static (part of the compiled program; hashable, so a jitted
+    caller may close over it or pass it as a static argument). Bad values are a GenerateError
+    when it is made."""
 
-    sampling: Sampling
-    stop_ids: tuple[int, ...]
     max_new_tokens: int
-    hidden_layer: int | None
-    post_norm: bool
-    attn: AttentionConfig
+    """Tokens generated per row at most (>= 1)."""
     pad_id: int
-    steps_per_check: int
+    """The tokenizer's padding token: fills `Generated.tokens` past each row's end."""
+    sampling: Sampling = GREEDY
+    """How each token is drawn (greedy by default)."""
+    stop_ids: tuple[int, ...] = ()
+    """A row stops after generating one of these (it is kept), or after max_new_tokens."""
+    hidden_layer: int | None = None
+    """Also return each generated token's state at this layer (module docstring: which
+    positions); None: no states."""
+    post_norm: bool = False
+    """The states after the final RMSNorm (at the last layer: HF's hidden_states[-1])."""
+    attn: AttentionConfig = AttentionConfig()
+    """How the prompt pass computes attention, and a MoE's experts in every pass."""
+    steps_per_check: int = 1
+    """Decode steps per check of the loop's condition (module docstring)."""
+
+    def __post_init__(self):
+        object.__setattr__(self, "stop_ids", tuple(int(i) for i in self.stop_ids))
+        if self.max_new_tokens < 1:
+            raise GenerateError(f"max_new_tokens={self.max_new_tokens}; generate at least 1 "
+                                "token")
+        if self.steps_per_check < 1:
+            raise GenerateError(f"steps_per_check={self.steps_per_check}; use 1 or more")
 
 
 class DecodeState(NamedTuple):
@@ -159,26 +181,26 @@ def decode_attention(q, k, v, cache_k, cache_v, visible, prefix_k=None, prefix_v
     return rearrange(out / total, "b k g d -> b (k g) d").astype(q.dtype)
 
 
-def _layer_step(cfg: Qwen3Config, rot, visible, moe_form, x, lp, xs):
+def _layer_step(cfg: Qwen3Config, rot, visible, moe_form, x, lp: Layer, xs):
     """One block for one token per row (the `scan_layers` step). x: [B, 1, H]; lp: the
     block's weights, its MLP (dense or experts) among them, for `mlp_block`; xs: its cache
     and prefix buffers."""
     ck, cv, pk, pv = xs
     q, k, v = project_qkv(cfg, lp, x, rot)  # [B, 1, N, D], [B, 1, K, D]
     a = decode_attention(q[:, 0], k[:, 0], v[:, 0], ck, cv, visible, pk, pv)  # [B, N, D]
-    x = x + jnp.einsum("bnd,ndh->bh", a, lp["o"])[:, None]
+    x = x + jnp.einsum("bnd,ndh->bh", a, lp.attn.o)[:, None]
     x, _ = mlp_block(cfg, lp, x, form=moe_form)
     return x, (x[:, 0], k[:, 0], v[:, 0])
 
 
-def forward_one(blocks, cfg: Qwen3Config, tokens, cache: KVCache, prefix,
+def forward_one(blocks: Weights, cfg: Qwen3Config, tokens, cache: KVCache, prefix,
                 attn: AttentionConfig = AttentionConfig(), offset=0):
     """Feed one token per row, at each row's slot `cache.lengths` (position P + lengths, plus
-    `offset` [B]: a vision-language prompt's M-RoPE delta, `llm_jax.vl.rope_index`).
-    blocks: {"embed", "blocks"} (the per-layer layout); prefix: (k, v) per layer, or None.
+    `offset` [B]: a vision-language prompt's M-RoPE delta, `llm_jax.mrope.rope_index`).
+    blocks: the per-layer layout (`per_layer`); prefix: (k, v) per layer, or None.
     tokens: [B]. Returns (states [L + 1, B, H]: embeddings, then the residual after each block,
     pre-norm; new keys, values [L, B, K, D]). The cache is read, not written."""
-    x = blocks["embed"][tokens][:, None]  # [B, 1, H]
+    x = blocks.embed[tokens][:, None]  # [B, 1, H]
     p = 0 if prefix is None else prefix[0][0].shape[0]
     rot = rope_tables((p + cache.lengths + offset)[:, None], cfg.head_dim, cfg.rope_theta,
                       x.dtype)
@@ -191,9 +213,9 @@ def forward_one(blocks, cfg: Qwen3Config, tokens, cache: KVCache, prefix,
     return jnp.concatenate([x[None, :, 0], xs]), k, v
 
 
-def _state_at(params, cfg: Qwen3Config, states, layer: int, post_norm: bool):
+def _state_at(params: Weights, cfg: Qwen3Config, states, layer: int, post_norm: bool):
     h = states[layer]  # [B, H]
-    return rms_norm(h, params["final_norm"], cfg.rms_norm_eps) if post_norm else h
+    return rms_norm(h, params.final_norm, cfg.rms_norm_eps) if post_norm else h
 
 
 def _token_keys(row_keys, index):
@@ -206,13 +228,13 @@ def _stops(tokens, num, stop_ids: tuple[int, ...], max_new_tokens: int):
     return hit | (num >= max_new_tokens)
 
 
-def _decode_step(blocks, cfg: Qwen3Config, prefix, row_keys, offset, static: DecodeStatic,
-                 state: DecodeState):
+def _decode_step(blocks: Weights, cfg: Qwen3Config, prefix, row_keys, offset,
+                 spec: GenerateSpec, state: DecodeState):
     """Feed each active row's next unfed token, record its state, and (rows not stopped) sample
     the following token. Rows with nothing to feed compute too (batched) but change nothing:
     their writes go to an out-of-range index and are dropped."""
-    sampling, stop_ids, n_new = static.sampling, static.stop_ids, static.max_new_tokens
-    hidden_layer, attn = static.hidden_layer, static.attn
+    sampling, stop_ids, n_new = spec.sampling, spec.stop_ids, spec.max_new_tokens
+    hidden_layer, attn = spec.hidden_layer, spec.attn
     b = state.tokens.shape[0]
     rows = jnp.arange(b)
     active = state.fed < state.num if hidden_layer is not None else ~state.stopped
@@ -226,14 +248,14 @@ def _decode_step(blocks, cfg: Qwen3Config, prefix, row_keys, offset, static: Dec
                     state.cache.lengths + active)
     hidden = state.hidden
     if hidden_layer is not None:
-        h = _state_at(blocks, cfg, states, hidden_layer, static.post_norm)
+        h = _state_at(blocks, cfg, states, hidden_layer, spec.post_norm)
         hidden = hidden.at[rows, jnp.where(active, state.fed, n_new)].set(h, mode="drop")
     grow = active & ~state.stopped
     if sampling.greedy:
         keys = row_keys
     else:
         keys = _token_keys(row_keys, state.num)
-    final = rms_norm(states[-1], blocks["final_norm"], cfg.rms_norm_eps)
+    final = rms_norm(states[-1], blocks.final_norm, cfg.rms_norm_eps)
     nxt = sample_tokens(lm_logits(blocks, cfg, final), keys, sampling)
     tokens = state.tokens.at[rows, jnp.where(grow, state.num, n_new)].set(nxt, mode="drop")
     num = state.num + grow
@@ -241,78 +263,68 @@ def _decode_step(blocks, cfg: Qwen3Config, prefix, row_keys, offset, static: Dec
     return DecodeState(cache, tokens, num, state.fed + active, stopped, hidden)
 
 
-def generate(params, cfg: Qwen3Config, tokens, lengths, key, *, max_new_tokens: int,
-             pad_id: int, sampling: Sampling = GREEDY, stop_ids: tuple[int, ...] = (),
-             prefix: PrefixCache | None = None, hidden_layer: int | None = None,
-             post_norm: bool = False, attn: AttentionConfig = AttentionConfig(),
-             row_keys=None, steps_per_check: int = 1, visual: Visual | None = None,
-             pos_offset=None) -> Generated:
-    """Generate up to `max_new_tokens` tokens per row, pure and jittable (close over the
-    keyword arguments, which are static; params, tokens, lengths, key and prefix are traced).
+def generate(params: Weights, cfg: Qwen3Config, spec: GenerateSpec, tokens, lengths, *,
+             key=None, prefix: PrefixCache | None = None, row_keys=None,
+             visual: Visual | None = None, pos_offset=None) -> Generated:
+    """Generate up to `spec.max_new_tokens` tokens per row as `spec` says, pure and jittable
+    (`spec` and `cfg` are static; the weights and every other argument are traced).
 
     tokens: [B, T] right-padded prompts, lengths: [B] (>= 1) their lengths; with `prefix` (all
     layers, from `model.prefill`) each prompt continues the shared prefix. key: a PRNG key;
     row b's i-th token is drawn with fold_in(fold_in(key, b), i), so rows and steps never share
     a key, the same key gives the same tokens, and a row's draws do not depend on the others.
-    A row stops after a token in `stop_ids` (kept) or after `max_new_tokens`; a stopped row
-    changes no more, and the loop ends when every row has stopped. `hidden_layer`: also return
-    each generated token's state at that layer (module docstring: which positions).
     `row_keys` [B], when given, are the rows' keys instead of fold_in(key, b) (`key` unused): a
     caller whose rows have identities of their own (envs, dataset rows) keeps each row's draws
-    whatever batch it lands in. `pad_id` (the tokenizer's padding token) fills `tokens` past
-    each row's end. Logits in float32 from `lm_head` (untied) or the embedding (tied).
+    whatever batch it lands in. A row stops after a stop token (kept) or after max_new_tokens;
+    a stopped row changes no more, and the loop ends when every row has stopped. Logits in
+    float32 from `lm_head` (untied) or the embedding (tied).
     params: stacked or per-layer (`llm_jax.weights.per_layer`, which spares the copy of each
-    layer's weights taken before the loop); `steps_per_check`: module docstring. `visual` and
-    `pos_offset` [B]: a prompt with images (`llm_jax.vl.vl_generate`): the prompt pass takes
-    the image tokens, M-RoPE and DeepStack states, and generated tokens sit at their index plus
-    the row's offset on all three rope axes (HF's rope deltas)."""
+    layer's weights taken before the loop). `visual` and `pos_offset` [B]: a prompt with images
+    (`llm_jax.vl_model.vl_generate`): the prompt pass takes the image tokens, M-RoPE and
+    DeepStack states, and generated tokens sit at their index plus the row's offset on all
+    three rope axes (HF's rope deltas)."""
+    n_new, hidden_layer = spec.max_new_tokens, spec.hidden_layer
     b, t = tokens.shape
     p = 0 if prefix is None else prefix.k.shape[1]
-    check_generate(cfg, [t], max_new_tokens, p, hidden_layer)  # static shapes: at trace time
+    check_generate(cfg, [t], n_new, p, hidden_layer)  # static shapes: at trace time
     if prefix is not None and prefix.k.shape[0] != cfg.num_layers:
         raise GenerateError(f"the prefix cache holds {prefix.k.shape[0]} layers; decoding needs "
                             f"all {cfg.num_layers} (prefill with num_layers=None)")
-    if steps_per_check < 1:
-        raise GenerateError(f"steps_per_check={steps_per_check}; use 1 or more")
+    if key is None and row_keys is None:
+        raise GenerateError("generate needs a key or row_keys")
     lengths = lengths.astype(jnp.int32)
-    x, (k, v), _ = hidden_states(params, cfg, tokens, lengths, cfg.num_layers, prefix, attn,
+    x, (k, v), _ = hidden_states(params, cfg, tokens, lengths, cfg.num_layers, prefix, spec.attn,
                                  visual)
     n = cfg.num_layers
-    pad = jnp.zeros((b, max_new_tokens, *k.shape[3:]), k.dtype)
+    pad = jnp.zeros((b, n_new, *k.shape[3:]), k.dtype)
     cache = KVCache(tuple(jnp.concatenate([k[i], pad], 1) for i in range(n)),
                     tuple(jnp.concatenate([v[i], pad], 1) for i in range(n)), lengths)
     # each layer's arrays taken once, outside the loop (no-ops for the per-layer layout)
-    blocks = {"embed": params["embed"], "final_norm": params["final_norm"],
-              "blocks": layer_blocks(params, cfg)}
-    if "lm_head" in params:
-        blocks["lm_head"] = params["lm_head"]
+    blocks = params.replace(layers=layer_blocks(params, cfg))
     per_layer_prefix = None if prefix is None else (
         tuple(prefix.k[i] for i in range(n)), tuple(prefix.v[i] for i in range(n)))
-    last = rms_norm(x[jnp.arange(b), lengths - 1], params["final_norm"], cfg.rms_norm_eps)
+    last = rms_norm(x[jnp.arange(b), lengths - 1], params.final_norm, cfg.rms_norm_eps)
     if row_keys is None:
         row_keys = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(b))
     zero = jnp.zeros(b, jnp.int32)
-    first = sample_tokens(lm_logits(params, cfg, last), _token_keys(row_keys, zero), sampling)
-    out = jnp.full((b, max_new_tokens), pad_id, jnp.int32).at[:, 0].set(first)
+    first = sample_tokens(lm_logits(params, cfg, last), _token_keys(row_keys, zero),
+                          spec.sampling)
+    out = jnp.full((b, n_new), spec.pad_id, jnp.int32).at[:, 0].set(first)
     hidden = (None if hidden_layer is None
-              else jnp.zeros((b, max_new_tokens, cfg.hidden_size), x.dtype))
+              else jnp.zeros((b, n_new, cfg.hidden_size), x.dtype))
     num = zero + 1
-    state = DecodeState(cache, out, num, zero, _stops(first, num, stop_ids, max_new_tokens),
-                        hidden)
-    static = DecodeStatic(sampling, tuple(stop_ids), max_new_tokens, hidden_layer, post_norm,
-                          attn, pad_id, steps_per_check)
+    state = DecodeState(cache, out, num, zero, _stops(first, num, spec.stop_ids, n_new), hidden)
 
     def more(s: DecodeState):
         return jnp.any(s.fed < s.num) if hidden_layer is not None else jnp.any(~s.stopped)
 
     offset = 0 if pos_offset is None else pos_offset.astype(jnp.int32)
-    step = functools.partial(_decode_step, blocks, cfg, per_layer_prefix, row_keys, offset,
-                             static)
-    if steps_per_check > 1:
+    step = functools.partial(_decode_step, blocks, cfg, per_layer_prefix, row_keys, offset, spec)
+    if spec.steps_per_check > 1:
         one = step
 
         def step(s):
-            return jax.lax.fori_loop(0, steps_per_check, lambda _, s: one(s), s)
+            return jax.lax.fori_loop(0, spec.steps_per_check, lambda _, s: one(s), s)
 
     state = jax.lax.while_loop(more, step, state)
     return Generated(state.tokens, state.num, state.hidden)

@@ -1,9 +1,9 @@
-"""HF model folder (config.json + safetensors, single or sharded) -> (config, params).
+"""HF model folder (config.json + safetensors, single or sharded) -> (config, `Weights`).
 
 Host-only: reads with safetensors' numpy backend (memory-mapped), converts each tensor as the
-tables of `llm_jax.weights` say (lm_head for untied models only; a MoE layer's experts one
-tensor per expert and projection, as HF writes them), stacks each layer group, casts, and only
-then puts arrays on the device. No random init, no pickle, no network. Every missing,
+description of `llm_jax.weights` (`WEIGHTS`) says (lm_head for untied models only; a MoE
+layer's experts one tensor per expert and projection, as HF writes them), stacks each layer
+group, casts, and only then puts arrays on the device. No random init, no pickle, no network. Every missing,
 unexpected or mis-shaped tensor is reported at once.
 """
 
@@ -13,12 +13,14 @@ import json
 import re
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from safetensors import safe_open
 
 from llm_jax.config import Qwen3Config
-from llm_jax.weights import IGNORED, layer_groups, present_weights
+from llm_jax.weights import (IGNORED, Layer, Stacked, Weights, WeightSpec, layer_groups,
+                             present_weights)
 
 
 class WeightsError(ValueError):
@@ -85,9 +87,9 @@ def expected_tensors(cfg: Qwen3Config, layers: int | None = None) -> dict[str, t
     """HF name -> shape of every tensor of a model of `cfg` cut after `layers` layers (default
     all): the top-level weights, then each layer's in its group (experts one per tensor)."""
     out = {n: shape for s in present_weights(cfg).values() for n, shape in s.names(cfg)}
-    for specs, idx in layer_groups(cfg, layers).values():
+    for desc, idx in layer_groups(cfg, layers).values():
         for i in idx:
-            out.update({n: shape for s in specs.values() for n, shape in s.names(cfg, i)})
+            out.update({n: shape for s in jax.tree.leaves(desc) for n, shape in s.names(cfg, i)})
     return out
 
 
@@ -146,8 +148,8 @@ def model_kind(cfg: Qwen3Config) -> str:
 
 
 def load_params(folder: str | Path, dtype=jnp.float32, layers: int | None = None,
-                per_layer: bool = False) -> tuple[Qwen3Config, dict]:
-    """(config, params) of a model folder; with `layers`, only the first `layers` layers'
+                per_layer: bool = False) -> tuple[Qwen3Config, Weights]:
+    """(config, weights) of a model folder; with `layers`, only the first `layers` layers'
     tensors are read (`first_layers` of the whole; every tensor's name and shape is checked
     all the same). `per_layer`: the per-layer layout (`llm_jax.weights.per_layer`), each
     layer's arrays put on the device as read, never stacked."""
@@ -162,30 +164,28 @@ def load_params(folder: str | Path, dtype=jnp.float32, layers: int | None = None
 
 
 def read_params(read, cfg: Qwen3Config, dtype=jnp.float32, layers: int | None = None,
-                per_layer: bool = False) -> dict:
-    """The text model's params from `read(HF name)` (names as `llm_jax.weights` gives them),
+                per_layer: bool = False) -> Weights:
+    """The text model's weights from `read(HF name)` (names as `llm_jax.weights` gives them),
     as `load_params` lays them out."""
-    params = {k: jnp.asarray(s.convert(read, cfg).astype(dtype))
-              for k, s in present_weights(cfg).items()}
+    top = {k: jnp.asarray(s.convert(read, cfg).astype(dtype))
+           for k, s in present_weights(cfg).items()}
+    groups = layer_groups(cfg, layers)
     if per_layer:
-        blocks = [{} for _ in range(cfg.num_layers if layers is None else layers)]
-        for group, (specs, idx) in layer_groups(cfg, layers).items():
+        blocks: dict[int, Layer] = {}
+        for group, (desc, idx) in groups.items():
             for i in idx:
-                arrays = {k: jnp.asarray(s.convert(read, cfg, i).astype(dtype))
-                          for k, s in specs.items()}
-                if group == "layers":
-                    blocks[i].update(arrays)
-                else:
-                    blocks[i]["mlp"] = arrays
-        params["blocks"] = tuple(blocks)
-        return params
-    for group, (specs, idx) in layer_groups(cfg, layers).items():
-        stacks = {}
-        for k, s in specs.items():
-            # Filled layer by layer: the host holds one copy of the stack, not a list and a copy.
-            stack = np.empty((len(idx), *s.shape(cfg)), jnp.dtype(dtype))
-            for n, i in enumerate(idx):
-                stack[n] = s.convert(read, cfg, i)
-            stacks[k] = jnp.asarray(stack)
-        params[group] = stacks
-    return params
+                arrays = jax.tree.map(lambda s: jnp.asarray(s.convert(read, cfg, i).astype(dtype)),
+                                      desc)
+                blocks[i] = arrays if group == "common" else blocks[i].replace(mlp=arrays)
+        return Weights(layers=tuple(blocks[i] for i in sorted(blocks)), **top)
+
+    def stack(s: WeightSpec, idx: tuple[int, ...]):
+        # Filled layer by layer: the host holds one copy of the stack, not a list and a copy.
+        out = np.empty((len(idx), *s.shape(cfg)), jnp.dtype(dtype))
+        for n, i in enumerate(idx):
+            out[n] = s.convert(read, cfg, i)
+        return jnp.asarray(out)
+
+    stacks = {group: jax.tree.map(lambda s, idx=idx: stack(s, idx), desc)
+              for group, (desc, idx) in groups.items()}
+    return Weights(layers=Stacked(**stacks), **top)

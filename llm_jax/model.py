@@ -1,14 +1,13 @@
-"""Qwen3 (dense and mixture-of-experts) as pure functions over a params pytree, with a
-hidden-state API and prefix cache.
+"""Qwen3 (dense and mixture-of-experts) as pure functions over its typed weights
+(`llm_jax.weights.Weights`), with a hidden-state API and prefix cache.
 
 Each weight is described once in `llm_jax.weights` (HF names and shapes, conversion); the
-loader, random init, shape checks and `first_layers` derive from those tables. The q, k, v
+loader, random init, shape checks and `first_layers` derive from that description. The q, k, v
 projections are stored as one matrix, and gate and up as another, so each is one GEMM.
 
-Layers. Per-layer weights are stacked by group (`LAYER_GROUPS`): `params["layers"]` holds every
-block's attention and norms `[L, ...]`, `params["mlp"]` the dense MLPs `[L_dense, ...]` and
-`params["moe"]` the sparse ones `[L_sparse, ...]` (router and experts), each group in layer
-order and present only when some layer has it. The blocks run under one `lax.scan`
+Layers. Stacked weights (`Stacked`) hold every block's attention and norms `[L, ...]`, the dense
+MLPs `[L_dense, ...]` and the sparse ones `[L_sparse, ...]` (router and experts), each group in
+layer order and None when no layer has it. The blocks run under one `lax.scan`
 (`scan_layers`), so compile time does not grow with depth and asking for layer L computes only
 the first L blocks. When the first L layers mix dense and sparse MLPs (`mlp_only_layers`,
 `decoder_sparse_step` > 1), the scan carries each layer's kind and its index in its group, and
@@ -35,9 +34,8 @@ from einops import rearrange
 
 from llm_jax.config import Qwen3Config
 from llm_jax.moe import MoEForm, moe_mlp
-from llm_jax.weights import (IGNORED, LAYER_GROUPS, LAYER_WEIGHTS, MLP_WEIGHTS,  # noqa: F401
-                             MOE_WEIGHTS, WEIGHTS, WeightSpec, first_layers, init_params,
-                             layer_blocks, layer_groups, per_layer, present_weights)
+from llm_jax.weights import (DenseMLP, Layer, MoE, Stacked, Weights, first_layers,  # noqa: F401
+                             init_params, mlp_rows)
 
 
 def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
@@ -79,9 +77,8 @@ class AttentionConfig:
     query_block: int = 64  # causal block of the blocked form
     row_query_block: int = 128  # causal block of the row form (measured best at 512 tokens)
     kernel_blocks: tuple[int, int] = (32, 64)
-    """The Pallas kernel's query positions x keys a step (powers of two, Triton's tiles): on an
-    H100 the fastest at 256-token rows and 1.05-1.85x cuDNN at 32-token rows, where 32 x 32 was
-    faster still (bench/prefix_kernel.py, docs/BENCHMARKS.md)."""
+    """The Pallas kernel's query positions x keys a step (powers of two, Triton's tiles; the
+    choice's timings: bench/prefix_kernel.py, docs/BENCHMARKS.md)."""
     moe_form: MoEForm = "auto"
     """How a mixture-of-experts MLP runs its experts (`llm_jax.moe`): auto (`ragged_dot` on
     TPU; elsewhere tiled, or gathered for calls with few tokens: decode steps), ragged, tiled,
@@ -112,7 +109,7 @@ def attention(q, k, v, mask, lengths, prefix_k=None, prefix_v=None,
     padding); lengths: [B] valid positions per row (the padding of `mask`).
     prefix_k/v: [P, K, D] shared by the whole batch, visible to every query.
 
-    This is the one function a Pallas kernel can replace. Three forms (`cfg.form`; "auto" is
+    This is the one function a Pallas kernel can replace. Four forms (`cfg.form`; "auto" is
     resolved by `resolve_form`):
     - "cudnn" (GPU, bf16/fp16): cuDNN's fused flash attention through
       `jax.nn.dot_product_attention(implementation="cudnn")`, padding from `lengths`; with a
@@ -128,9 +125,8 @@ def attention(q, k, v, mask, lengths, prefix_k=None, prefix_v=None,
       `_causal_attention_by_row`, `_prefix_attention_by_row`);
     - "pallas": `kernels.prefix_attention`, a flash-style kernel that reads the shared prefix
       once per block of queries (through Pallas' interpreter on CPU: exact, slow; for tests).
-      "auto" picks it on an NVIDIA GPU for calls after a prefix: on an H100 it ran 1.03-1.31x
-      cuDNN's form through the 4B model (docs/BENCHMARKS.md); causal calls stay on cuDNN
-      (0.90x there)."""
+      "auto" picks it on an NVIDIA GPU for calls after a prefix, where it was measured faster
+      than cuDNN's form; causal calls stay on cuDNN (docs/BENCHMARKS.md)."""
     form = resolve_form(cfg.form, q.dtype, prefix=prefix_k is not None
                         and kernel_suits(q.shape[2] // k.shape[2], q.shape[3]))
     if form == "pallas":
@@ -180,9 +176,8 @@ def resolve_form(form: AttentionForm, dtype, prefix: bool = False
     """The concrete form `attention` traces: `form` itself unless it is "auto", which picks row
     by row on CPU; on a GPU in bf16/fp16 where cuDNN compiles (an NVIDIA GPU, where Triton runs
     the kernel too), the Pallas kernel for calls after a shared prefix whose heads suit it
-    (`prefix`: `attention` passes `kernel_suits`) and cuDNN otherwise; blocked elsewhere.
-    Measured on one H100 with jax 0.11.2 (the project pins jax < 0.11; the kernel lowers for CUDA
-    under both, `lowers_for`)."""
+    (`prefix`: `attention` passes `kernel_suits`) and cuDNN otherwise; blocked elsewhere. The
+    kernel lowers for CUDA under every jax the project allows (`lowers_for`)."""
     if form != "auto":
         return form
     backend = jax.default_backend()
@@ -233,10 +228,9 @@ def _cudnn_compiles() -> bool:
 def _causal_attention_by_row(q, k, v, mask, block: int):
     """CPU path without a prefix: `lax.map` over (batch row, kv head) pairs; each pair's query
     heads attend in blocks of `block` queries to the keys up to the block's end, scores in
-    float32. Measured on 8 x 512 tokens, 10/5 heads of 64: 60 ms per layer vs 91 ms for the
-    batched blocks and 206 ms for one `dot_product_attention` over the whole square.
-    When the whole sequence is one block, all pairs go in one batched pass instead: XLA:CPU runs
-    a `lax.map` body on one core, the batched ops on both (8 x 128 tokens: 1.2x in A/B runs)."""
+    float32: on XLA:CPU faster than batched blocks or one `dot_product_attention` over the whole
+    square. When the whole sequence is one block, all pairs go in one batched pass instead:
+    XLA:CPU runs a `lax.map` body on one core, the batched ops on every core."""
     b, t, n, d = q.shape
     kh = k.shape[2]
     f32 = jnp.float32
@@ -276,8 +270,8 @@ def _causal_attention_by_row(q, k, v, mask, block: int):
 
 def _prefix_attention_by_row(q, k, v, mask, prefix_k, prefix_v):
     """CPU path with a prefix: one batch row at a time, its own keys appended to the prefix's, so
-    the scores of a row ([heads, T, P + T]) stay in cache; measured 5x faster than the batched
-    form on XLA:CPU (32 rows x 320 tokens after a 790-token prefix: 0.09 s vs 0.44 s per layer)."""
+    the scores of a row ([heads, T, P + T]) stay in cache (on XLA:CPU several times faster than
+    the batched form)."""
     p, t = prefix_k.shape[0], q.shape[1]
 
     def row(x):
@@ -290,114 +284,110 @@ def _prefix_attention_by_row(q, k, v, mask, prefix_k, prefix_v):
     return jax.lax.map(row, (q, k, v, mask))
 
 
-def project_qkv(cfg: Qwen3Config, lp: dict, x, rot):
+def project_qkv(cfg: Qwen3Config, lp: Layer, x, rot):
     """Queries, keys and values of one block for x: [B, T, H] (attention norm, one GEMM, per-head
     q/k RMSNorm, then RoPE from `rot`). Returns q [B, T, N, D], k and v [B, T, K, D]; shared by
     encoding (`decoder_layer`) and decoding (`llm_jax.decode`)."""
     eps = cfg.rms_norm_eps
-    h = rms_norm(x, lp["attn_norm"], eps)
+    h = rms_norm(x, lp.attn_norm, eps)
     b, t, _ = x.shape
     nd, kd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    # One GEMM for q, k, v and one for gate, up: 13% faster than five on XLA:CPU when the GEMMs
-    # are timed alone (1,024 rows); whole passes on CPU within the noise (docs/BENCHMARKS.md).
-    qkv = jnp.einsum("bth,hc->btc", h, lp["qkv"])
-    q = rms_norm(qkv[..., :nd].reshape(b, t, cfg.num_heads, cfg.head_dim), lp["q_norm"], eps)
+    # One GEMM for q, k, v and one for gate, up: fewer, larger GEMMs than five.
+    qkv = jnp.einsum("bth,hc->btc", h, lp.attn.qkv)
+    q = rms_norm(qkv[..., :nd].reshape(b, t, cfg.num_heads, cfg.head_dim), lp.attn.q_norm, eps)
     k = rms_norm(qkv[..., nd:nd + kd].reshape(b, t, cfg.num_kv_heads, cfg.head_dim),
-                 lp["k_norm"], eps)
+                 lp.attn.k_norm, eps)
     v = qkv[..., nd + kd:].reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
     return rope(q, *rot), rope(k, *rot), v
 
 
 class MixedMLP(NamedTuple):
-    """A block's MLP where the scanned layers mix dense and sparse ones: both groups' stacks,
-    whether this block is sparse, and its index in its own group (`scan_layers`)."""
+    """A block's MLP where the scanned layers mix dense and sparse ones: both stacks, whether
+    this block is sparse, and its index in its own stack (`scan_layers`)."""
 
-    dense: dict  # params["mlp"], [L_dense, ...]
-    moe: dict  # params["moe"], [L_sparse, ...]
+    dense: DenseMLP  # [L_dense, ...]
+    moe: MoE  # [L_sparse, ...]
     sparse: jax.Array  # [] bool
     index: jax.Array  # [] int32
 
 
-def _at(stack: dict, i) -> dict:
+def _at(stack, i):
     return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), stack)
 
 
-def dense_mlp(mp: dict, h):
-    """SwiGLU of h: [B, T, H] with mp {"gate_up": [H, 2F], "down": [F, H]}."""
-    gate, up = jnp.split(jnp.einsum("bth,hf->btf", h, mp["gate_up"]), 2, axis=-1)
-    return jnp.einsum("btf,fh->bth", jax.nn.silu(gate) * up, mp["down"])
+def dense_mlp(mp: DenseMLP, h):
+    """SwiGLU of h: [B, T, H] through mp (gate_up [H, 2F], down [F, H])."""
+    gate, up = jnp.split(jnp.einsum("bth,hf->btf", h, mp.gate_up), 2, axis=-1)
+    return jnp.einsum("btf,fh->bth", jax.nn.silu(gate) * up, mp.down)
 
 
-def mlp_block(cfg: Qwen3Config, lp: dict, x, valid=None, form: MoEForm = "auto"):
+def mlp_block(cfg: Qwen3Config, lp: Layer, x, valid=None, form: MoEForm = "auto"):
     """x + MLP(RMSNorm(x)) for x: [B, T, H]: the one place the MLP is computed, for encoding
-    and decoding alike. lp["mlp"] is the block's MLP as `scan_layers` gives it: a dense one
-    ({"gate_up", "down"}), a sparse one ({"router", "gate_up", "down"}, `llm_jax.moe`), or a
-    `MixedMLP` (chosen by `lax.cond`). valid: [B, T] bool, the positions counted in the load
-    (default all). Returns (x, load): load [E] int32, the assignments to each expert
-    (`moe.expert_load`) for a sparse block, zeros for a dense one among mixed blocks, None in a
-    model without experts."""
-    h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
-    mp = lp["mlp"]
+    and decoding alike. lp.mlp is the block's MLP as `scan_layers` gives it: a `DenseMLP`, a
+    `MoE` (`llm_jax.moe`), or a `MixedMLP` (chosen by `lax.cond`). valid: [B, T] bool, the
+    positions counted in the load (default all). Returns (x, load): load [E] int32, the
+    assignments to each expert (`moe.expert_load`) for a sparse block, zeros for a dense one
+    among mixed blocks, None in a model without experts."""
+    h = rms_norm(x, lp.mlp_norm, cfg.rms_norm_eps)
+    mp = lp.mlp
     if isinstance(mp, MixedMLP):
         zero = jnp.zeros(cfg.num_experts, jnp.int32)
         y, load = jax.lax.cond(mp.sparse,
                                lambda: moe_mlp(cfg, _at(mp.moe, mp.index), h, valid, form),
                                lambda: (dense_mlp(_at(mp.dense, mp.index), h), zero))
-    elif "router" in mp:
+    elif isinstance(mp, MoE):
         y, load = moe_mlp(cfg, mp, h, valid, form)
     else:
         y, load = dense_mlp(mp, h), None
     return x + y, load
 
 
-def decoder_layer(cfg: Qwen3Config, lp: dict, x, rot, mask, lengths, prefix_kv=None,
+def decoder_layer(cfg: Qwen3Config, lp: Layer, x, rot, mask, lengths, prefix_kv=None,
                   attn: AttentionConfig = AttentionConfig()):
     """One Qwen3 block. x: [B, T, H]; rot: (cos, sin) of `rope_tables`; mask, lengths, attn: as
     `attention` takes them.
     Returns (x, (k, v) of this block's own positions, expert load of `mlp_block`)."""
     q, k, v = project_qkv(cfg, lp, x, rot)
     a = attention(q, k, v, mask, lengths, *(prefix_kv or (None, None)), cfg=attn)
-    x = x + jnp.einsum("btnd,ndh->bth", a, lp["o"])
+    x = x + jnp.einsum("btnd,ndh->bth", a, lp.attn.o)
     valid = jnp.arange(x.shape[1])[None] < lengths[:, None]  # [B, T]
     x, load = mlp_block(cfg, lp, x, valid, attn.moe_form)
     return x, (k, v), load
 
 
-def scan_layers(cfg: Qwen3Config, params: dict, n: int, step: Callable, carry, xs=None):
+def scan_layers(cfg: Qwen3Config, params: Weights, n: int, step: Callable, carry, xs=None):
     """The one loop over blocks: step(carry, lp, x) -> (carry, y) over the first n blocks, lp a
-    block's weights (its `params["layers"]` entries, and under "mlp" its MLP for `mlp_block`),
-    x the block's part of xs (a leading axis n, or None); returns (carry, ys stacked).
-    Stacked params run under `lax.scan`: same-kind blocks scan their group's stack alongside;
-    mixed ones carry (sparse?, index in its group) and close over both stacks (`MixedMLP`).
-    The per-layer layout (`params["blocks"]`, `per_layer`) runs unrolled, each block on its own
-    arrays; there xs may also be a list of n per-block items (a cache kept per layer)."""
-    if "blocks" in params:
+    block's `Layer` with its MLP for `mlp_block`, x the block's part of xs (a leading axis n,
+    or None); returns (carry, ys stacked).
+    Stacked weights run under `lax.scan`: same-kind blocks scan their MLP stack alongside;
+    mixed ones carry (sparse?, index in its stack) and close over both stacks (`MixedMLP`).
+    The per-layer layout (`per_layer`) runs unrolled, each block on its own arrays; there xs
+    may also be a list of n per-block items (a cache kept per layer)."""
+    if isinstance(params.layers, tuple):
         ys = []
-        for i, lp in enumerate(layer_blocks(params, cfg, n)):
+        for i, lp in enumerate(params.layers[:n]):
             x = (None if xs is None else xs[i] if isinstance(xs, list)
                  else jax.tree.map(lambda a: a[i], xs))
             carry, y = step(carry, lp, x)
             ys.append(y)
         return carry, jax.tree.map(_stack_blocks, *ys, is_leaf=lambda a: a is None)
-    sparse = cfg.sparse_layers[:n]
-    layers = jax.tree.map(lambda a: a[:n], params["layers"])
-    if all(sparse) or not any(sparse):
-        mlp = jax.tree.map(lambda a: a[:n], params["moe" if all(sparse) else "mlp"])
+    st: Stacked = params.layers
+    sparse, index = mlp_rows(cfg, n)
+    common = jax.tree.map(lambda a: a[:n], st.common)
+    if sparse.all() or not sparse.any():
+        mlp = jax.tree.map(lambda a: a[:n], st.moe if sparse.all() else st.dense)
 
         def same(c, a):
             (lp, mp), x = a
-            return step(c, dict(lp, mlp=mp), x)
+            return step(c, lp.replace(mlp=mp), x)
 
-        return jax.lax.scan(same, carry, ((layers, mlp), xs))
-    index = np.cumsum(sparse) - 1
-    index = np.where(sparse, index, np.cumsum(np.logical_not(sparse)) - 1)
+        return jax.lax.scan(same, carry, ((common, mlp), xs))
 
     def mixed(c, a):
         (lp, s, i), x = a
-        return step(c, dict(lp, mlp=MixedMLP(params["mlp"], params["moe"], s, i)), x)
+        return step(c, lp.replace(mlp=MixedMLP(st.dense, st.moe, s, i)), x)
 
-    return jax.lax.scan(mixed, carry, ((layers, jnp.asarray(sparse), jnp.asarray(index, jnp.int32)),
-                                       xs))
+    return jax.lax.scan(mixed, carry, ((common, jnp.asarray(sparse), jnp.asarray(index)), xs))
 
 
 def _stack_blocks(*ys):
@@ -410,11 +400,11 @@ def _stack_blocks(*ys):
     return jnp.stack([jnp.zeros_like(like) if y is None else y for y in ys])
 
 
-def lm_logits(params: dict, cfg: Qwen3Config, x) -> jax.Array:
+def lm_logits(params: Weights, cfg: Qwen3Config, x) -> jax.Array:
     """Next-token logits [..., V] in float32 from final-normed states x: [..., H], through
     `lm_head` for untied models and the embedding for tied ones (products in the weights' dtype,
     accumulated in float32)."""
-    w = params["embed"] if cfg.tie_word_embeddings else params["lm_head"]  # [V, H]
+    w = params.embed if cfg.tie_word_embeddings else params.lm_head  # [V, H]
     return jnp.einsum("...h,vh->...v", x.astype(w.dtype), w, preferred_element_type=jnp.float32)
 
 
@@ -430,7 +420,7 @@ class HiddenStates(NamedTuple):
 
 
 class Visual(NamedTuple):
-    """What a vision-language model adds to a text pass (`llm_jax.vl`): the image tokens'
+    """What a vision-language model adds to a text pass (`llm_jax.vl_model`): the image tokens'
     embeddings at their positions, the rope tables of its 3-axis positions, and the DeepStack
     states added to the residual stream after the first S blocks (zeros at text positions)."""
 
@@ -440,18 +430,19 @@ class Visual(NamedTuple):
     deepstack: jax.Array  # [S, B, T, H]
 
 
-def hidden_states(params, cfg: Qwen3Config, tokens, lengths, layer: int,
+def hidden_states(params: Weights, cfg: Qwen3Config, tokens, lengths, layer: int,
                   prefix: PrefixCache | None = None,
                   attn: AttentionConfig = AttentionConfig(),
                   visual: Visual | None = None) -> HiddenStates:
     """Residual stream after `layer` blocks (0 = embeddings). tokens: [B, T] right-padded,
     lengths: [B]. Only the first `layer` blocks are computed. `visual`: image tokens, their
-    positions and DeepStack states (`llm_jax.vl`); with a `prefix` too (text before the first
-    image, `llm_jax.vl.vl_prefill`), its positions are the rows' own, continuing the prefix's."""
+    positions and DeepStack states (`llm_jax.vl_model`); with a `prefix` too (text before the
+    first image, `llm_jax.vl_model.vl_prefill`), its positions are the rows' own, continuing
+    the prefix's."""
     if not 0 <= layer <= cfg.num_layers:
         raise ValueError(f"layer={layer} must lie in 0..{cfg.num_layers}")
     t = tokens.shape[1]
-    x = params["embed"][tokens]
+    x = params.embed[tokens]
     if visual is not None:  # (its rope tables hold the rows' positions, after any prefix)
         x = jnp.where(visual.mask[..., None], visual.embeds.astype(x.dtype), x)
     offset = 0 if prefix is None else prefix.k.shape[1]
@@ -489,7 +480,7 @@ def hidden_states(params, cfg: Qwen3Config, tokens, lengths, layer: int,
     return HiddenStates(x, kv, load)
 
 
-def encode(params, cfg: Qwen3Config, tokens, lengths, layer: int,
+def encode(params: Weights, cfg: Qwen3Config, tokens, lengths, layer: int,
            pool: Literal["last", "mean", "none"] = "last", post_norm: bool = False,
            prefix: PrefixCache | None = None,
            attn: AttentionConfig = AttentionConfig(), expert_load: bool = False):
@@ -499,13 +490,15 @@ def encode(params, cfg: Qwen3Config, tokens, lengths, layer: int,
     cached prompt; `attn` chooses the attention form. Returns [B, H] for pool last/mean,
     [B, T, H] for none; with `expert_load`, (that, the router load of `HiddenStates`)."""
     x, _, load = hidden_states(params, cfg, tokens, lengths, layer, prefix, attn)
-    pooled = _pool(params, cfg, x, lengths, pool, post_norm)
+    pooled = pool_hidden(params, cfg, x, lengths, pool, post_norm)
     return (pooled, load) if expert_load else pooled
 
 
-def _pool(params, cfg: Qwen3Config, x, lengths, pool: str, post_norm: bool):
+def pool_hidden(params: Weights, cfg: Qwen3Config, x, lengths, pool: str, post_norm: bool):
+    """States x [B, T, H] of right-padded rows (lengths [B]), after the final norm with
+    `post_norm`, pooled as `encode` pools them."""
     if post_norm:
-        x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
+        x = rms_norm(x, params.final_norm, cfg.rms_norm_eps)
     if pool == "none":
         return x
     if pool == "last":
@@ -517,7 +510,7 @@ def _pool(params, cfg: Qwen3Config, x, lengths, pool: str, post_norm: bool):
     raise ValueError(f"pool={pool!r}; use last, mean or none")
 
 
-def prefill(params, cfg: Qwen3Config, prefix_tokens, num_layers: int | None = None,
+def prefill(params: Weights, cfg: Qwen3Config, prefix_tokens, num_layers: int | None = None,
             attn: AttentionConfig = AttentionConfig()) -> PrefixCache:
     """Keys/values of a shared prefix for the first `num_layers` layers (default all).
     prefix_tokens: [P]."""

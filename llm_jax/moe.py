@@ -8,9 +8,9 @@ The experts run as a grouped matmul over the assignments sorted by expert (`sort
 the gathered form keeps them in token order) in one of five forms (static, `MoEForm`), all
 computing the same function:
 - "ragged": `jax.lax.ragged_dot` (XLA's grouped GEMM). On CPU XLA lowers it to a dense product
-  masked per group: num_experts times the FLOPs (measured 0.8 GFLOP/s effective, 32 experts);
-  on an H100 (jax 0.11.2) it ran 3.9x slower than "tiled" and ran out of memory where "tiled"
-  did not. "auto" picks it on TPU only;
+  masked per group (num_experts times the FLOPs); on GPUs it was measured slower than "tiled"
+  and ran out of memory where "tiled" did not (docs/BENCHMARKS.md). "auto" picks it on TPU
+  only;
 - "tiled" (CPU and GPU): the sorted rows in tiles of `tile_rows` rows that each belong to one expert
   (each expert's rows padded to whole tiles); a `fori_loop` over the tiles in use runs one
   expert's SwiGLU per tile. Padding is at most one tile per expert, and tiles past the last
@@ -18,16 +18,15 @@ computing the same function:
 - "gathered": each assignment's own expert weights gathered ([R, H, 2F], [R, F, H]) and one
   batched matmul each: R experts' weights read, for calls with few assignments (a decode step:
   R = B x K), where the tiled form's R / tile + E tiles would read every expert's weights, the
-  unused ones as padding (Qwen3-30B-A3B at batch 1: 129 tiles a layer against 8 assignments;
-  compiled for an H200, a decode step launches 53,202 kernels tiled, 1,551 gathered;
-  docs/BENCHMARKS.md). "auto" picks it over "tiled" wherever it reads fewer experts' weights
+  unused ones as padding (Qwen3-30B-A3B at batch 1: 129 tiles a layer against 8
+  assignments). "auto" picks it over "tiled" wherever it reads fewer experts' weights
   (R < R / tile + E);
 - "pallas": each expert's rows padded to whole tiles in memory and both matmuls as one Pallas
   kernel launch each (`kernels.grouped_matmul`: a program per tile reads its expert's weights
-  in place; tiles not in use return at once), where the tiled form's loop launches 8 kernels a
-  tile and copies the expert's weights out for each (compiled for an H200: 3,094 kernels a
-  layer of Qwen3-30B-A3B at 32 x 256 tokens, 92 this way). Triton on GPUs, Pallas' interpreter on CPU (for
-  tests). Asked for only: not yet timed on a GPU, "auto" does not pick it;
+  in place; tiles not in use return at once), where the tiled form's loop launches several
+  kernels a tile and copies the expert's weights out for each (kernel counts:
+  docs/BENCHMARKS.md). Triton on GPUs, Pallas' interpreter on CPU (for tests). Asked for only:
+  "auto" does not pick it until it is timed on a GPU;
 - "dense": every expert on every token, weighted by the (mostly zero) routing weights: the
   plain-jnp reference the other forms are tested against, never used for speed.
 
@@ -44,6 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from llm_jax.config import Qwen3Config
+from llm_jax.weights import MoE
 
 MoEForm = Literal["auto", "ragged", "tiled", "gathered", "pallas", "dense"]
 
@@ -67,9 +67,8 @@ def resolve_moe_form(form: MoEForm, assignments: int | None = None, num_experts:
                      ) -> Literal["ragged", "tiled", "gathered", "pallas", "dense"]:
     """`form` itself unless "auto": `ragged_dot` on TPU, elsewhere tiled, or gathered where a
     call's `assignments` (tokens x K) are fewer than the tiles the tiled form would run over
-    `num_experts` (each tile reads one expert's weights). XLA:CPU lowers `ragged_dot` densely; on
-    an H100 (jax 0.11.2) it ran Qwen3-30B-A3B at 1,422 tokens/s against the tiled form's 5,530
-    (8 x 512 tokens) and ran out of memory at 32 x 512 (docs/BENCHMARKS.md)."""
+    `num_experts` (each tile reads one expert's weights). XLA:CPU lowers `ragged_dot` densely,
+    and on GPUs it was measured slower than the tiled form (docs/BENCHMARKS.md)."""
     if form != "auto":
         return form
     if jax.default_backend() == "tpu":
@@ -168,8 +167,7 @@ def _tiles(sizes, assignments: int, tile: int):
 
 def tile_rows(assignments: int, num_experts: int) -> int:
     """Rows per tile of the tiled form: about half the mean group, a power of two in 8..256
-    (measured on 2 CPU cores, 4,096 assignments over 32 experts: 64 rows 0.089 s, 32 0.13 s,
-    128 0.12 s, 256 0.15 s)."""
+    (smaller tiles run more loop steps, larger ones more padding)."""
     t = 8
     while t < 256 and 4 * t <= assignments // num_experts:
         t *= 2
@@ -202,37 +200,38 @@ def grouped_tiled(xs, sizes, gate_up, down, tile: int | None = None):
     return jax.lax.fori_loop(0, t.shape[0], one_tile, jnp.zeros_like(xp))[:r]
 
 
-def dense_reference(cfg: Qwen3Config, mp: dict, h, routing: Routing):
+def dense_reference(cfg: Qwen3Config, mp: MoE, h, routing: Routing):
     """The test oracle: every expert on every token ([E, N, H] in float32), summed with the
-    routing weights scattered to [N, E] (zeros where an expert was not chosen)."""
+    routing weights scattered to [N, E] (zeros where an expert was not chosen); the router of
+    `mp` is not read (`routing` is given)."""
     f32 = jnp.float32
     n = h.shape[0]
     comb = jnp.zeros((n, cfg.num_experts), f32).at[jnp.arange(n)[:, None], routing.experts].set(
         routing.weights.astype(f32))
-    gu = jnp.einsum("nh,ehc->enc", h.astype(f32), mp["gate_up"].astype(f32))
-    y = jnp.einsum("enf,efh->enh", _swiglu(gu), mp["down"].astype(f32))
+    gu = jnp.einsum("nh,ehc->enc", h.astype(f32), mp.gate_up.astype(f32))
+    y = jnp.einsum("enf,efh->enh", _swiglu(gu), mp.down.astype(f32))
     return jnp.einsum("enh,ne->nh", y, comb).astype(h.dtype)
 
 
-def moe_mlp(cfg: Qwen3Config, mp: dict, h, valid=None, form: MoEForm = "auto"):
-    """The sparse MLP of one block. mp: {"router": [H, E], "gate_up": [E, H, 2F], "down":
-    [E, F, H]}; h: [B, T, H] (after the MLP norm); valid: [B, T] bool, the positions counted in
-    the load (default all). Returns ([B, T, H], load [E] int32 from `expert_load`)."""
+def moe_mlp(cfg: Qwen3Config, mp: MoE, h, valid=None, form: MoEForm = "auto"):
+    """The sparse MLP of one block. mp: one layer's `MoE` (router [H, E], gate_up [E, H, 2F],
+    down [E, F, H]); h: [B, T, H] (after the MLP norm); valid: [B, T] bool, the positions counted
+    in the load (default all). Returns ([B, T, H], load [E] int32 from `expert_load`)."""
     b, t, hd = h.shape
     x = h.reshape(b * t, hd)
-    routing = route(cfg, mp["router"], x)
+    routing = route(cfg, mp.router, x)
     load = expert_load(routing, cfg.num_experts, None if valid is None else valid.reshape(-1))
     form = resolve_moe_form(form, b * t * cfg.num_experts_per_tok, cfg.num_experts)
     if form == "dense":
         return dense_reference(cfg, mp, x, routing).reshape(b, t, hd), load
     if form == "gathered":  # assignments in (token, choice) order: no sort
         ys = grouped_gathered(jnp.repeat(x, routing.experts.shape[1], 0),
-                              routing.experts.reshape(-1), mp["gate_up"], mp["down"])
+                              routing.experts.reshape(-1), mp.gate_up, mp.down)
     else:
         s = sort_by_expert(routing, cfg.num_experts)
         grouped = {"ragged": grouped_ragged, "tiled": grouped_tiled,
                    "pallas": grouped_pallas}[form]
-        ys = grouped(x[s.token], s.sizes, mp["gate_up"], mp["down"])  # [R, H], expert order
+        ys = grouped(x[s.token], s.sizes, mp.gate_up, mp.down)  # [R, H], expert order
         ys = jnp.zeros_like(ys).at[s.order].set(ys)  # back in (token, choice) order
     ys = ys * routing.weights.reshape(-1)[:, None]  # in h's dtype, as HF
     y = ys.reshape(b * t, -1, hd)  # [N, K, H]

@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from llm_jax.vl_weights import Merger, VisionBlock, VisionWeights
+
 
 class VisionConfigError(ValueError):
     """A vision config that is not Qwen3-VL's, or an image the processor cannot take."""
@@ -322,42 +324,42 @@ def _rope(x, cos, sin):
     return (xf * cos[:, None] + turned * sin[:, None]).astype(x.dtype)
 
 
-def vision_block(cfg: VisionConfig, bp: dict, x, cos, sin):
+def vision_block(cfg: VisionConfig, bp: VisionBlock, x, cos, sin):
     """One pre-LayerNorm block over x [B, N, h]: full attention within each image."""
     b, n, _ = x.shape
-    h = layer_norm(x, bp["norm1_w"], bp["norm1_b"])
-    qkv = (jnp.einsum("bnh,hc->bnc", h, bp["qkv_w"]) + bp["qkv_b"]).reshape(
+    h = layer_norm(x, bp.norm1_w, bp.norm1_b)
+    qkv = (jnp.einsum("bnh,hc->bnc", h, bp.qkv_w) + bp.qkv_b).reshape(
         b, n, 3, cfg.num_heads, cfg.head_dim)
     q, k, v = _rope(qkv[:, :, 0], cos, sin), _rope(qkv[:, :, 1], cos, sin), qkv[:, :, 2]
     a = jax.nn.dot_product_attention(q, k, v).reshape(b, n, cfg.hidden_size)
-    x = x + jnp.einsum("bnh,hg->bng", a, bp["proj_w"]) + bp["proj_b"]
-    h = layer_norm(x, bp["norm2_w"], bp["norm2_b"])
-    f = jax.nn.gelu(jnp.einsum("bnh,hf->bnf", h, bp["fc1_w"]) + bp["fc1_b"],
+    x = x + jnp.einsum("bnh,hg->bng", a, bp.proj_w) + bp.proj_b
+    h = layer_norm(x, bp.norm2_w, bp.norm2_b)
+    f = jax.nn.gelu(jnp.einsum("bnh,hf->bnf", h, bp.fc1_w) + bp.fc1_b,
                     approximate=cfg.hidden_act == "gelu_pytorch_tanh")
-    return x + jnp.einsum("bnf,fh->bnh", f, bp["fc2_w"]) + bp["fc2_b"]
+    return x + jnp.einsum("bnf,fh->bnh", f, bp.fc2_w) + bp.fc2_b
 
 
-def merger(cfg: VisionConfig, mp: dict, x, postshuffle: bool):
+def merger(cfg: VisionConfig, mp: Merger, x, postshuffle: bool):
     """Each merge-block's patches side by side -> one token of the text model's width:
     LayerNorm (per patch, or after grouping for the DeepStack mergers), Linear, GELU, Linear."""
     b, n, _ = x.shape
     g = cfg.spatial_merge_size ** 2
     if postshuffle:
-        x = layer_norm(x.reshape(b, n // g, g * cfg.hidden_size), mp["norm_w"], mp["norm_b"])
+        x = layer_norm(x.reshape(b, n // g, g * cfg.hidden_size), mp.norm_w, mp.norm_b)
     else:
-        x = layer_norm(x, mp["norm_w"], mp["norm_b"]).reshape(b, n // g, g * cfg.hidden_size)
-    x = jax.nn.gelu(jnp.einsum("bmh,hg->bmg", x, mp["fc1_w"]) + mp["fc1_b"], approximate=False)
-    return jnp.einsum("bmg,go->bmo", x, mp["fc2_w"]) + mp["fc2_b"]
+        x = layer_norm(x, mp.norm_w, mp.norm_b).reshape(b, n // g, g * cfg.hidden_size)
+    x = jax.nn.gelu(jnp.einsum("bmh,hg->bmg", x, mp.fc1_w) + mp.fc1_b, approximate=False)
+    return jnp.einsum("bmg,go->bmo", x, mp.fc2_w) + mp.fc2_b
 
 
-def vision_tower(params: dict, cfg: VisionConfig, pixels: jax.Array,
+def vision_tower(params: VisionWeights, cfg: VisionConfig, pixels: jax.Array,
                  grid: tuple[int, int, int]) -> VisionOutput:
     """Image tokens of pixel values [B, N, patch_dim] (`preprocess`) of one grid."""
     _, gh, gw = grid
-    dtype = params["patch_w"].dtype
-    x = jnp.einsum("bnp,ph->bnh", pixels.astype(dtype), params["patch_w"]) + params["patch_b"]
+    dtype = params.patch_w.dtype
+    x = jnp.einsum("bnp,ph->bnh", pixels.astype(dtype), params.patch_w) + params.patch_b
     idx, wts = position_taps(cfg, gh, gw)
-    pos = jnp.einsum("nkh,nk->nh", params["pos_embed"][idx].astype(jnp.float32), wts)
+    pos = jnp.einsum("nkh,nk->nh", params.pos_embed[idx].astype(jnp.float32), wts)
     x = x + pos.astype(dtype)
     cos, sin = rotary(cfg, gh, gw)
     # The DeepStack layers' outputs land in slots of a carried buffer; other layers write the
@@ -373,10 +375,20 @@ def vision_tower(params: dict, cfg: VisionConfig, pixels: jax.Array,
         return (x, jax.lax.dynamic_update_index_in_dim(buf, x, s, 0)), None
 
     buf = jnp.zeros((n_deep + 1, *x.shape), x.dtype)
-    (x, buf), _ = jax.lax.scan(step, (x, buf), (params["blocks"], jnp.asarray(slot)))
+    (x, buf), _ = jax.lax.scan(step, (x, buf), (params.blocks, jnp.asarray(slot)))
     if n_deep:
-        deep = jax.vmap(lambda mp, y: merger(cfg, mp, y, True))(params["deepstack"], buf[:n_deep])
+        deep = jax.vmap(lambda mp, y: merger(cfg, mp, y, True))(params.deepstack, buf[:n_deep])
     else:
         deep = jnp.zeros((0, x.shape[0], x.shape[1] // cfg.spatial_merge_size ** 2,
                           cfg.out_hidden_size), dtype)
-    return VisionOutput(merger(cfg, params["merger"], x, False), deep)
+    return VisionOutput(merger(cfg, params.merger, x, False), deep)
+
+
+def vision_flops(cfg: VisionConfig, patches: int) -> float:
+    """Matmul FLOPs of the tower on one image of `patches` patches: the patch embedding, each
+    block's projections, MLP and full attention, the merger and the DeepStack mergers."""
+    h, f, g, o = cfg.hidden_size, cfg.intermediate_size, cfg.merged_size, cfg.out_hidden_size
+    merged = patches // cfg.spatial_merge_size ** 2
+    block = 2 * patches * (4 * h * h + 2 * h * f) + 4 * patches * patches * h
+    mergers = (1 + len(cfg.deepstack_visual_indexes)) * 2 * merged * (g * g + g * o)
+    return 2 * patches * cfg.patch_dim * h + cfg.depth * block + mergers

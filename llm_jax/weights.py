@@ -1,17 +1,27 @@
-"""Every weight of Qwen3 (dense and MoE) described once: HF safetensors names and shapes, and
-the conversion to our layout. The loader, random init, shape checks, `first_layers` and the
-`truncate` command derive from these tables, nothing else names an HF tensor.
+"""Qwen3's weights (dense and MoE) as typed pytrees, and every weight described once: its HF
+safetensors names and shapes, and the conversion to our layout. The loader, random init, shape
+checks, `first_layers` and the `truncate` command derive from that one description (`WEIGHTS`);
+nothing else names an HF tensor.
 
-Our layout: top-level `embed`, `final_norm`, `lm_head` (untied only); per-layer groups
-(`LAYER_GROUPS`) each stacked on a leading layer axis: `layers` (attention and norms, every
-block), `mlp` (dense SwiGLU blocks), `moe` (router and experts of sparse blocks). The
-per-layer layout (`per_layer`) holds the same arrays as `blocks`, one dict per layer (its MLP,
-dense or sparse, under "mlp"), for the unrolled decode loop: no slice of a stack inside it.
+Types (frozen dataclasses registered as pytrees, each with `replace`): `Attention` (q, k and v
+projections as one matrix, so one GEMM; o; the q/k norms), `DenseMLP` (gate and up as one
+matrix, down), `MoE` (router and experts), `Layer` (one block: its two norms, its attention and
+its MLP) and `Weights` (the whole model: embedding, final norm, layers, lm_head of untied models).
+`WEIGHTS` is a `Weights` whose leaves are `WeightSpec`s, each describing one layer's array.
+
+The layers come in two layouts (`Weights.layers`):
+- stacked (`Stacked`, what `lax.scan` runs over): `common`, a `Layer` of every block's attention
+  and norms with a leading layer axis [L, ...] (its `mlp` None); `dense`, the dense MLPs
+  [L_dense, ...]; `moe`, the sparse ones [L_sparse, ...]; each in layer order, None where no
+  layer has it;
+- per layer (a tuple of `Layer`s, each with its own MLP, dense or sparse: `per_layer`): the
+  same arrays for the unrolled decode loop, no slice of a stack inside it.
 """
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+import dataclasses
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -20,11 +30,87 @@ import numpy as np
 from llm_jax.config import Qwen3Config
 
 
-class WeightSpec(NamedTuple):
+def _replace(self, **changes):
+    """A copy with the fields in `changes` replaced."""
+    return dataclasses.replace(self, **changes)
+
+
+def weights_type(cls):
+    """`cls` as a frozen dataclass registered as a pytree (every field a child; a None field
+    an empty subtree), with `replace(**fields)`."""
+    cls = dataclasses.dataclass(frozen=True)(cls)
+    cls.replace = _replace
+    return jax.tree_util.register_dataclass(cls)
+
+
+@weights_type
+class Attention:
+    """A block's self-attention (every array with a leading layer axis in `Stacked`)."""
+
+    qkv: jax.Array  # [H, (N + 2K) * D]: q heads, then k heads, then v heads
+    o: jax.Array  # [N, D, H]
+    q_norm: jax.Array  # [D] per-head RMSNorm of the queries
+    k_norm: jax.Array  # [D] ... of the keys
+
+
+@weights_type
+class DenseMLP:
+    """A dense layer's SwiGLU (every layer of a dense Qwen3; `mlp_only_layers` of a MoE)."""
+
+    gate_up: jax.Array  # [H, 2F]: gate, then up
+    down: jax.Array  # [F, H]
+
+
+@weights_type
+class MoE:
+    """A sparse layer's router and experts (`llm_jax.moe`)."""
+
+    router: jax.Array  # [H, E]
+    gate_up: jax.Array  # [E, H, 2F]: each expert's gate, then up
+    down: jax.Array  # [E, F, H]
+
+
+@weights_type
+class Layer:
+    """One block: x + attention(RMSNorm(x)), then x + MLP(RMSNorm(x)). In `Stacked.common` the
+    arrays have a leading layer axis and `mlp` is None (the MLPs are stacked by kind); a forward
+    pass's step gets one block's `Layer` with its MLP (`llm_jax.model.scan_layers`, which may
+    put a `MixedMLP` there)."""
+
+    attn_norm: jax.Array  # [H]
+    attn: Attention
+    mlp_norm: jax.Array  # [H]
+    mlp: DenseMLP | MoE | None = None
+
+
+@weights_type
+class Stacked:
+    """The layers stacked by group for `lax.scan`, each group in layer order; None where no
+    layer (of those held) has it."""
+
+    common: Layer | None = None  # [L, ...]: every block's attention and norms (mlp None)
+    dense: DenseMLP | None = None  # [L_dense, ...]: the layers of `cfg.dense_layers`
+    moe: MoE | None = None  # [L_sparse, ...]: the sparse layers
+
+
+@weights_type
+class Weights:
+    """A Qwen3 (or a Qwen3-VL's text model): the first layers it holds, stacked or per layer."""
+
+    embed: jax.Array  # [V, H]
+    final_norm: jax.Array  # [H]
+    layers: Stacked | tuple[Layer, ...]
+    # [V, H] as HF stores it (the embedding's layout), untied models only (Qwen3-8B, MoE): tied
+    # ones (0.6B-4B) take their logits from `embed`. Only decoding reads it (`lm_logits`).
+    lm_head: jax.Array | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightSpec:
     """One of our arrays, made from one or more HF tensors: each converted by `to_ours`, then
     concatenated along the last axis (q, k, v projections become one GEMM, gate and up another).
     With `experts`, each name holds "{j}" and stands for one tensor per expert, converted and
-    stacked on a new leading axis ([E, ...]) before the concatenation."""
+    stacked on a new leading axis ([E, ...]) before the concatenation. A pytree leaf."""
 
     hf_names: tuple[str, ...]  # "{i}" is the layer index for per-layer weights
     hf_shapes: Callable[[Qwen3Config], tuple[tuple[int, ...], ...]]  # one per name (per expert)
@@ -63,82 +149,84 @@ def _one(name, shape, to_ours, present=lambda c: True):
 
 _same = lambda w, c: w  # noqa: E731
 _t = lambda w, c: w.T  # noqa: E731
-LAYER = "model.layers.{i}."
-WEIGHTS: dict[str, WeightSpec] = {
-    "embed": _one("model.embed_tokens.weight", lambda c: (c.vocab_size, c.hidden_size), _same),
-    "final_norm": _one("model.norm.weight", lambda c: (c.hidden_size,), _same),
-    # [V, H] as HF stores it (the embedding's layout), untied models only (Qwen3-8B, MoE): tied
-    # ones (0.6B-4B) take their logits from `embed`. Only decoding reads it (`lm_logits`).
-    "lm_head": _one("lm_head.weight", lambda c: (c.vocab_size, c.hidden_size), _same,
-                    lambda c: not c.tie_word_embeddings),
-}
-# Every block: attention and the two norms.
-LAYER_WEIGHTS: dict[str, WeightSpec] = {
-    "attn_norm": _one(LAYER + "input_layernorm.weight", lambda c: (c.hidden_size,), _same),
-    # [H, (N + 2K) * D]: q heads, then k heads, then v heads.
-    "qkv": WeightSpec(tuple(LAYER + f"self_attn.{x}_proj.weight" for x in "qkv"),
-                      lambda c: ((c.num_heads * c.head_dim, c.hidden_size),
-                                 (c.num_kv_heads * c.head_dim, c.hidden_size),
-                                 (c.num_kv_heads * c.head_dim, c.hidden_size)), _t),
-    "o": _one(LAYER + "self_attn.o_proj.weight",
-              lambda c: (c.hidden_size, c.num_heads * c.head_dim),
-              lambda w, c: w.T.reshape(c.num_heads, c.head_dim, c.hidden_size)),
-    "q_norm": _one(LAYER + "self_attn.q_norm.weight", lambda c: (c.head_dim,), _same),
-    "k_norm": _one(LAYER + "self_attn.k_norm.weight", lambda c: (c.head_dim,), _same),
-    "mlp_norm": _one(LAYER + "post_attention_layernorm.weight", lambda c: (c.hidden_size,), _same),
-}
-# A dense layer's SwiGLU (every layer of Qwen3 dense; `mlp_only_layers` of a MoE model).
-MLP_WEIGHTS: dict[str, WeightSpec] = {
-    # [H, 2F]: gate, then up.
-    "gate_up": WeightSpec((LAYER + "mlp.gate_proj.weight", LAYER + "mlp.up_proj.weight"),
-                          lambda c: ((c.intermediate_size, c.hidden_size),) * 2, _t),
-    "down": _one(LAYER + "mlp.down_proj.weight", lambda c: (c.hidden_size, c.intermediate_size),
-                 _t),
-}
-EXPERT = LAYER + "mlp.experts.{j}."
-# A sparse layer's router and experts, named as HF's released checkpoints and transformers 5's
-# save_pretrained write them: one tensor per expert and projection.
-MOE_WEIGHTS: dict[str, WeightSpec] = {
-    # [H, E]
-    "router": _one(LAYER + "mlp.gate.weight", lambda c: (c.num_experts, c.hidden_size), _t),
-    # [E, H, 2F]: each expert's gate, then up.
-    "gate_up": WeightSpec((EXPERT + "gate_proj.weight", EXPERT + "up_proj.weight"),
-                          lambda c: ((c.moe_intermediate_size, c.hidden_size),) * 2, _t,
-                          experts=True),
-    # [E, F, H]
-    "down": WeightSpec((EXPERT + "down_proj.weight",),
-                       lambda c: ((c.hidden_size, c.moe_intermediate_size),), _t, experts=True),
-}
-# params key -> (its per-layer weights, the layers that have them), in layer order.
-LAYER_GROUPS: dict[str, tuple[dict[str, WeightSpec], Callable[[Qwen3Config], tuple[int, ...]]]] = {
-    "layers": (LAYER_WEIGHTS, lambda c: tuple(range(c.num_layers))),
-    "mlp": (MLP_WEIGHTS, lambda c: c.dense_layers),
-    "moe": (MOE_WEIGHTS, lambda c: tuple(i for i, s in enumerate(c.sparse_layers) if s)),
+HF_LAYER = "model.layers.{i}."
+HF_EXPERT = HF_LAYER + "mlp.experts.{j}."
+WEIGHTS = Weights(
+    embed=_one("model.embed_tokens.weight", lambda c: (c.vocab_size, c.hidden_size), _same),
+    final_norm=_one("model.norm.weight", lambda c: (c.hidden_size,), _same),
+    layers=Stacked(
+        common=Layer(
+            attn_norm=_one(HF_LAYER + "input_layernorm.weight", lambda c: (c.hidden_size,),
+                           _same),
+            attn=Attention(
+                qkv=WeightSpec(tuple(HF_LAYER + f"self_attn.{x}_proj.weight" for x in "qkv"),
+                               lambda c: ((c.num_heads * c.head_dim, c.hidden_size),
+                                          (c.num_kv_heads * c.head_dim, c.hidden_size),
+                                          (c.num_kv_heads * c.head_dim, c.hidden_size)), _t),
+                o=_one(HF_LAYER + "self_attn.o_proj.weight",
+                       lambda c: (c.hidden_size, c.num_heads * c.head_dim),
+                       lambda w, c: w.T.reshape(c.num_heads, c.head_dim, c.hidden_size)),
+                q_norm=_one(HF_LAYER + "self_attn.q_norm.weight", lambda c: (c.head_dim,), _same),
+                k_norm=_one(HF_LAYER + "self_attn.k_norm.weight", lambda c: (c.head_dim,), _same)),
+            mlp_norm=_one(HF_LAYER + "post_attention_layernorm.weight",
+                          lambda c: (c.hidden_size,), _same)),
+        dense=DenseMLP(
+            gate_up=WeightSpec((HF_LAYER + "mlp.gate_proj.weight", HF_LAYER + "mlp.up_proj.weight"),
+                               lambda c: ((c.intermediate_size, c.hidden_size),) * 2, _t),
+            down=_one(HF_LAYER + "mlp.down_proj.weight",
+                      lambda c: (c.hidden_size, c.intermediate_size), _t)),
+        # named as HF's released checkpoints and transformers 5's save_pretrained write them:
+        # one tensor per expert and projection
+        moe=MoE(
+            router=_one(HF_LAYER + "mlp.gate.weight", lambda c: (c.num_experts, c.hidden_size), _t),
+            gate_up=WeightSpec((HF_EXPERT + "gate_proj.weight", HF_EXPERT + "up_proj.weight"),
+                               lambda c: ((c.moe_intermediate_size, c.hidden_size),) * 2, _t,
+                               experts=True),
+            down=WeightSpec((HF_EXPERT + "down_proj.weight",),
+                            lambda c: ((c.hidden_size, c.moe_intermediate_size),), _t,
+                            experts=True))),
+    lm_head=_one("lm_head.weight", lambda c: (c.vocab_size, c.hidden_size), _same,
+                 lambda c: not c.tie_word_embeddings))
+# The layers of a model that have each of `Stacked`'s groups, in layer order.
+GROUP_LAYERS: dict[str, Callable[[Qwen3Config], tuple[int, ...]]] = {
+    "common": lambda c: tuple(range(c.num_layers)),
+    "dense": lambda c: c.dense_layers,
+    "moe": lambda c: tuple(i for i, s in enumerate(c.sparse_layers) if s),
 }
 # Accepted in a checkpoint but not read: a tied model's copy of the embedding saved as lm_head.
 IGNORED = ("lm_head.weight",)
 
 
 def present_weights(cfg: Qwen3Config) -> dict[str, WeightSpec]:
-    """The top-level weights a model of `cfg` has (`WEIGHTS` less lm_head when tied)."""
-    return {name: s for name, s in WEIGHTS.items() if s.present(cfg)}
+    """The top-level weights a model of `cfg` has, by field of `Weights` (lm_head: untied)."""
+    top = {"embed": WEIGHTS.embed, "final_norm": WEIGHTS.final_norm, "lm_head": WEIGHTS.lm_head}
+    return {name: s for name, s in top.items() if s.present(cfg)}
 
 
 def layer_groups(cfg: Qwen3Config, layers: int | None = None
-                 ) -> dict[str, tuple[dict[str, WeightSpec], tuple[int, ...]]]:
-    """The per-layer groups a model of `cfg` has among its first `layers` layers (default all):
-    params key -> (weights, layer indices), groups with no layer left out."""
+                 ) -> dict[str, tuple[object, tuple[int, ...]]]:
+    """The groups of `Stacked` a model of `cfg` has among its first `layers` layers (default
+    all): field -> (its description in `WEIGHTS`, a pytree of `WeightSpec`s; the layer
+    indices), groups with no layer left out."""
     n = cfg.num_layers if layers is None else layers
     out = {}
-    for key, (specs, which) in LAYER_GROUPS.items():
+    for name, which in GROUP_LAYERS.items():
         idx = tuple(i for i in which(cfg) if i < n)
         if idx:
-            out[key] = (specs, idx)
+            out[name] = (getattr(WEIGHTS.layers, name), idx)
     return out
 
 
+def mlp_rows(cfg: Qwen3Config, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Of the first n layers: (sparse [n] bool, index [n] int32: each layer's row in its MLP's
+    stack, `Stacked.moe` for a sparse layer, `Stacked.dense` for a dense one)."""
+    sparse = np.asarray(cfg.sparse_layers[:n], bool)
+    index = np.where(sparse, np.cumsum(sparse) - 1, np.cumsum(~sparse) - 1)
+    return sparse, index.astype(np.int32)
+
+
 def init_params(cfg: Qwen3Config, key: jax.Array, dtype=jnp.float32,
-                layers: int | None = None, per_layer: bool = False) -> dict:
+                layers: int | None = None, per_layer: bool = False) -> Weights:
     """Random weights (normal, std 0.02; norms near 1) for benchmarks and shape tests; with
     `layers`, only the first `layers` layers are made, equal to `first_layers` of the whole
     model's (random bits depend on each element's index, `jax_threefry_partitionable`).
@@ -154,67 +242,69 @@ def init_params(cfg: Qwen3Config, key: jax.Array, dtype=jnp.float32,
     top = present_weights(cfg)
     groups = layer_groups(cfg)  # keys are drawn for every group, kept or not
     kept = layer_groups(cfg, layers)
-    n_keys = len(top) + sum(len(specs) for specs, _ in groups.values())
+    n_keys = len(top) + sum(len(jax.tree.leaves(desc)) for desc, _ in groups.values())
     keys = iter(jax.random.split(key, n_keys))
     # lm_head's key comes last, so a tied model gets the same weights as before it existed.
-    params = {name: one(s, next(keys)) for name, s in top.items() if name != "lm_head"}
-    blocks: dict[int, dict] = {}
-    for group, (specs, _) in groups.items():
-        group_keys = {name: next(keys) for name in specs}
-        if group in kept and per_layer:
-            for i in kept[group][1]:
-                arrays = {name: one(s, jax.random.fold_in(group_keys[name], i))
-                          for name, s in specs.items()}
-                block = blocks.setdefault(i, {})
-                block.update(arrays) if group == "layers" else block.update(mlp=arrays)
-        elif group in kept:
+    embed, final_norm = one(top["embed"], next(keys)), one(top["final_norm"], next(keys))
+    stacks, blocks = {}, {}
+    for group, (desc, _) in groups.items():
+        specs, tree = jax.tree.flatten(desc)
+        group_keys = tree.unflatten([next(keys) for _ in specs])
+        for i in kept[group][1] if group in kept and per_layer else ():
+            arrays = jax.tree.map(lambda s, k: one(s, jax.random.fold_in(k, i)), desc, group_keys)
+            blocks[i] = arrays if group == "common" else blocks[i].replace(mlp=arrays)
+        if group in kept and not per_layer:
             lead = (len(kept[group][1]),)
-            params[group] = {name: one(s, group_keys[name], lead) for name, s in specs.items()}
-    if per_layer:
-        params["blocks"] = tuple(blocks[i] for i in sorted(blocks))
-    if "lm_head" in top:
-        params["lm_head"] = one(top["lm_head"], next(keys))
-    return params
+            stacks[group] = jax.tree.map(lambda s, k: one(s, k, lead), desc, group_keys)
+    lm_head = one(top["lm_head"], next(keys)) if "lm_head" in top else None
+    held = tuple(blocks[i] for i in sorted(blocks)) if per_layer else Stacked(**stacks)
+    return Weights(embed, final_norm, held, lm_head)
 
 
-def layer_blocks(params: dict, cfg: Qwen3Config, n: int | None = None) -> tuple[dict, ...]:
-    """The first n layers' weights (default all), one dict per layer with its MLP (dense or
-    sparse) under "mlp": the per-layer layout's own, else static slices of the stacks."""
+def held_layers(params: Weights) -> int:
+    """How many layers `params` holds (a model cut by `first_layers` holds its first ones)."""
+    if isinstance(params.layers, tuple):
+        return len(params.layers)
+    common = params.layers.common
+    return 0 if common is None else common.attn_norm.shape[0]
+
+
+def layer_blocks(params: Weights, cfg: Qwen3Config, n: int | None = None) -> tuple[Layer, ...]:
+    """The first n layers' weights (default all), one `Layer` per layer with its MLP (dense or
+    sparse): the per-layer layout's own, else static slices of the stacks."""
     n = cfg.num_layers if n is None else n
-    if "blocks" in params:
-        return tuple(params["blocks"][:n])
-    index = {}
-    for group, (_, idx) in layer_groups(cfg, n).items():
-        index.update({i: (group, j) for j, i in enumerate(idx)} if group != "layers" else {})
+    if isinstance(params.layers, tuple):
+        return params.layers[:n]
+    st = params.layers
+    sparse, index = mlp_rows(cfg, n)
     out = []
     for i in range(n):
-        group, j = index[i]
-        out.append(dict({k: v[i] for k, v in params["layers"].items()},
-                        mlp={k: v[j] for k, v in params[group].items()}))
+        common = jax.tree.map(lambda a: a[i], st.common)
+        mlp = jax.tree.map(lambda a, j=index[i]: a[j], st.moe if sparse[i] else st.dense)
+        out.append(common.replace(mlp=mlp))
     return tuple(out)
 
 
-def per_layer(params: dict, cfg: Qwen3Config) -> dict:
-    """The per-layer layout of `params` (the layers it holds): the top-level weights and
-    `blocks` (`layer_blocks`) in place of the stacked groups. Jit it, or load the weights so
-    (`load_params(..., per_layer=True)` never holds the stacks)."""
-    if "blocks" in params:
+def per_layer(params: Weights, cfg: Qwen3Config) -> Weights:
+    """The per-layer layout of `params` (the layers it holds): `layer_blocks` in place of the
+    stacks. Jit it, or load the weights so (`load_params(..., per_layer=True)` never holds the
+    stacks)."""
+    if isinstance(params.layers, tuple):
         return params
-    n = next(iter(params["layers"].values())).shape[0]
-    return dict({k: v for k, v in params.items() if k not in LAYER_GROUPS},
-                blocks=layer_blocks(params, cfg, n))
+    return params.replace(layers=layer_blocks(params, cfg, held_layers(params)))
 
 
-def first_layers(params: dict, cfg: Qwen3Config, n: int) -> dict:
-    """The params of a model cut after its first n layers (the top-level weights kept): each
-    per-layer group sliced to the layers it has among the first n, groups with none dropped.
+def first_layers(params: Weights, cfg: Qwen3Config, n: int) -> Weights:
+    """The weights of a model cut after its first n layers (the top-level weights kept): each
+    stack sliced to the layers it has among the first n, stacks with none None.
     `hidden_states(..., layer=n)` on the result equals it on the whole model."""
-    if "blocks" in params:
-        return dict({k: v for k, v in params.items() if k != "blocks"},
-                    blocks=tuple(params["blocks"][:n]))
-    out = {k: v for k, v in params.items() if k not in LAYER_GROUPS}
-    for group, (_, idx) in layer_groups(cfg, n).items():
-        out[group] = jax.tree.map(lambda a, m=len(idx): a[:m], params[group])
-    return out
+    if isinstance(params.layers, tuple):
+        return params.replace(layers=params.layers[:n])
+    sparse, _ = mlp_rows(cfg, n)
 
+    def cut(stack, m):
+        return None if stack is None or m == 0 else jax.tree.map(lambda a: a[:m], stack)
 
+    st = params.layers
+    return params.replace(layers=Stacked(cut(st.common, n), cut(st.dense, int((~sparse).sum())),
+                                         cut(st.moe, int(sparse.sum()))))

@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from llm_jax.decode import check_generate, generate  # noqa: E402
+from llm_jax.decode import GenerateSpec, check_generate, generate  # noqa: E402
 from llm_jax.sampling import GREEDY, GenerateError, Sampling  # noqa: E402
 from llm_jax.loader import load_params  # noqa: E402
 from llm_jax.model import prefill  # noqa: E402
@@ -32,7 +32,7 @@ def tiny(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(f"decode-{request.param}")
     model = build_tiny_qwen3(folder, tied=tied, seed=11 if tied else 12)
     cfg, params = load_params(folder)
-    assert ("lm_head" in params) != tied
+    assert (params.lm_head is not None) != tied
     rng = np.random.default_rng(1)
     prefix = rng.integers(0, cfg.vocab_size, PREFIX)
     prompts = [rng.integers(0, cfg.vocab_size, n) for n in LENGTHS]
@@ -63,16 +63,16 @@ def hf_states(model, ids):
 
 def run(cfg, params, prompts, *, cache=None, key=0, **kw):
     tokens, lengths = padded(prompts)
-    return generate(params, cfg, tokens, lengths, jax.random.PRNGKey(key), prefix=cache,
-                    pad_id=PAD, **kw)
+    return generate(params, cfg, GenerateSpec(pad_id=PAD, **kw), tokens, lengths,
+                    key=jax.random.PRNGKey(key), prefix=cache)
 
 
 def test_greedy_and_hidden_states_match_hf(tiny):
     """70 new tokens per ragged row, batched, vs HF generate per row; the states of the
     generated tokens at an inner layer (pre-norm) vs HF's forward over prompt + generated."""
     model, cfg, params, _, prompts = tiny
-    out = jax.jit(lambda p, t, n: generate(p, cfg, t, n, jax.random.PRNGKey(0), pad_id=PAD,
-                                           max_new_tokens=N_NEW, hidden_layer=1))(
+    spec = GenerateSpec(max_new_tokens=N_NEW, pad_id=PAD, hidden_layer=1)
+    out = jax.jit(lambda p, t, n: generate(p, cfg, spec, t, n, key=jax.random.PRNGKey(0)))(
         params, *padded(prompts))
     np.testing.assert_array_equal(out.num_tokens, N_NEW)
     for i, p in enumerate(prompts):
@@ -87,9 +87,10 @@ def test_prefix_then_prompt_equals_hf_on_the_concatenation(tiny):
     with the final norm = HF's hidden_states[-1] at the generated positions."""
     model, cfg, params, prefix, prompts = tiny
     cache = prefill(params, cfg, jnp.asarray(prefix))
-    out = jax.jit(lambda p, c, t, n: generate(
-        p, cfg, t, n, jax.random.PRNGKey(0), max_new_tokens=N_NEW, prefix=c, pad_id=PAD,
-        hidden_layer=cfg.num_layers, post_norm=True))(params, cache, *padded(prompts))
+    spec = GenerateSpec(max_new_tokens=N_NEW, pad_id=PAD, hidden_layer=cfg.num_layers,
+                        post_norm=True)
+    out = jax.jit(lambda p, c, t, n: generate(p, cfg, spec, t, n, key=jax.random.PRNGKey(0),
+                                              prefix=c))(params, cache, *padded(prompts))
     for i, p in enumerate(prompts):
         full = np.concatenate([prefix, p])
         ref = hf_greedy(model, full, N_NEW)
@@ -363,11 +364,12 @@ def test_the_decode_loop_slices_no_stack_of_layers(tiny, layout):
     _, cfg, params, _, prompts = tiny
     tokens, lengths = padded(prompts)
     p = params if layout == "stacked" else jax.jit(lambda q: per_layer(q, cfg))(params)
-    fn = jax.jit(lambda q, t, n: generate(q, cfg, t, n, jax.random.PRNGKey(0), pad_id=PAD,
-                                          max_new_tokens=6, hidden_layer=1))
+    spec = GenerateSpec(max_new_tokens=6, pad_id=PAD, hidden_layer=1)
+    fn = jax.jit(lambda q, t, n: generate(q, cfg, spec, t, n, key=jax.random.PRNGKey(0)))
     text = fn.lower(p, tokens, lengths).compile().as_text()
     body = loop_text(text, f"s32[{len(prompts)},6]")
-    stacked = {f"[{','.join(map(str, a.shape))}]" for a in jax.tree.leaves(params["layers"])}
+    stacked = {f"[{','.join(map(str, a.shape))}]"
+               for a in jax.tree.leaves(params.layers.common)}
     stacked |= {f"[{cfg.num_layers},{len(prompts)},"}  # a cache of every layer
     assert not [s for s in stacked if s in body], [s for s in stacked if s in body]
     if layout == "per-layer":

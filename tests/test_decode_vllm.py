@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from llm_jax.decode import generate
+from llm_jax.decode import GenerateSpec, generate
 from llm_jax.loader import load_params
 from llm_jax.model import prefill
 
@@ -28,8 +28,9 @@ def test_greedy_tokens_match_vllm(vllm_generate_server):
     for i, p in enumerate(prompts):
         tokens[i, : len(p)] = p
     lengths = np.array([len(p) for p in prompts], np.int32)
-    fn = jax.jit(lambda p, x, n, c: generate(p, cfg, x, n, jax.random.PRNGKey(0),
-                                             max_new_tokens=N_NEW, prefix=c, pad_id=0))
+    spec = GenerateSpec(max_new_tokens=N_NEW, pad_id=0)
+    fn = jax.jit(lambda p, x, n, c: generate(p, cfg, spec, x, n, key=jax.random.PRNGKey(0),
+                                             prefix=c))
     cache = prefill(params, cfg, jnp.asarray(prefix))
     for pre, ours in ((None, fn(params, tokens, lengths, None)),
                       (prefix, fn(params, tokens, lengths, cache))):

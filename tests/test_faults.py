@@ -289,7 +289,7 @@ def test_hub_ids_resolve_from_the_local_cache(tmp_path, monkeypatch):
     from llm_jax.loader import load_params
 
     cfg, params = load_params("Org/Tiny-Qwen3")
-    assert cfg.num_layers == 2 and params["layers"]["q_norm"].shape[0] == 2
+    assert cfg.num_layers == 2 and params.layers.common.attn.q_norm.shape[0] == 2
     with pytest.raises(ConfigError, match="neither a folder nor a model in the Hugging Face"):
         model_config(LLMConfig(backend="jax", weights="Org/Missing"))
 

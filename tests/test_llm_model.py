@@ -135,8 +135,10 @@ def test_early_exit_never_touches_later_layers(tiny):
     folder, tokens, ref = tiny
     cfg, params = load_params(folder)
     # every per-layer group (attention and norms, MLPs) poisoned past the first layer
-    poisoned = dict(params, **{g: jax.tree.map(lambda a: a.at[1:].set(jnp.nan), params[g])
-                               for g in ("layers", "mlp")})
+    st = params.layers
+    poisoned = params.replace(layers=st.replace(**{
+        g: jax.tree.map(lambda a: a.at[1:].set(jnp.nan), getattr(st, g))
+        for g in ("common", "dense")}))
     out = np.asarray(encode(poisoned, cfg, jnp.asarray(tokens), jnp.asarray(LENGTHS), 1, pool="none"))
     assert np.isfinite(out).all()
     np.testing.assert_allclose(out[0], ref[1][0], atol=1e-5)

@@ -22,6 +22,7 @@ from llm_jax.loader import WeightsError, load_params  # noqa: E402
 from llm_jax.model import AttentionConfig, encode, first_layers, init_params  # noqa: E402
 from llm_jax.moe import (Routing, dense_reference, grouped_ragged, grouped_tiled,  # noqa: E402
                          moe_mlp, route)
+from llm_jax.weights import MoE  # noqa: E402
 from qwen_fixtures import build_tiny_qwen3_moe  # noqa: E402
 
 B, T = 3, 13
@@ -159,7 +160,7 @@ def test_bf16_within_stated_tolerance(name, tmp_path):
 def test_greedy_decode_matches_hf(tiny):
     """30 greedy tokens per ragged row, batched, equal HF generate's row by row; the states of
     the generated tokens at layer 1 equal HF's forward over prompt + generated tokens."""
-    from llm_jax.decode import generate
+    from llm_jax.decode import GenerateSpec, generate
 
     folder, model, *_ = tiny
     cfg, params = load_params(folder)
@@ -168,8 +169,8 @@ def test_greedy_decode_matches_hf(tiny):
     tokens = np.zeros((3, 12), np.int32)
     for i, p in enumerate(prompts):
         tokens[i, : len(p)] = p
-    out = jax.jit(lambda p, t, n: generate(p, cfg, t, n, jax.random.PRNGKey(0), pad_id=0,
-                                           max_new_tokens=30, hidden_layer=1))(
+    spec = GenerateSpec(max_new_tokens=30, pad_id=0, hidden_layer=1)
+    out = jax.jit(lambda p, t, n: generate(p, cfg, spec, t, n, key=jax.random.PRNGKey(0)))(
         params, jnp.asarray(tokens), jnp.array([len(p) for p in prompts]))
     for i, p in enumerate(prompts):
         with torch.no_grad():
@@ -196,9 +197,9 @@ def test_grouped_forms_equal_dense_oracle(experts, k, n, tile):
                       tie_word_embeddings=True, num_experts=experts, num_experts_per_tok=k,
                       moe_intermediate_size=12, norm_topk_prob=True)
     keys = jax.random.split(jax.random.PRNGKey(experts * 100 + n), 4)
-    mp = {"router": jax.random.normal(keys[0], (24, experts)),
-          "gate_up": 0.3 * jax.random.normal(keys[1], (experts, 24, 24)),
-          "down": 0.3 * jax.random.normal(keys[2], (experts, 12, 24))}
+    mp = MoE(router=jax.random.normal(keys[0], (24, experts)),
+             gate_up=0.3 * jax.random.normal(keys[1], (experts, 24, 24)),
+             down=0.3 * jax.random.normal(keys[2], (experts, 12, 24)))
     h = jax.random.normal(keys[3], (1, n, 24))
     ref, load = moe_mlp(cfg, mp, h, form="dense")
     assert int(load.sum()) == n * k
@@ -207,11 +208,11 @@ def test_grouped_forms_equal_dense_oracle(experts, k, n, tile):
         np.testing.assert_allclose(np.asarray(ours), np.asarray(ref), atol=1e-5, rtol=1e-5)
         np.testing.assert_array_equal(load2, load)
     # the tiled kernel alone with an explicit tile, on rows already sorted by expert
-    routing = route(cfg, mp["router"], h[0])
+    routing = route(cfg, mp.router, h[0])
     sizes = jnp.bincount(routing.experts.reshape(-1), length=experts).astype(jnp.int32)
     xs = jnp.repeat(h[0], k, axis=0)[jnp.argsort(routing.experts.reshape(-1), stable=True)]
-    np.testing.assert_allclose(grouped_tiled(xs, sizes, mp["gate_up"], mp["down"], tile),
-                               grouped_ragged(xs, sizes, mp["gate_up"], mp["down"]),
+    np.testing.assert_allclose(grouped_tiled(xs, sizes, mp.gate_up, mp.down, tile),
+                               grouped_ragged(xs, sizes, mp.gate_up, mp.down),
                                atol=1e-5, rtol=1e-5)
 
 
@@ -246,8 +247,8 @@ def test_dense_oracle_by_hand():
     h = rng.normal(size=(7, 6)).astype(np.float32)
     routing = Routing(jnp.asarray(rng.random((7, 2)), jnp.float32),
                       jnp.asarray([rng.choice(5, 2, replace=False) for _ in range(7)], jnp.int32))
-    got = np.asarray(dense_reference(cfg, {k: jnp.asarray(v) for k, v in mp.items()},
-                                     jnp.asarray(h), routing))
+    experts = MoE(router=None, gate_up=jnp.asarray(mp["gate_up"]), down=jnp.asarray(mp["down"]))
+    got = np.asarray(dense_reference(cfg, experts, jnp.asarray(h), routing))
     silu = lambda x: x / (1 + np.exp(-x))  # noqa: E731
     for t in range(7):
         want = sum(float(routing.weights[t, j]) * (
@@ -269,11 +270,14 @@ def test_first_layers_compute_only_the_first_layers(tiny):
         for a, b in zip(jax.tree.leaves(cut), jax.tree.leaves(read)):
             np.testing.assert_array_equal(a, b)
         # the whole model, every row of every group past the first n layers' set to NaN
-        poisoned = dict(params)
-        for g in ("layers", "mlp", "moe"):
-            if g in params:
-                keep = jax.tree.leaves(cut[g])[0].shape[0] if g in cut else 0
-                poisoned[g] = jax.tree.map(lambda a, m=keep: a.at[m:].set(jnp.nan), params[g])
+        poisoned = {}
+        for g in ("common", "dense", "moe"):
+            if getattr(params.layers, g) is not None:
+                part = getattr(cut.layers, g)
+                keep = 0 if part is None else jax.tree.leaves(part)[0].shape[0]
+                poisoned[g] = jax.tree.map(lambda a, m=keep: a.at[m:].set(jnp.nan),
+                                           getattr(params.layers, g))
+        poisoned = params.replace(layers=params.layers.replace(**poisoned))
         for p in (cut, poisoned):
             out = np.asarray(encode(p, cfg, jnp.asarray(tokens), jnp.asarray(LENGTHS), n,
                                     pool="none"))

@@ -111,8 +111,10 @@ def test_tower_positions_and_every_layer_equal_hf(tmp_path, shape):
     import torch
 
     from llm_jax.model import rms_norm
+    from llm_jax.mrope import rope_index
     from llm_jax.vision import preprocess, vision_tower
-    from llm_jax.vl import load_vl_params, rope_index, vl_hidden_states
+    from llm_jax.vl_loader import load_vl_params
+    from llm_jax.vl_model import vl_hidden_states
 
     kw, size, layout = SHAPES[shape]
     model = build_tiny_qwen3_vl(tmp_path / "vl", **kw)
@@ -135,7 +137,7 @@ def test_tower_positions_and_every_layer_equal_hf(tmp_path, shape):
             torch.tensor(tokens), torch.tensor(mm), hf["image_grid_thw"],
             attention_mask=torch.tensor(attn))
 
-    tower = vision_tower(params["vision"], cfg.vision, pixels, grid)
+    tower = vision_tower(params.vision, cfg.vision, pixels, grid)
     h = cfg.text.hidden_size
     np.testing.assert_allclose(np.asarray(tower.embeds).reshape(-1, h),
                                torch.cat(feats.pooler_output).numpy(), atol=1e-4, rtol=0)
@@ -153,7 +155,7 @@ def test_tower_positions_and_every_layer_equal_hf(tmp_path, shape):
         x = vl_hidden_states(params, cfg, jnp.asarray(tokens), jnp.asarray(lengths), layer,
                              pixels, grid, jnp.asarray(pos)).x
         if layer == cfg.text.num_layers:  # HF's last entry is after the final norm
-            x = rms_norm(x, params["text"]["final_norm"], cfg.text.rms_norm_eps)
+            x = rms_norm(x, params.text.final_norm, cfg.text.rms_norm_eps)
         ref = out.hidden_states[layer].numpy()
         assert np.abs(ref[valid]).max() > 0.1
         np.testing.assert_allclose(np.asarray(x)[valid], ref[valid], atol=1e-4, rtol=0,
@@ -166,7 +168,7 @@ def test_a_damaged_vl_folder_is_one_line(tmp_path):
 
     from llm_jax.config import Qwen3ConfigError
     from llm_jax.loader import WeightsError
-    from llm_jax.vl import load_vl_params
+    from llm_jax.vl_loader import load_vl_params
 
     folder = tmp_path / "vl"
     build_tiny_qwen3_vl(folder, depth=2, deepstack=(1,))
@@ -191,9 +193,12 @@ def test_vl_moe_reads_released_and_saved_expert_layouts_as_hf_does(tmp_path):
     from safetensors.numpy import load_file, save_file
     from transformers import Qwen3VLMoeForConditionalGeneration
 
+    from llm_jax.decode import GenerateSpec
     from llm_jax.loader import WeightsError
+    from llm_jax.mrope import rope_index
     from llm_jax.vision import preprocess
-    from llm_jax.vl import load_vl_params, rope_index, vl_generate
+    from llm_jax.vl_loader import load_vl_params
+    from llm_jax.vl_model import vl_generate
 
     build_tiny_qwen3_vl(tmp_path / "saved", experts=4, top_k=2, router_scale=4.0, seed=8,
                         deepstack=(0,), depth=2)
@@ -216,8 +221,8 @@ def test_vl_moe_reads_released_and_saved_expert_layouts_as_hf_does(tmp_path):
     from llm_jax.weights import first_layers
 
     _, cut = load_vl_params(released, layers=1)
-    jax.tree.map(np.testing.assert_array_equal, cut["text"],
-                 first_layers(params["text"], cfg.text, 1))
+    jax.tree.map(np.testing.assert_array_equal, cut.text,
+                 first_layers(params.text, cfg.text, 1))
     imgs = classic_frames(1)
     pixels, grid = preprocess(jnp.asarray(imgs), cfg.processor)
     # a row with the frame and a text row (this random model repeats one token after a frame)
@@ -235,9 +240,9 @@ def test_vl_moe_reads_released_and_saved_expert_layouts_as_hf_does(tmp_path):
                                       max_new_tokens=8, do_sample=False, eos_token_id=None,
                                       pad_token_id=0, **kw)[0, lengths[r]:].numpy())
     pos, deltas = rope_index(tokens, lengths, cfg, grid, 1)
-    out = vl_generate(params, cfg, jnp.asarray(tokens), jnp.asarray(lengths), pixels, grid,
-                      jnp.asarray(pos), jnp.asarray(deltas), jax.random.PRNGKey(0),
-                      max_new_tokens=8, pad_id=0)
+    out = vl_generate(params, cfg, GenerateSpec(max_new_tokens=8, pad_id=0),
+                      jnp.asarray(tokens), jnp.asarray(lengths), pixels, grid, jnp.asarray(pos),
+                      jnp.asarray(deltas), key=jax.random.PRNGKey(0))
     np.testing.assert_array_equal(np.asarray(out.tokens), np.stack(ref))
     assert len(set(ref[1].tolist())) > 2
     tensors[stacked[0]] = tensors[stacked[0]][:, :, :-2]
@@ -253,8 +258,11 @@ def test_greedy_decode_with_images_equals_hf_generate(tmp_path):
     import jax
     import torch
 
+    from llm_jax.decode import GenerateSpec
+    from llm_jax.mrope import rope_index
     from llm_jax.vision import preprocess
-    from llm_jax.vl import load_vl_params, rope_index, vl_generate, vl_hidden_states
+    from llm_jax.vl_loader import load_vl_params
+    from llm_jax.vl_model import vl_generate, vl_hidden_states
 
     model = build_tiny_qwen3_vl(tmp_path / "vl", seed=3)
     cfg, params = load_vl_params(tmp_path / "vl")
@@ -278,9 +286,9 @@ def test_greedy_decode_with_images_equals_hf_generate(tmp_path):
     ref = np.stack(ref)
     pos, deltas = rope_index(tokens, lengths, cfg, grid, 3)
     assert deltas[0] != deltas[1] and lengths[0] != lengths[1]
-    out = vl_generate(params, cfg, jnp.asarray(tokens), jnp.asarray(lengths), pixels, grid,
-                      jnp.asarray(pos), jnp.asarray(deltas), jax.random.PRNGKey(0),
-                      max_new_tokens=8, pad_id=0, hidden_layer=cfg.text.num_layers)
+    spec = GenerateSpec(max_new_tokens=8, pad_id=0, hidden_layer=cfg.text.num_layers)
+    out = vl_generate(params, cfg, spec, jnp.asarray(tokens), jnp.asarray(lengths), pixels,
+                      grid, jnp.asarray(pos), jnp.asarray(deltas), key=jax.random.PRNGKey(0))
     np.testing.assert_array_equal(np.asarray(out.tokens), ref)
     assert len(set(ref.ravel().tolist())) > 2  # not one token repeated
     # the states of generated tokens: our prompt pass over prompt + generated equals them
@@ -621,17 +629,18 @@ def test_ppo_on_frames_with_a_vl_model_acts_on_hf_states(tmp_path):
 
 
 def test_vision_flops_equal_xlas_count_of_the_tower():
-    """`llm_jax.vl.vision_flops` (the GPU check's MFU) against XLA's own count of the compiled
-    tower (one block: XLA counts a loop's body once), which also counts the elementwise work our
-    matmul count leaves out: within 10% below it, for 130 x 110 and 63 x 63 frames, with and
+    """`llm_jax.vision.vision_flops` (the GPU check's MFU) against XLA's own count of the
+    compiled tower (one block: XLA counts a loop's body once), which also counts the elementwise
+    work our matmul count leaves out: within 10% below it, for 130 x 110 and 63 x 63 frames, with and
     without a DeepStack merger."""
     import dataclasses
 
     import jax
     import jax.numpy as jnp
 
-    from llm_jax.vision import preprocess, vision_tower
-    from llm_jax.vl import VLConfig, random_vl_params, vision_flops
+    from llm_jax.vision import preprocess, vision_flops, vision_tower
+    from llm_jax.vl_config import VLConfig
+    from llm_jax.vl_loader import random_vl_params
 
     base = VLConfig.from_dict({
         "model_type": "qwen3_vl", "tie_word_embeddings": True,
@@ -644,7 +653,7 @@ def test_vision_flops_equal_xlas_count_of_the_tower():
                           "deepstack_visual_indexes": [0]}})
     for size, deep in (((130, 110), (0,)), ((63, 63), ())):
         v = dataclasses.replace(base.vision, deepstack_visual_indexes=deep)
-        params = random_vl_params(dataclasses.replace(base, vision=v))["vision"]
+        params = random_vl_params(dataclasses.replace(base, vision=v)).vision
         pixels, grid = preprocess(jnp.zeros((1, *size, 3), jnp.uint8), base.processor)
         cost = jax.jit(lambda p, x: vision_tower(p, v, x, grid)).lower(
             params, pixels).compile().cost_analysis()

@@ -21,7 +21,7 @@ from fused.llm.text_encoder import ImaginingEncoder, TextEncoder
 from fused.llm.vl import VLEncoder, VLImaginingEncoder, validate_vl
 from fused.llm.vllm_host import HostEncoder
 from llm_jax.memory import generation_need
-from llm_jax.vl import VLConfig
+from llm_jax.vl_config import VLConfig
 
 
 class Kind:

@@ -32,11 +32,12 @@ from fused.text.prompt import PlayParts, play_parts
 from fused.text.render import Renderer, make_renderer, render_tokens
 from fused.text.reply import ReplyParser, make_parser, parse_replies
 from llm_jax.config import Qwen3Config
-from llm_jax.decode import generate
+from llm_jax.decode import GenerateSpec, generate
 from llm_jax.memory import generation_need
 from llm_jax.model import AttentionConfig, PrefixCache, prefill
 from llm_jax.sampling import GenerateError, Resolved, SamplingFlags, check_flags
 from llm_jax.tokenizer import stop_ids
+from llm_jax.weights import Weights
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def check_settings(s: PlayerSettings) -> None:
 class PlayerParams(NamedTuple):
     """The player's device arrays: what `Policy.forward` takes as params."""
 
-    llm: Any  # Qwen3 params, every layer and the output head
+    llm: Weights  # every layer (per layer) and the output head
     prefix: PrefixCache  # the system turn, every layer
 
 
@@ -115,6 +116,13 @@ class Player(NamedTuple):
     @property
     def policy(self) -> Policy:
         return player_policy(self)
+
+    @property
+    def generate_spec(self) -> GenerateSpec:
+        """What each step's reply generation does (`llm_jax.decode.generate`)."""
+        return GenerateSpec(max_new_tokens=self.settings.max_new_tokens,
+                            pad_id=self.tokenizer.pad_id, sampling=self.sampling.sampling,
+                            stop_ids=self.stop_ids, attn=self.attn)
 
     def text(self, tokens) -> str:
         """A reply's text without special tokens (host)."""
@@ -227,13 +235,12 @@ def act(player: Player, params: PlayerParams, carry: PlayerCarry, obs, keys):
     s = player.settings
     obs_tokens, obs_len = render_tokens(player.renderer, obs)
     prompt, lengths = assemble(player, carry, obs_tokens, obs_len)
+    spec = player.generate_spec
 
     def at(size):
         def run(tokens, lengths, keys):
-            return generate(params.llm, player.qcfg, tokens[:, :size], lengths, None,
-                            max_new_tokens=s.max_new_tokens, pad_id=player.tokenizer.pad_id,
-                            sampling=player.sampling.sampling, stop_ids=player.stop_ids,
-                            prefix=params.prefix, attn=player.attn, row_keys=keys)
+            return generate(params.llm, player.qcfg, spec, tokens[:, :size], lengths,
+                            prefix=params.prefix, row_keys=keys)
         return run
 
     with jax.named_scope("llm"):

@@ -33,10 +33,11 @@ from fused.text.buckets import at_smallest_fit, coarse_buckets, encode_buckets
 from fused.text.prompt import IMAGINE_INSTRUCTION, INSTRUCTION, garbage_prefix, prompt_parts
 from fused.text.render import Renderer, make_renderer, render_tokens
 from llm_jax.config import Qwen3Config
-from llm_jax.decode import generate, pool_generated
+from llm_jax.decode import GenerateSpec, generate, pool_generated
 from llm_jax.memory import generation_need
 from llm_jax.model import AttentionConfig, PrefixCache, encode, first_layers, prefill
 from llm_jax.tokenizer import stop_ids
+from llm_jax.weights import Weights
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ def bucket_override() -> tuple[int, ...] | None:
 class FrozenText(NamedTuple):
     """Device arrays a text encoder's calls read."""
 
-    params: Any  # Qwen3 params: the computed layers only
+    params: Weights  # the computed layers only (every layer, per layer, to generate)
     prefix: PrefixCache
     tail: jax.Array  # [K] int32
     # [] bool: `--llm.hidden shuffle` (data, not a branch: real and shuffled runs and
@@ -234,8 +235,7 @@ class TextEncoder(ReadsText, OnDevice):
             room = check_llm_memory(cfg, need, cls.generates) + need["activations"]
             params = make_or_read(cfg, qcfg, seed, computed, per_layer=cls.generates)
         if not cls.generates:  # layers past the hidden state's are never computed, nor logits
-            params = {k: v for k, v in first_layers(params, qcfg, prompt.layer).items()
-                      if k != "lm_head"}
+            params = first_layers(params, qcfg, prompt.layer).replace(lm_head=None)
         if cache is None and computed > 0:
             cache = jax.jit(partial(prefill, cfg=qcfg, num_layers=computed, attn=attn))(
                 params, prefix_tokens=jnp.asarray(prompt.prefix_ids))
@@ -300,6 +300,10 @@ class ImaginingEncoder(TextEncoder):
                                  chat=True)
         self.sampling = sampling_of(cfg.imagine, cfg, "--llm.imagine.")
         self.pad_id = prompt.tokenizer.pad_id
+        self.generate_spec = GenerateSpec(
+            max_new_tokens=cfg.imagine.tokens, pad_id=self.pad_id,
+            sampling=self.sampling.sampling, stop_ids=self.stop_ids, hidden_layer=self.layer,
+            post_norm=cfg.post_norm, attn=self.attn)
         log.info(f"imagination sampling: {self.sampling.describe()}")
 
     @staticmethod
@@ -320,7 +324,7 @@ class ImaginingEncoder(TextEncoder):
     def imagine(self, frozen: FrozenText, obs, microbatch: int | None = None,
                 keys=None) -> tuple[Imagined, jax.Array]:
         """(what was imagined about each of obs [B, D], the prompt tokens [B] lengths)."""
-        im, c = self.cfg.imagine, self.cfg
+        im = self.cfg.imagine
         sampling = self.sampling.sampling
         if keys is None:
             if not sampling.greedy:
@@ -330,11 +334,8 @@ class ImaginingEncoder(TextEncoder):
 
         def at(size):
             def run(t, n, k):
-                out = generate(frozen.params, self.qcfg, t[:, :size], n, None,
-                               max_new_tokens=im.tokens, pad_id=self.pad_id, sampling=sampling,
-                               stop_ids=self.stop_ids, prefix=frozen.prefix,
-                               hidden_layer=self.layer, post_norm=c.post_norm, attn=self.attn,
-                               row_keys=k)
+                out = generate(frozen.params, self.qcfg, self.generate_spec, t[:, :size], n,
+                               prefix=frozen.prefix, row_keys=k)
                 pooled = pool_generated(out.hidden, out.num_tokens,
                                         None if im.pool == "last" else pool_every(im.pool))
                 return Imagined(pooled, out.tokens, out.num_tokens), None

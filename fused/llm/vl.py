@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -35,13 +35,18 @@ from fused.llm.digests import folder_digest, prompt_digest
 from fused.llm.encoder import Encoded, OnDevice
 from fused.llm.weights import same_weights
 from fused.runs.config_io import to_dict
-from llm_jax.decode import pool_generated
+from llm_jax.decode import GenerateSpec, pool_generated
 from llm_jax.loader import WeightsError, resolve_folder
 from llm_jax.memory import MemoryFitError, check_fits, fixes, generation_need, itemsize
+from llm_jax.mrope import rope_index
 from llm_jax.tokenizer import stop_ids
 from llm_jax.vision import VisionConfigError, preprocess
-from llm_jax.vl import (VLConfig, image_pool_every, image_prompt_ids, load_vl_params, pool_states,
-                        rope_index, vl_generate, vl_hidden_states, vl_prefill)
+from llm_jax.vl_config import VLConfig
+from llm_jax.vl_loader import load_vl_params
+from llm_jax.vl_model import (image_pool_every, pool_states, vl_generate, vl_hidden_states,
+                              vl_prefill)
+from llm_jax.vl_prompt import image_prompt_ids
+from llm_jax.vl_weights import VLWeights
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +90,7 @@ def validate_vl(m: LLMConfig, env_name: str, online: bool = False) -> None:
 class FrozenFrames(NamedTuple):
     """Device arrays a VL encoder's calls read."""
 
-    params: Any  # the vision tower and the text model's computed layers
+    params: VLWeights  # the vision tower and the text model's computed layers
     shuffle: jax.Array  # [] bool: `--llm.hidden shuffle` (data, not a branch)
 
 
@@ -101,7 +106,7 @@ class VLEncoder(OnDevice):
     ablations = ("real", "zero", "shuffle")
     generates = False
 
-    def __init__(self, m: LLMConfig, env_name: str, rows: int, params: dict | None = None,
+    def __init__(self, m: LLMConfig, env_name: str, rows: int, params: VLWeights | None = None,
                  prefix_cache: bool = False, seed: int = 0):
         s = spec(env_name)
         folder = resolve_folder(m.weights)
@@ -152,7 +157,7 @@ class VLEncoder(OnDevice):
             except WeightsError as e:
                 raise ConfigError(f"llm.weights={m.weights!r}: {e}") from None
             if not self.generates:
-                params["text"].pop("lm_head", None)
+                params = params.replace(text=params.text.replace(lm_head=None))
         self.params = params
         self.frozen = FrozenFrames(params, jnp.asarray(m.hidden == "shuffle"))
         self.hidden_size = cfg.text.hidden_size
@@ -193,7 +198,7 @@ class VLEncoder(OnDevice):
         """(cache, states [P, H]) of the prompt's text before the image, or (None, None)."""
         if not self.prefix_len:
             return None, None
-        return vl_prefill(params["text"], self.vl_cfg, self.ids[:self.prefix_len], layers)
+        return vl_prefill(params.text, self.vl_cfg, self.ids[:self.prefix_len], layers)
 
     def fn(self, params, frames):
         pixels, tokens, lengths, positions = self._rows(frames)
@@ -205,7 +210,7 @@ class VLEncoder(OnDevice):
             x = jnp.concatenate([jnp.broadcast_to(before, (n, *before.shape)), x], axis=1)
             tokens = jnp.asarray(np.repeat(self.ids[None], n, 0))
             lengths = lengths + p
-        return pool_states(params["text"], self.vl_cfg, x, tokens, lengths, self.cfg.pool,
+        return pool_states(params.text, self.vl_cfg, x, tokens, lengths, self.cfg.pool,
                            self.cfg.post_norm).astype(jnp.float32)
 
     def encode(self, frozen: FrozenFrames, obs, microbatch: int | None = None,
@@ -249,12 +254,16 @@ class VLImaginingEncoder(VLEncoder):
     draws = True
     generates = True
 
-    def __init__(self, m: LLMConfig, env_name: str, rows: int, params: dict | None = None,
+    def __init__(self, m: LLMConfig, env_name: str, rows: int, params: VLWeights | None = None,
                  prefix_cache: bool = False, seed: int = 0):
         super().__init__(m, env_name, rows, params, prefix_cache, seed)
         self.stop_ids = stop_ids(resolve_folder(m.weights), self.tokenizer,
                                  self.vl_cfg.text.vocab_size, chat=True)
         self.sampling = sampling_of(m.imagine, m, "--llm.imagine.")
+        self.generate_spec = GenerateSpec(
+            max_new_tokens=m.imagine.tokens, pad_id=self.tokenizer.pad_id,
+            sampling=self.sampling.sampling, stop_ids=self.stop_ids, hidden_layer=self.layer,
+            post_norm=m.post_norm)
         log.info(f"imagination sampling: {self.sampling.describe()}")
 
     @staticmethod
@@ -271,11 +280,8 @@ class VLImaginingEncoder(VLEncoder):
         pixels, tokens, lengths, positions = self._rows(frames)
         deltas = jnp.asarray(np.repeat(self.deltas, frames.shape[0]))
         cache, _ = self._prefix(params, self.vl_cfg.text.num_layers)  # decoding reads every layer
-        out = vl_generate(params, self.vl_cfg, tokens, lengths, pixels, self.grid, positions,
-                          deltas, None, prefix=cache, max_new_tokens=im.tokens,
-                          pad_id=self.tokenizer.pad_id, sampling=self.sampling.sampling,
-                          stop_ids=self.stop_ids, hidden_layer=self.layer,
-                          post_norm=self.cfg.post_norm, row_keys=keys)
+        out = vl_generate(params, self.vl_cfg, self.generate_spec, tokens, lengths, pixels,
+                          self.grid, positions, deltas, prefix=cache, row_keys=keys)
         every = None if im.pool == "last" else pool_every(im.pool)
         return pool_generated(out.hidden, out.num_tokens, every), out.tokens, out.num_tokens
 

@@ -13,7 +13,7 @@ from fused.errors import ConfigError
 from fused.llm.config import LLMConfig, ModelConfig, check_llm_memory
 from llm_jax.config import Qwen3Config
 from llm_jax.loader import WeightsError, load_params
-from llm_jax.model import init_params
+from llm_jax.weights import Weights, init_params
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ def same_weights(a: LLMConfig, b: LLMConfig) -> bool:
 
 
 def load_llm_params(model: ModelConfig, qcfg: Qwen3Config, need: dict[str, int],
-                    generates: bool, seed: int = 0, layers: int | None = None) -> dict:
+                    generates: bool, seed: int = 0, layers: int | None = None) -> Weights:
     """The model's weights in its dtype, its first `layers` layers (default all): read from
     --llm.weights, or the random model of `qcfg`'s shape made from `seed` (with a notice that
     its outputs mean nothing). Before anything is made or read, `need` (every device byte of
@@ -36,7 +36,7 @@ def load_llm_params(model: ModelConfig, qcfg: Qwen3Config, need: dict[str, int],
 
 
 def make_or_read(model: ModelConfig, qcfg: Qwen3Config, seed: int, layers: int | None,
-                 per_layer: bool = False) -> dict:
+                 per_layer: bool = False) -> Weights:
     """The weights, stacked by layer (`lax.scan` over them: encoding), or with `per_layer` one
     set of arrays per layer (`llm_jax.weights.per_layer`: the decode loop's layout)."""
     dtype = jnp.dtype(model.compute_dtype)
