@@ -17,11 +17,11 @@ slots). The prefix is not in it.
 
 The decode loop. Layers run unrolled, each on its own weight arrays (`llm_jax.weights
 .layer_blocks`: the per-layer layout's `Layer`s, or static slices of the stacks taken once,
-before the loop) and its own cache buffers, written in place at each row's slot: nothing inside the
-`while_loop` slices a stack of layers or copies a cache (the scan over stacked layers did both
-every step; `tests/test_decode.py` reads the compiled loop). `steps_per_check` decode steps run
-per check of the loop's condition (stopped rows change nothing; fewer condition reads, which a
-GPU makes the host wait for).
+before the loop) and its own cache buffers, written in place at each row's slot: nothing inside
+the `while_loop` slices a stack of layers or copies a cache (the scan over stacked layers did
+both every step; `tests/test_decode.py` reads the compiled loop). `steps_per_check` decode steps
+run per check of the loop's condition (stopped rows change nothing; fewer condition reads, which
+a GPU makes the host wait for).
 
 Hidden states of generated tokens (`hidden_layer`): HF's convention (0 = embeddings, i = the
 residual after block i, pre-final-norm; `post_norm` applies the final RMSNorm, which at the last

@@ -3,8 +3,8 @@
 Host-only: reads with safetensors' numpy backend (memory-mapped), converts each tensor as the
 description of `llm_jax.weights` (`WEIGHTS`) says (lm_head for untied models only; a MoE
 layer's experts one tensor per expert and projection, as HF writes them), stacks each layer
-group, casts, and only then puts arrays on the device. No random init, no pickle, no network. Every missing,
-unexpected or mis-shaped tensor is reported at once.
+group, casts, and only then puts arrays on the device. No random init, no pickle, no network.
+Every missing, unexpected or mis-shaped tensor is reported at once.
 """
 
 from __future__ import annotations
