@@ -232,6 +232,7 @@ class EnvSpec:
     constants: str | None = None  # craftax module holding the Achievement and Action enums
     image: tuple[int, int, int] | None = None  # a frame's (height, width, 3): a pixel env, its
     #                                            observation the frame flattened (obs_dim)
+    fast_step: bool = False  # `fused.envs` has a step of its own for it (--env.impl fast)
 
     @property
     def has_text(self) -> bool:
@@ -259,13 +260,13 @@ SPECS: dict[str, EnvSpec] = {
                                    FULL_LAYOUT, "Craftax", 9, "craftax.craftax.constants"),
     "Craftax-Classic-Symbolic-v1": EnvSpec(
         "Craftax-Classic-Symbolic-v1", "craftax", CLASSIC_LAYOUT.obs_dim, 17, CLASSIC_LAYOUT,
-        "Craftax Classic", 1, "craftax.craftax_classic.constants"),
+        "Craftax Classic", 1, "craftax.craftax_classic.constants", fast_step=True),
     # 9 x 11 blocks of 10 px above a 40-row inventory; Classic: 7 x 9 blocks of 7 px
     "Craftax-Pixels-v1": EnvSpec("Craftax-Pixels-v1", "craftax", 130 * 110 * 3, 43, None,
                                  "Craftax", 9, "craftax.craftax.constants", (130, 110, 3)),
     "Craftax-Classic-Pixels-v1": EnvSpec(
         "Craftax-Classic-Pixels-v1", "craftax", 63 * 63 * 3, 17, None, "Craftax Classic", 1,
-        "craftax.craftax_classic.constants", (63, 63, 3)),
+        "craftax.craftax_classic.constants", (63, 63, 3), fast_step=True),
 }
 SPECS.update({n: EnvSpec(n, "probe", 2, 2) for n in get_args(EnvName) if n.startswith("probe-")})
 TEXT_ENVS = get_args(TextEnvName)

@@ -108,3 +108,34 @@ def test_classic_starvation_death_is_terminated_and_reset():
     assert float(out.episode_return[0]) == pytest.approx(-0.1) and int(out.episode_length[0]) == 1
     assert int(new.state.timestep[0]) == 0 and int(new.state.player_health[0]) == 9  # new world
     assert int(new.episode_length[0]) == 0 and int(new.episode_length[1]) == 1
+
+
+def test_env_impl_is_a_setting_every_command_takes_and_records(tmp_path):
+    """`--env.impl fast` is a field of the env settings every command takes (GameSettings),
+    recorded where the config is (config.json, a dataset's card); the envs that have a fast step
+    are the ones `fused.envs` steps itself; elsewhere it is one line before any work; a dataset
+    written before the field existed still resumes (its card read with the field's default)."""
+    from fused.data.config import GenerateConfig
+    from fused.data.generate import check_card
+    from fused.data.store import Dataset
+    from fused.envs.craftax_envs import FAST
+    from fused.envspec import SPECS
+    from fused.errors import ConfigError
+    from fused.rl.config import EnvSettings, GameSettings, validate_game
+    from fused.runs.config_io import to_dict
+
+    assert {n for n, s in SPECS.items() if s.fast_step} == set(FAST)
+    validate_game(GameSettings(name="Craftax-Classic-Symbolic-v1", impl="fast"))
+    with pytest.raises(ConfigError, match="env.impl=fast: Craftax-Symbolic-v1 has no fast step"):
+        validate_game(GameSettings(name="Craftax-Symbolic-v1", impl="fast"))
+    c = GenerateConfig(out=str(tmp_path / "d"),
+                       env=EnvSettings(name="Craftax-Classic-Symbolic-v1"))
+    assert to_dict(c)["env"]["impl"] == "craftax"
+    now = {"env": c.env.name, "generate": to_dict(c), "policy": "random"}
+    before = dict(now, generate=dict(now["generate"], env={
+        k: v for k, v in now["generate"]["env"].items() if k != "impl"}))
+    Dataset(tmp_path / "d").write_card(before)
+    check_card(Dataset(tmp_path / "d"), now)  # (resumes)
+    with pytest.raises(ConfigError, match="generated with env="):
+        check_card(Dataset(tmp_path / "d"), dict(now, generate=dict(
+            now["generate"], env=dict(now["generate"]["env"], impl="fast"))))

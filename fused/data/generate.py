@@ -134,10 +134,20 @@ def check_card(ds: Dataset, card: dict) -> None:
         if old.get(k) != card.get(k):
             raise ConfigError(f"out={ds.root} holds a dataset with {k}={old.get(k)!r}, not "
                               f"{card.get(k)!r}; choose another --out")
+    # settings added since the dataset was written took their defaults there
+    saved = with_defaults(old["generate"], to_dict(GenerateConfig(out="")))
     for k, v in card["generate"].items():
-        if old["generate"].get(k) != v:
+        if saved.get(k) != v:
             raise ConfigError(f"out={ds.root} holds a dataset generated with {k}="
-                              f"{old['generate'].get(k)!r}, not {v!r}; choose another --out")
+                              f"{saved.get(k)!r}, not {v!r}; choose another --out")
+
+
+def with_defaults(saved, defaults):
+    """`saved` (a config's dict as a card recorded it) with the fields it lacks, at any depth,
+    taken from `defaults`."""
+    if not (isinstance(saved, dict) and isinstance(defaults, dict)):
+        return saved
+    return {**defaults, **{k: with_defaults(v, defaults.get(k)) for k, v in saved.items()}}
 
 
 class StreamWriter:

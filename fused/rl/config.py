@@ -22,6 +22,9 @@ class GameSettings:
     (Craftax-Pixels-v1, Craftax-Classic-Pixels-v1), or a probe-* test env."""
     max_episode_steps: int | None = None
     """Override the env's episode limit (truncation); None keeps the env default."""
+    impl: Literal["craftax", "fast"] = "craftax"
+    """Whose step: Craftax's own, or ours written for the compiler (`fused.envs`: fewer, fuller
+    kernels, equal to Craftax's bit for bit; Craftax-Classic, symbolic and pixels)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +153,10 @@ class ExploreConfig:
 def validate_game(e: GameSettings) -> None:
     if e.name not in SPECS:
         raise ConfigError(f"env.name={e.name!r} is unknown; choose one of {', '.join(SPECS)}")
+    if e.impl == "fast" and not SPECS[e.name].fast_step:
+        raise ConfigError(f"env.impl=fast: {e.name} has no fast step yet (there: "
+                          f"{', '.join(n for n, s in SPECS.items() if s.fast_step)}); use "
+                          "--env.impl craftax")
     if e.max_episode_steps is not None and e.max_episode_steps <= 0:
         raise ConfigError(f"env.max_episode_steps={e.max_episode_steps} must be positive or None")
 
