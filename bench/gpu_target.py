@@ -5,6 +5,8 @@ memory and kernels are read here before device time is spent on them.
     python bench/gpu_target.py install     the CUDA plugin for this jax in .gpu-aot/ (~130 MB;
                                            apart from .venv, whose processes then never load it)
     python bench/ppo_sps.py --target h200 ...    (bench/peer_ppo.py, bench/decode_sps.py --shapes)
+    python bench/gpu_target.py report --target h200   kernels, bytes, FLOPs and memory of each of
+                                           our GPU programs (bench/gpu_report.py)
 
 `use(name)` must run before jax picks its backends; it returns the compile-only device. While
 tracing for it, `as_gpu()` makes `jax.default_backend()` answer "gpu", so code that picks a form
@@ -28,7 +30,9 @@ SITE = ROOT / ".gpu-aot"
 # H100's memory as XLA's deviceless examples give them (84.93 GB; our H100 run's memory check
 # read 63.76 GB at JAX's 0.75: 85.0); the H200's 143,771 MiB as nvidia-smi reports it (from
 # memory, not read on the lent machine); bandwidths from NVIDIA's data sheets; the runtime that
-# of the GPU image (CUDA 13, cuDNN 9).
+# of the GPU image (CUDA 13, cuDNN 9), and its driver's CUDA version (580: 13.0): without one XLA
+# takes the driver as too old for CUDA graphs of loops, conditionals and library calls and
+# leaves them out of the command buffers it forms.
 _COMMON = """
   threads_per_block_limit: 1024
   threads_per_warp: 32
@@ -45,11 +49,20 @@ _COMMON = """
   shared_memory_per_block_optin: 232448
   cuda_compute_capability { major: 9 }
   registers_per_core_limit: 65536
-  registers_per_block_limit: 65536"""
+  registers_per_block_limit: 65536
+  driver_version: "13.0.0"
+  runtime_version: "13.0.0"
+  compile_time_toolkit_version: "13.0.0"
+"""
 TARGETS = {  # name: (device kind, memory in bytes, bandwidth in B/s)
     "h100": ("NVIDIA H100 80GB HBM3", 84_929_347_584, 3.35e12),
     "h200": ("NVIDIA H200", 150_754_820_096, 4.8e12),
 }
+# Dense tensor-core peaks by a matmul's input type (NVIDIA's data sheets, SXM; the same for both
+# cards: the H200 is an H100 with more and faster memory), FLOP/s; "tf32": float32 matmuls at
+# XLA's default precision; "f32": the CUDA cores.
+PEAK_FLOPS = {name: {"bf16": 989.4e12, "tf32": 494.7e12, "fp8": 1978.9e12, "int8": 1978.9e12,
+                     "f32": 66.9e12, "f64": 66.9e12} for name in TARGETS}
 
 
 def target_config(name: str) -> str:
@@ -138,6 +151,54 @@ def memory(compiled, target: str | None = None) -> dict:
     return row
 
 
+def command_buffer_options() -> dict:
+    """XLA options that put whole loops and conditionals in CUDA graphs (command buffers), with
+    the kernels and library calls XLA captures by default and its dynamic-slice copies; a loop
+    whose copies' offsets follow its counter is unrolled into the graph (XLA captures it no
+    other way). For a GPU compile only."""
+    return {"xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,"
+                                             "CONDITIONAL,DYNAMIC_SLICE_FUSION",
+            "xla_gpu_command_buffer_unroll_loops": True}
+
+
+def thunk_summary(dump_dir: str) -> dict:
+    """How XLA:GPU runs a compiled program, from its thunk sequence after the thunk passes
+    (compiled with `xla_dump_to=dump_dir`; the biggest module there; XLA_FLAGS'
+    --xla_backend_optimization_level=0 skips the passes): `command_buffers` (CUDA graphs
+    formed), `launches_outside` (kernels, copies and library calls launched one by one), loops
+    and conditionals run from the host (`while_host`, `conditional_host`: each iteration or
+    branch a host round trip) or inside a graph (`while_in_graph`, `conditional_in_graph`), and
+    the thunks at the top level (`top_level`: 1 when the whole program is one graph)."""
+    files = sorted(Path(dump_dir).glob("*thunk_sequence_after_thunk_passes.txt"),
+                   key=lambda f: f.stat().st_size)
+    # (XLA writes that file only when its passes changed the sequence: else the one before)
+    files = files or sorted(Path(dump_dir).glob("*thunk_sequence.txt"),
+                            key=lambda f: f.stat().st_size)
+    if not files:
+        return {"error": "XLA wrote no thunk sequence"}
+    out = dict.fromkeys(("command_buffers", "launches_outside", "while_host", "while_in_graph",
+                         "conditional_host", "conditional_in_graph", "top_level"), 0)
+    stack: list[tuple[int, str]] = []  # (indent, kind) of the thunks enclosing this one
+    for line in files[-1].read_text().splitlines():
+        m = re.match(r"^( *)\d+: (k\w+)", line)
+        if not m:
+            continue
+        indent, kind = len(m.group(1)), m.group(2)
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        in_graph = any(k == "kCommandBuffer" for _, k in stack)
+        out["top_level"] += not stack
+        if kind == "kCommandBuffer":
+            out["command_buffers"] += 1
+        elif kind in ("kWhile", "kConditional"):
+            key = "while" if kind == "kWhile" else "conditional"
+            out[f"{key}_{'in_graph' if in_graph else 'host'}"] += 1
+        elif not in_graph and kind not in ("kSequential", "kDynamicSliceFusion"):
+            out["launches_outside"] += 1
+        stack.append((indent, kind))
+    return out
+
+
 _NOT_KERNELS = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all",
                 "opt-barrier", "partition-id", "replica-id"}
 
@@ -199,8 +260,13 @@ def loop_kernels(hlo: str) -> list[dict]:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["report"]:  # kernel accounting of our programs (bench/gpu_report.py)
+        sys.path.insert(0, str(ROOT / "bench"))
+        import gpu_report
+
+        sys.exit(gpu_report.main(sys.argv[2:]))
     if sys.argv[1:] != ["install"]:
-        sys.exit(f"usage: python {sys.argv[0]} install")
+        sys.exit(f"usage: python {sys.argv[0]} install | report --target h100|h200 [...]")
     try:
         install()
     except KeyboardInterrupt:

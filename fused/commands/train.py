@@ -37,7 +37,9 @@ from fused.runs.settings import RunSettings, WandbConfig, validate_run_settings
 from fused.runs.invocation import command
 
 DEFAULT_PRESET = "cpu"
-DESCRIPTION = "Train PPO on Craftax with the whole rollout and update compiled."
+DESCRIPTION = ("Train PPO on Craftax with the whole rollout and update compiled. `--plan CARD` "
+               "(a GPU bench/gpu_target.py describes), after a preset and flags: whether the run "
+               "fits that GPU, its predicted steps/s and wall time; compiled here, nothing run.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,11 +254,28 @@ def load_config(argv: list[str]) -> tuple[TrainConfig, dict]:
                             RESUME_FIXED, RESUME_FREE)
 
 
+def plan(argv: list[str]) -> None:
+    """`--plan CARD`: the run compiled here for that GPU and its predicted speed, nothing
+    trained (a checkout's bench/plan.py: the cards' figures and the fit live there)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "plan.py"
+    if not path.is_file():
+        sys.exit("error: --plan needs a checkout of the repository (its bench/plan.py)")
+    spec = importlib.util.spec_from_file_location("plan", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(argv)
+
+
 @process.quiet_broken_pipe
 def main(argv: list[str] | None = None) -> Path:
     process.one_line_warnings()
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a == "--plan" or a.startswith("--plan=") for a in argv):
+        return plan(argv)
     try:
-        cfg, changed = load_config(sys.argv[1:] if argv is None else argv)
+        cfg, changed = load_config(argv)
         process.setup_compilation_cache()
         process.join_cluster()  # several hosts: the cluster the environment describes, if any
         import jax
