@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from fused.rl.envs import make_env
 from fused.rl.evaluate import ci_text, make_evaluate, summarise
 from fused.rl.acting import network_policy
 from fused.rl.sharding import on_device
+from fused.runs.blocks import run_blocks
 from fused.runs.config_io import from_json
 from fused.runs.files import atomic_write_json, require_writable
 from fused.runs.metrics import save_figure
@@ -134,21 +136,9 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None,
     t0 = time.time()
     state = on_device(jax.jit(ev.init)(jax.random.PRNGKey(c.seed), frozen,
                                        on_device(pol.inputs_state)))
-    block = jax.jit(ev.block, donate_argnums=0)
-    cap = c.max_steps or 10 ** 9
-    while not bool(np.asarray(state.done).all()) and int(state.t) < cap:
-        state = block(state, params, frozen)
-        if watch is not None:
-            state, extras = state
-            watch.add(extras["watch"])
-        console.print(f"  {int(state.t):,} steps: {int(np.asarray(state.done).sum())}/"
-                      f"{c.episodes} episodes ended")
-    out = summarise(state, env.achievement_names, c.max_steps)
-    out.update(run=str(run_dir), checkpoint=pol.step, seed=c.seed, greedy=c.greedy,
-               env=pol.cfg.env.name, seconds=time.time() - t0,
-               llm=None if pol.cfg.llm.active_backend == "none" else {
-                   "layer": pol.agent.inputs.encoder.layer, "skip_n": pol.cfg.llm.skip_n,
-                   "hidden": pol.cfg.llm.hidden, "weights": pol.cfg.llm.weights})
+    job = EvalBlocks(jax.jit(ev.block, donate_argnums=0), state, params, frozen, watch, c)
+    run_blocks(job, console)
+    out = figures(job.host, c, pol, env, run_dir, time.time() - t0)
     atomic_write_json(path, out)
     if c.plot and out["achievements"]:
         plot_achievements(out, path.with_name(path.stem + "_achievements.png"))
@@ -164,6 +154,47 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None,
                   f"{out['episodes']} episodes, length {out['length_mean']:.0f}"
                   + (f", {out['censored']} censored at {c.max_steps} steps"
                      if out["censored"] else "") + f" -> {path}")
+    return out
+
+
+class EvalBlocks:
+    """The evaluation's blocks as a block job (`fused.runs.blocks`). Its results are written
+    whole once every episode ends, so Ctrl-C keeps what an earlier evaluation wrote."""
+
+    def __init__(self, block, state, params, frozen, watch, c: EvalConfig):
+        self.block, self.state, self.params, self.frozen = block, state, params, frozen
+        self.watch, self.c = watch, c
+        self.cap = c.max_steps or 10 ** 9
+        self.lock = threading.Lock()
+        self.host = jax.device_get(state)  # (the device copy is donated to the block under way)
+
+    def pending(self) -> bool:
+        return not bool(np.asarray(self.host.done).all()) and int(self.host.t) < self.cap
+
+    def run_block(self) -> str:
+        state = self.block(self.state, self.params, self.frozen)
+        if self.watch is not None:
+            state, extras = state
+            self.watch.add(extras["watch"])
+        host = jax.device_get(state)
+        with self.lock:
+            self.state, self.host = state, host
+        return (f"  {int(host.t):,} steps: {int(np.asarray(host.done).sum())}/"
+                f"{self.c.episodes} episodes ended")
+
+    def stopped(self) -> str:
+        return "interrupted: what had finished is kept; run the same command again"
+
+
+def figures(state, c: EvalConfig, pol: TrainedPolicy, env, run_dir: Path,
+            seconds: float) -> dict:
+    """eval.json's contents from the evaluation's final state."""
+    out = summarise(state, env.achievement_names, c.max_steps)
+    out.update(run=str(run_dir), checkpoint=pol.step, seed=c.seed, greedy=c.greedy,
+               env=pol.cfg.env.name, seconds=seconds,
+               llm=None if pol.cfg.llm.active_backend == "none" else {
+                   "layer": pol.agent.inputs.encoder.layer, "skip_n": pol.cfg.llm.skip_n,
+                   "hidden": pol.cfg.llm.hidden, "weights": pol.cfg.llm.weights})
     return out
 
 
