@@ -13,6 +13,8 @@ from typing import Any, NamedTuple
 
 from fused.agent import Agent, AgentConfig, make_agent
 from fused.errors import ConfigError
+from fused.llm.norm import RunningNorm
+from fused.llm.policy_input import init_llm_state
 from fused.runs import config_io
 from fused.runs.checkpoint import Checkpointer, CheckpointError
 from fused.runs.invocation import command
@@ -109,9 +111,6 @@ def load_policy(run_dir: str | Path, num_envs: int, checkpoint: int | None = Non
     norm = part.get("norm") or part.get("inputs", {}).get("norm")
     inputs_state = None
     if norm is not None:  # the policy input's state as training normalised it
-        from fused.llm.norm import RunningNorm
-        from fused.llm.policy_input import init_llm_state
-
         inputs_state = init_llm_state(agent.inputs.encoder.hidden_size, 1).replace(
             norm=RunningNorm(**norm))
     return TrainedPolicy(run_dir, acting, num_envs, agent, part["params"], inputs_state, step)

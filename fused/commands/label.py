@@ -21,13 +21,22 @@ import errno
 import shlex
 import sys
 
+import jax
 from rich.console import Console
+from rich.table import Table
 
 from fused.commands import process
 from fused.errors import ConfigError
 from fused.data.config import (GENERATE_PRESETS, GenerateConfig, LabelConfig, ReturnsConfig,
                                validate_generate, validate_label, validate_returns)
+from fused.data.generate import generate
+from fused.data.labelling import label
+from fused.data.returns import compute_returns
+from fused.data.store import Dataset
+from fused.data.verify import verify_dataset
 from fused.runs import config_io
+from fused.runs.files import require_writable
+from fused.runs.interrupts import interrupts_exit
 from fused.runs.invocation import command
 
 DESCRIPTIONS = {"generate": "Roll out a policy and write a trajectory dataset.",
@@ -62,8 +71,6 @@ def main(argv: list[str] | None = None):
     console = Console(soft_wrap=True)
     argv = sys.argv[1:] if argv is None else argv
     cmd, cfg = parse(argv)
-    from fused.runs.interrupts import interrupts_exit
-
     process.one_line_warnings()
     process.log_to(console)
     try:
@@ -90,12 +97,8 @@ cli = process.console_script(main)  # craftax-label
 
 
 def run(cmd: str, cfg, console: Console, again: str):
-    from fused.runs.files import require_writable
-
     process.setup_compilation_cache()
     process.join_cluster()
-    import jax
-
     devices = getattr(cfg, "num_devices", None) or jax.local_device_count()
     if devices > jax.local_device_count():
         raise ConfigError(f"num_devices={devices} but this process sees "
@@ -103,32 +106,19 @@ def run(cmd: str, cfg, console: Console, again: str):
     if cmd == "generate":
         validate_generate(cfg, devices)
         require_writable(cfg.out, "--out")
-        from fused.data.generate import generate
-
         return generate(cfg, console)
-    from fused.data.store import Dataset
-
     ds = Dataset(cfg.data)
     card, _ = ds.card(), ds.manifest()  # a missing or broken dataset: one line, before work
     require_writable(cfg.data, "--data")
     if cmd == "label":
         validate_label(cfg, card["env"], devices)
-        from fused.data.labelling import label
-
         return label(cfg, console, devices, again)
     validate_returns(cfg)
-    from fused.data.returns import compute_returns
-
     return compute_returns(cfg, console)
 
 
 def verify(cfg: VerifyConfig, console: Console) -> int:
     """Prints the table; exit status 0 when every shard is good, 1 otherwise."""
-    from rich.table import Table
-
-    from fused.data.store import Dataset
-    from fused.data.verify import verify_dataset
-
     ds = Dataset(cfg.data)
     findings, commands = verify_dataset(ds)
     table = Table(title=str(ds.root))

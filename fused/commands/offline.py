@@ -13,11 +13,17 @@ episodes from fixed seeds and writes R/eval.json. `python offline.py awr --help`
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from rich.console import Console
 
 from fused.commands import process
+from fused.commands.offline_eval import EvalConfig, evaluate
+from fused.commands.offline_probe import ProbeConfig, run_probe
+from fused.commands.offline_study import StudyConfig, run_study
+from fused.commands.offline_train import (PRESETS, RESUME_FIXED, OfflineConfig, build, train,
+                                          validate)
 from fused.errors import ConfigError
 from fused.runs import config_io
 from fused.runs.files import require_writable
@@ -45,10 +51,6 @@ def resume_arg(argv: list[str]) -> str | None:
 
 def parse_train(cmd: str, argv: list[str]):
     """The config (the command sets `algo`) and, when resuming, what the flags changed."""
-    import dataclasses
-
-    from fused.commands.offline_train import PRESETS, RESUME_FIXED, OfflineConfig
-
     resume = resume_arg(argv)
     if resume is None:
         cfg = config_io.parse(OfflineConfig, PRESETS, "cpu", argv, DESCRIPTIONS[cmd],
@@ -65,12 +67,8 @@ def parse_train(cmd: str, argv: list[str]):
 def evaluation(cmd: str, rest: list[str], prog: str, console):
     """eval, probe or study; Ctrl-C is one line (exit 130): their results are written whole,
     each when it is done, so what had finished is kept (a study's rerun skips it)."""
-    if cmd == "eval":
-        from fused.commands.offline_eval import EvalConfig as Config, evaluate as go
-    elif cmd == "probe":
-        from fused.commands.offline_probe import ProbeConfig as Config, run_probe as go
-    else:
-        from fused.commands.offline_study import StudyConfig as Config, run_study as go
+    Config, go = {"eval": (EvalConfig, evaluate), "probe": (ProbeConfig, run_probe),
+                  "study": (StudyConfig, run_study)}[cmd]
     cfg = config_io.cli(Config, rest, DESCRIPTIONS[cmd], f"{prog} {cmd}")
     process.setup_compilation_cache()
     try:
@@ -93,23 +91,17 @@ def main(argv: list[str] | None = None):
         if cmd in ("eval", "probe", "study"):
             return evaluation(cmd, rest, prog, console)
         cfg, changed = parse_train(cmd, rest)
-        from fused.commands.offline_train import validate
-
         validate(cfg)
         require_writable(cfg.resume or cfg.out_dir, "--resume" if cfg.resume else "--out-dir")
         process.setup_compilation_cache()
         run = (RunDir.reopen(cfg.resume) if cfg.resume else RunDir.create(
             cfg.out_dir, cfg.run_name or default_name(
                 "offline", cfg.algo, cfg.labels or "plain", f"s{cfg.seed}")))
-        from fused.commands.offline_train import build
-
         off = build(cfg)  # reads the dataset: its problems are one-line errors here
     except ConfigError as e:
         sys.exit(f"error: {e}")
     for k, (old, new) in changed.items():
         console.print(f"resume: {k} {old!r} -> {new!r}")
-    from fused.commands.offline_train import train
-
     return train(off, run, console)
 
 

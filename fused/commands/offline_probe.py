@@ -32,7 +32,10 @@ import numpy as np
 
 from fused.errors import ConfigError
 from fused.agent import needs_text
+from fused.commands.offline_eval import EvalConfig, evaluate
 from fused.envspec import spec
+from fused.llm.encoders import make_encoder
+from fused.llm.norm import normalize
 from fused.trained_policy import load_policy
 from fused.rl.acting import network_policy
 from fused.rl.envs import make_env
@@ -268,9 +271,6 @@ def run_probe(c: ProbeConfig, console) -> dict:
 def hidden_inputs(pol, obs: dict, seed: int, garbage: bool = True) -> Callable:
     """(edit name, variant) -> the normalised hidden states the policy would see [S, H]
     (`garbage`: the garbage-prompt variant is built)."""
-    from fused.llm.encoders import make_encoder
-    from fused.llm.norm import normalize
-
     enc = pol.agent.inputs.encoder
     mb = pol.agent.inputs.microbatch
     enc_real = jax.jit(lambda f, o: enc.encode(f, o, mb).hidden)
@@ -303,8 +303,6 @@ def ablation_returns(c: ProbeConfig, run_dir: Path, console, like, garbage: bool
                      ) -> dict:
     """Evaluation returns under each hidden-state ablation, all on `like`'s LLM weights
     (`garbage`: garbage-prompt among them)."""
-    from fused.commands.offline_eval import EvalConfig, evaluate
-
     out = {}
     for hidden in ("real", "zero", "shuffle") + (("garbage-prompt",) if garbage else ()):
         ev = EvalConfig(run=str(run_dir), episodes=c.eval_episodes, seed=c.seed,
@@ -343,7 +341,7 @@ def table(r: dict) -> str:
 
 
 def plot(r: dict, path: Path) -> None:
-    import matplotlib
+    import matplotlib  # (a slow import: plotting only)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -27,7 +27,7 @@ from fused.errors import ConfigError
 from fused.llm.config import LLMConfig
 from fused.llm.encoders import kind_of
 from fused.rl.config import EnvSettings, PolicyConfig
-from fused.data.store import DatasetError
+from fused.data.store import Dataset, DatasetError
 from fused.data.loader import (TrainingData, WindowStream, hidden_moments, load_training_data,
                                open_training_set)
 from fused.envspec import spec
@@ -35,10 +35,13 @@ from fused.llm.norm import RunningNorm, normalize
 from fused.rl.awr import AWRSettings, OfflineTrainer, Sequences, make_offline_train
 from fused.rl.obs_codec import ObsCodec
 from fused.runs import config_io
+from fused.runs.checkpoint import abstract_like
+from fused.runs.loop import Chunk, Job, run_job
 from fused.runs.run_dir import RunDir
 from fused.runs.settings import RESUME_FIXED as RUN_FIXED
 from fused.runs.settings import RunSettings, WandbConfig, validate_run_settings
 from fused.runs.invocation import command
+from llm_jax.memory import GB, available_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,7 +200,6 @@ def check_in_memory(c: OfflineConfig, ts) -> None:
     concatenation, then that and the device's copy: on a CPU all in RAM; a million
     Classic-Pixels rows, 23.9 GB so, were killed for memory on a 24 GB machine), naming
     --device-rows with a window that fits (two windows read ahead and one on the device)."""
-    from llm_jax.memory import GB, available_bytes
 
     per_row = ObsCodec(spec(ts.env)).row_bytes + 32  # + action, return, flags, indexes
     rows = sum(ts.rows)
@@ -213,7 +215,6 @@ def check_in_memory(c: OfflineConfig, ts) -> None:
 
 def build(c: OfflineConfig) -> Offline:
     """Reads the dataset (host), builds the agent and the trainer; nothing compiles yet."""
-    from fused.data.store import Dataset
 
     card = Dataset(c.data).card()
     ts = open_training_set(c.data, c.returns, c.labels)
@@ -264,8 +265,6 @@ def example_input(agent: AgentConfig):
 
 def train(off: Offline, run: RunDir, console) -> Path:
     """Trains to `num_updates` (or resumes `run`) in the one job loop (`fused.runs.loop`)."""
-    from fused.runs.checkpoint import abstract_like
-    from fused.runs.loop import Chunk, Job, run_job
 
     cfg = off.cfg
     d = off.data

@@ -11,7 +11,9 @@ import functools
 import logging
 import os
 import sys
+import warnings
 
+import jax
 from rich.console import Console
 
 from fused.runs.files import DEFAULT_CACHE
@@ -59,8 +61,6 @@ def subcommands(prog: str, descriptions: dict[str, str], argv: list[str]) -> Non
 def one_line_warnings() -> None:
     """Warnings as one `warning: ...` line each (entry points call this once): a skipped
     checkpoint or a redone shard is news for the user, not a source listing."""
-    import warnings
-
     warnings.formatwarning = lambda message, *args, **kwargs: f"warning: {message}\n"
 
 
@@ -69,8 +69,6 @@ def setup_compilation_cache(default: str = DEFAULT_CACHE) -> str:
     a Craftax-Symbolic PPO chunk then compiles once per machine, not once per process. Programs
     that compile in under a second are kept too where $JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS
     says so (the test suite: 0)."""
-    import jax
-
     folder = os.path.expanduser(os.environ.get("JAX_COMPILATION_CACHE_DIR", default))
     jax.config.update("jax_compilation_cache_dir", folder)
     if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:  # (jax reads it itself)
@@ -84,8 +82,6 @@ def join_cluster() -> bool:
     slurm = int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_JOB_ID" in env
     if not env.get("JAX_COORDINATOR_ADDRESS") and not slurm:
         return False
-    import jax
-
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     kw = {}
     if env.get("JAX_COORDINATOR_ADDRESS"):

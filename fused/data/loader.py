@@ -13,10 +13,12 @@ training did.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import numpy as np
 
+from fused.data.returns import no_return_fix
 from fused.data.store import Dataset, DatasetError
 from fused.envspec import spec
 from fused.rl.obs_codec import ObsCodec
@@ -163,8 +165,6 @@ class WindowStream:
             raise DatasetError(f"device_rows={window_rows} is below the largest shard's "
                                f"{max(ts.rows)} rows; raise it (a window holds whole shards)")
         self.ts, self.window_rows, self.seed, self.sequences = ts, window_rows, seed, sequences
-        from concurrent.futures import ThreadPoolExecutor
-
         self.pool = ThreadPoolExecutor(1)
         self.pending: dict[int, object] = {}
 
@@ -191,8 +191,6 @@ class WindowStream:
 def no_return_error(ds: Dataset, names: list[str]) -> DatasetError:
     """The error for data without one valid return-to-go, naming the fix that applies:
     bootstrapping needs the behaviour critic's values, which random and LLM play lack."""
-    from fused.data.returns import no_return_fix
-
     critic = any(np.isfinite(ds.read(n, ["value"])["value"]).any() for n in names)
     return DatasetError(f"{ds.root}: no row has a valid return-to-go (every episode cut by the "
                         f"end of the data?); {no_return_fix(critic, ds.card().get('policy'))}")

@@ -36,8 +36,13 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
+import zarr
+from zarr.codecs import ZstdCodec
 
+from fused.data.redo import redo_command
+from fused.envspec import spec
 from fused.errors import ConfigError
+from fused.rl.obs_codec import ObsCodec
 from fused.runs.files import atomic_write_json
 from fused.runs.invocation import command
 
@@ -68,9 +73,6 @@ def digest(folder: Path) -> str:
 def write_group(folder: Path, columns: dict[str, np.ndarray], attrs: dict | None = None) -> None:
     """One zarr v3 group with an array per column (same length along axis 0), zstd-compressed,
     each array in one file (zarr's sharding codec) of CHUNK_ROWS-row chunks."""
-    import zarr
-    from zarr.codecs import ZstdCodec
-
     g = zarr.open_group(str(folder), mode="w", zarr_format=3)
     for name, a in columns.items():
         a = np.ascontiguousarray(a)
@@ -101,8 +103,6 @@ def _record_is_expected():
 
 
 def open_group(folder: Path):
-    import zarr
-
     with _record_is_expected():
         return zarr.open_group(str(folder), mode="r")
 
@@ -301,8 +301,6 @@ class Dataset:
     def redo_hint(self, kind: str, set_name: str | None = None) -> str:
         """The command that rewrites a part of this dataset (it redoes only what is missing,
         damaged or stale and keeps everything else)."""
-        from fused.data.redo import redo_command
-
         try:
             card = json.loads(self.card_path.read_text())
         except (OSError, ValueError):
@@ -380,9 +378,6 @@ class Dataset:
 
 def observation_layouts(env: str) -> dict:
     """The observation columns' layouts of a dataset of `env` (`fused.rl.obs_codec`)."""
-    from fused.envspec import spec
-    from fused.rl.obs_codec import ObsCodec
-
     return ObsCodec(spec(env)).layouts
 
 

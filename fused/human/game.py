@@ -17,11 +17,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from craftax.craftax_env import make_craftax_env_from_name
+from PIL import Image
 
 from fused.envspec import spec, text_env
 from fused.human.keys import key_map
 from fused.rl.envs import CraftaxEnv
 from fused.rl.obs_codec import ObsCodec
+from fused.text.format import get_layout, render_text
+from fused.video import pixel_renderer
 
 BARS = ("health", "food", "drink", "energy", "mana")
 
@@ -36,11 +40,6 @@ class Game:
 
     def __init__(self, env_name: str, max_episode_steps: int | None = None,
                  block_pixels: int = 16):
-        from craftax.craftax_env import make_craftax_env_from_name
-
-        from fused.text.format import get_layout
-        from fused.video import pixel_renderer
-
         self.name, self.max_episode_steps = env_name, max_episode_steps
         self.spec = spec(env_name)
         if self.spec.family != "craftax":
@@ -134,13 +133,9 @@ class Game:
     # --- what the page shows ----------------------------------------------------------------
 
     def text(self) -> str:
-        from fused.text.format import render_text
-
         return render_text(self.layout, np.asarray(self._text_obs(self.state)))
 
     def frame_png(self, scale: int = 1) -> bytes:
-        from PIL import Image
-
         img = np.asarray(self._frame(self.state)).clip(0, 255).astype(np.uint8)
         out = io.BytesIO()
         im = Image.fromarray(img)

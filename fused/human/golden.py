@@ -10,7 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
+from fused.envspec import SPECS
 from fused.errors import ConfigError
+from fused.human.game import text_twin
 from fused.text.prompt import shot_reply
 from fused.runs.invocation import command
 
@@ -42,10 +44,6 @@ def shots(folder: str | Path, n: int, env_name: str) -> tuple[list[tuple[str, st
     twin read the same text, so either's steps serve either): steps whose action is not NOOP,
     evenly spaced over everything recorded (first and last included), oldest first. Returns
     them and where each came from ([game, line])."""
-    from fused.human.game import text_twin
-
-    from fused.envspec import SPECS
-
     steps = [s for s in read_steps(folder)
              if s["env"] in SPECS and text_twin(s["env"]) == text_twin(env_name)]
     steps = [s for s in steps if s["action_name"] != "NOOP"]

@@ -19,6 +19,7 @@ without a preflight, which is never granted), and nothing plays before a tab has
 from __future__ import annotations
 
 import base64
+import ipaddress
 import json
 import secrets
 import sys
@@ -62,8 +63,6 @@ class Server(ThreadingHTTPServer):
 
 def _loopback(name: str) -> bool:
     """`localhost` or a loopback IP address (not a DNS name that merely starts with 127.)."""
-    import ipaddress
-
     try:
         return name == "localhost" or ipaddress.ip_address(name).is_loopback
     except ValueError:

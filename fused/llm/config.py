@@ -7,10 +7,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from pathlib import Path
 from typing import Literal
+
+import jax
 
 from fused.errors import ConfigError
 from llm_jax.config import Qwen3Config, Qwen3ConfigError, resolve_dtype
+from llm_jax.loader import WeightsError, check_weights, resolve_folder
 from llm_jax.memory import MemoryFitError, check_fits, fixes
 from llm_jax.model import AttentionForm
 from llm_jax.sampling import GenerateError, Resolved, SamplingFlags, check_flags, resolve_sampling
@@ -53,8 +57,6 @@ class ModelConfig:
         """The weights' local folder (a hub id resolved from the local cache), or None."""
         if self.weights is None:
             return None
-        from llm_jax.loader import WeightsError, resolve_folder
-
         try:
             return resolve_folder(self.weights)
         except WeightsError as e:
@@ -63,8 +65,6 @@ class ModelConfig:
     @property
     def compute_dtype(self) -> str:
         """float32 or bfloat16: --llm.dtype, `auto` resolved for this process's device."""
-        import jax
-
         return resolve_dtype(self.dtype, self.folder, jax.default_backend())[0]
 
 
@@ -110,8 +110,6 @@ def validate_imagine(im: ImagineConfig, field: str = "llm.imagine") -> None:
     if im.every is None:
         raise ConfigError(f"{field}.pool={im.pool!r}: use mean, last or every:K (K >= 1)")
     if im.prompt is not None:
-        from pathlib import Path
-
         path = Path(im.prompt).expanduser()
         if not path.is_file() or not path.read_text().strip():
             raise ConfigError(f"{field}.prompt={im.prompt!r} is not a file with text in it")
@@ -202,8 +200,6 @@ def validate_model(m: ModelConfig) -> None:
     """The weights folder holds safetensors (config.json was read by `model_config`) and a
     tokenizer with its chat template."""
     if m.weights is not None:
-        from llm_jax.loader import WeightsError, check_weights, resolve_folder
-
         try:
             check_weights(resolve_folder(m.weights))
         except WeightsError as e:
@@ -214,8 +210,6 @@ def validate_model(m: ModelConfig) -> None:
 def tokenizer_of(weights: str | None) -> Qwen3Tokenizer:
     """The model folder's tokenizer (None: the packaged Qwen3 one) with its chat template; a
     missing or damaged file is a ConfigError naming it."""
-    from llm_jax.loader import WeightsError
-
     try:
         tok = load_tokenizer(weights)
         tok.require_chat_template()
@@ -258,8 +252,6 @@ def model_config(m: ModelConfig) -> Qwen3Config:
     model's shape. A folder that is not a Qwen3 checkpoint is a ConfigError on llm.weights."""
     if m.weights is None:
         return RANDOM_MODELS.get(m.random_model) or Qwen3Config.shape(m.random_model)
-    from llm_jax.loader import WeightsError, resolve_folder
-
     try:
         return Qwen3Config.from_folder(resolve_folder(m.weights))
     except (Qwen3ConfigError, WeightsError) as e:

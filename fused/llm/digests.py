@@ -8,13 +8,13 @@ import hashlib
 
 import numpy as np
 
+from llm_jax.loader import resolve_folder
+
 
 def folder_digest(folder: str | None, random_model: str, seed: int) -> str:
     """sha256 over a weights folder's files (sorted names and bytes); a random model is named."""
     if folder is None:
         return f"random:{random_model}:seed{seed}"
-    from llm_jax.loader import resolve_folder
-
     h = hashlib.sha256()
     for p in sorted(resolve_folder(folder).iterdir()):
         if p.is_file() and not p.name.endswith(".log"):

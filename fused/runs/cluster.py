@@ -3,18 +3,15 @@ waiting for one another."""
 
 from __future__ import annotations
 
+import jax
+from jax.experimental import multihost_utils
+
+from fused.runs.interrupts import stop_if_interrupted
 
 
 def barrier(name: str) -> None:
     """Wait for every process (no-op alone). A safe point first: a process asked to stop must
     not wait for peers that stopped."""
-    import jax
-
-    from fused.runs.interrupts import stop_if_interrupted
-
     stop_if_interrupted()
-
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
         multihost_utils.sync_global_devices(name)

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import pydantic
 import tyro
+from tyro import _strings
 
 from fused.errors import ConfigError
 
@@ -118,8 +119,6 @@ def _help_paragraphs():
     lines are indented (as every docstring under a dataclass field is), so --help broke
     sentences mid-way; cleaning the indentation first (inspect.cleandoc) lets it join them.
     Patched for the parse only and put back after."""
-    from tyro import _strings
-
     original = _strings.remove_single_line_breaks
     _strings.remove_single_line_breaks = lambda text: original(inspect.cleandoc(text))
     try:

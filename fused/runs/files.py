@@ -6,8 +6,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Iterator
+
+from fused.errors import ConfigError
 
 DEFAULT_CACHE = "~/.cache/craftax-fused/jax"
 
@@ -42,10 +45,6 @@ def require_writable(path: str | Path, what: str) -> None:
     """ConfigError (one line) unless a file can be created in `path` (or, if it does not exist
     yet, in its nearest existing parent): checked before any work, so nothing is computed only
     to be lost at the first write."""
-    import tempfile
-
-    from fused.errors import ConfigError
-
     folder = Path(path).expanduser().absolute()
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent

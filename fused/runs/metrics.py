@@ -66,7 +66,7 @@ class RunLog:
         """Return (smoothed over logged updates) and top achievement rates vs env steps."""
         if not self.plot_enabled:
             return None
-        import matplotlib
+        import matplotlib  # (a slow import: plotting only)
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt

@@ -88,7 +88,7 @@ class RunDir:
         mode = w.resolved_mode
         if mode == "disabled":
             return None
-        import wandb
+        import wandb  # (a slow import: only where wandb logs)
 
         os.environ.setdefault("WANDB_SILENT", "true")
         return wandb.init(project=w.project, entity=w.entity, mode=mode, dir=str(self.path),

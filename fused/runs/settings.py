@@ -6,6 +6,7 @@ stay flat: `--seed`, `--out-dir`, `--resume`)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Literal
 
 from fused.errors import ConfigError
@@ -21,8 +22,6 @@ class WandbConfig:
     @property
     def resolved_mode(self) -> str:
         """The mode used: --wandb.mode, else wandb's environment variables, else offline."""
-        import os
-
         if self.mode is not None:
             return self.mode
         if os.environ.get("WANDB_DISABLED", "").strip().lower() in ("true", "1", "yes"):

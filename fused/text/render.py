@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fused.envspec import ObsLayout, TextEnvName
+from fused.envspec import ObsLayout, TextEnvName, text_env, text_offset
 from fused.rl.envs import rollout_observations
 from fused.text.buckets import at_smallest_fit, pack_sizes
 from fused.text.format import MAP_EMPTY, MAP_HEADER, get_layout, render_text
@@ -61,8 +61,6 @@ class _Tables:
 def make_renderer(env_name: str, tokenizer) -> Renderer:
     """Build the fragment tables for `env_name` with the (host) Qwen3 tokenizer; a pixel env's
     renderer reads its text twin's observation after the frame (`fused.envspec.text_offset`)."""
-    from fused.envspec import text_env, text_offset
-
     layout = get_layout(text_env(env_name) or env_name)
     t = _Tables(tokenizer)
     ids = {
@@ -228,7 +226,7 @@ class Check:
 
 
 def check(a: Check) -> int:
-    from llm_jax.tokenizer import load_tokenizer
+    from llm_jax.tokenizer import load_tokenizer  # (the check's own: fused.text is below it)
 
     tok = load_tokenizer(a.weights)
     r = make_renderer(a.env, tok)
