@@ -204,7 +204,7 @@ def main(argv=None) -> None:
         print(f"{c['program']:22} {c['target']:5} {c['measured']:>10,.1f} {c['predicted']:>10,.1f}"
               f" {'(check)':>10} {c['error']:>+7.0%}")
     errors = [abs(t["error_left_out"]) for t in table]
-    summary = {"rows": len(table), "variant": variant,
+    summary = {"fitted_rows": len(table), "variant": variant,
                "median_abs_error_left_out": float(np.median(errors)),
                "max_abs_error_left_out": float(max(errors)),
                "variants": {n: median_error(t) for n, t in tables.items()}}

@@ -427,8 +427,9 @@ def main(argv=None) -> None:
             row["commit"] = a.commit or commit()
         old[name] = row
         print(table_line(row), flush=True)
-        if a.out:
-            Path(a.out).write_text(json.dumps(list(old.values()), indent=1))
+        if a.out:  # a row a line
+            Path(a.out).write_text("[\n" + ",\n".join(json.dumps(r) for r in old.values())
+                                   + "\n]\n")
 
 
 def table_line(row: dict) -> str:

@@ -11,7 +11,8 @@ Kinds: `fusion` (XLA's generated kernels), `gemm` (a matmul: Triton GEMM fusion 
 `conditional` (the branch choice: the predicate read to the host), `other`. A conditional's
 branches are counted: `weights(instruction, branch kernels)` picks how often each runs (default:
 the heaviest every time, an upper bound). A loop whose trip count XLA does not know is counted
-once (`exact` False). Bytes follow XLA's cost analysis for fusions: an operand read only through
+once, its condition too (on a GPU a host round trip an iteration), and named in `launches`'
+`inexact`. Bytes follow XLA's cost analysis for fusions: an operand read only through
 slices counts the slices, an output written in place by a dynamic-update-slice counts the update;
 FLOPs count dots and convolutions only (2 per multiply-add); Pallas/Triton custom calls count
 their operands and results as bytes and no FLOPs (their bodies are not HLO), but for our prefix
@@ -154,20 +155,21 @@ def _conv_flops(c: Instr, table: dict[str, Instr]) -> tuple[float, str | None]:
     return 2.0 * math.prod(_dims(c.shape.split("(")[-1])[1]) * per_out, _MATH_CLASS.get(t, "f32")
 
 
-def _matmul_flops(prog: Program, comp: str) -> tuple[float, str | None]:
-    """FLOPs of the dots and convolutions in `comp` and the computations it calls."""
-    flops, math_class = 0.0, None
+def _matmul_flops(prog: Program, comp: str) -> tuple[float, str | None, bool]:
+    """FLOPs of the dots and convolutions in `comp` and the computations it calls, their input
+    type class, and whether a convolution is among them."""
+    flops, math_class, conv = 0.0, None, False
     table = prog.by_name(comp)
     for i in prog.comps.get(comp, []):
         f, m = ((_dot_flops(i, table) if i.opcode == "dot" else
                  _conv_flops(i, table) if i.opcode == "convolution" else (0.0, None)))
-        flops, math_class = flops + f, math_class or m
+        flops, math_class, conv = flops + f, math_class or m, conv or i.opcode == "convolution"
         for key in ("calls", "to_apply"):
             inner = _called(i, key)
             if inner and inner != comp:
-                f, m = _matmul_flops(prog, inner)
-                flops, math_class = flops + f, math_class or m
-    return flops, math_class
+                f, m, c = _matmul_flops(prog, inner)
+                flops, math_class, conv = flops + f, math_class or m, conv or c
+    return flops, math_class, conv
 
 
 def _fusion_bytes(prog: Program, fusion: Instr) -> float:
@@ -213,10 +215,8 @@ def kernel(prog: Program, i: Instr, table: dict[str, Instr]) -> Kernel:
     """The cost of one launching instruction of a non-fused computation."""
     operand_bytes = sum(shape_bytes(table[o].shape) for o in i.operands if o in table)
     if i.opcode == "fusion":
-        flops, m = _matmul_flops(prog, _called(i, "calls"))
-        cfg = re.search(r'"kind":"(__\w+)"', i.attrs)
-        kind = ("gemm" if flops and "conv" not in (cfg.group(1) if cfg else "") else
-                "conv" if flops else "fusion")
+        flops, m, conv = _matmul_flops(prog, _called(i, "calls"))
+        kind = "conv" if conv else "gemm" if flops else "fusion"
         return Kernel(i.name, kind, _fusion_bytes(prog, i), flops, m)
     if i.opcode == "custom-call":
         target = (re.search(r'custom_call_target="([^"]+)"', i.attrs) or [None, ""])[1]
@@ -273,22 +273,22 @@ def heaviest(_: Instr, sizes: list[int]) -> list[float]:
 
 
 def launches(prog: Program, comp: str, weights: Weights = heaviest,
-             _exact: list | None = None, _memo: dict | None = None) -> Counter:
+             inexact: list | None = None) -> Counter:
     """{Kernel: launches} of one run of `comp`: loops times their trip counts, calls inline,
-    each conditional one `conditional` launch plus its branches by `weights` (the result is
-    shared with later calls: read it, do not change it)."""
-    memo = prog.__dict__.setdefault("_launches", {}) if _memo is None else _memo
-    key = (comp, weights)
-    if key not in memo:
-        inexact: list = []
-        memo[key] = (_launches(prog, comp, weights, inexact, memo), inexact)
-    counts, inexact = memo[key]
-    if _exact is not None:
-        _exact.extend(inexact)
+    each conditional one `conditional` launch plus its branches by `weights`; the loops of
+    unknown trip count are appended to `inexact` (the result is shared with later calls: read
+    it, do not change it)."""
+    memo = prog.__dict__.setdefault("_launches", {})
+    if (comp, weights) not in memo:
+        found: list = []
+        memo[comp, weights] = (_launches(prog, comp, weights, found), found)
+    counts, found = memo[comp, weights]
+    if inexact is not None:
+        inexact.extend(found)
     return counts
 
 
-def _launches(prog: Program, comp: str, weights: Weights, _exact: list, _memo: dict) -> Counter:
+def _launches(prog: Program, comp: str, weights: Weights, inexact: list) -> Counter:
     out: Counter = Counter()
     table = prog.by_name(comp)
     for i in prog.comps.get(comp, []):
@@ -297,15 +297,15 @@ def _launches(prog: Program, comp: str, weights: Weights, _exact: list, _memo: d
         if i.opcode == "while":
             n = trip_count(i)
             if n is None:  # the condition runs each iteration too (and a sync: see module doc)
-                _exact.append(i.name)
-                out.update(launches(prog, _called(i, "condition"), weights, _exact, _memo))
-            for k, c in launches(prog, _called(i, "body"), weights, _exact, _memo).items():
+                inexact.append(i.name)
+                out.update(launches(prog, _called(i, "condition"), weights, inexact))
+            for k, c in launches(prog, _called(i, "body"), weights, inexact).items():
                 out[k] += c * (n or 1)
         elif i.opcode == "call" and _called(i, "to_apply"):
-            out.update(launches(prog, _called(i, "to_apply"), weights, _exact, _memo))
+            out.update(launches(prog, _called(i, "to_apply"), weights, inexact))
         elif i.opcode == "conditional":
             out[Kernel(i.name, "conditional", 0.0, 0.0, None)] += 1
-            inner = [launches(prog, b, weights, _exact, _memo) for b in branches(i)]
+            inner = [launches(prog, b, weights, inexact) for b in branches(i)]
             for w, b in zip(weights(i, [sum(b.values()) for b in inner]), inner):
                 for k, c in b.items():
                     out[k] += c * w

@@ -95,12 +95,17 @@ def plan_lines(cfg, target: str, device, fitted: dict) -> list[str]:
         f"  predicted: {sps:,.0f} env steps/s ({update_s:.3f} s an update), "
         f"{hours:,.2f} h for the run (compilation apart); the time set by launches "
         f"{bound['launches']:.0%}, bytes {bound['bytes']:.0%}, FLOPs {bound['flops']:.0%}",
-        f"  (predicted, not measured: a kernel-time model fitted on {fitted['rows']} H200 runs; "
-        f"each run left out of the fit was predicted within "
-        f"{fitted['max_abs_error_left_out']:.0%} (median {fitted['median_abs_error_left_out']:.0%})"
-        "; bench/gpu_predict.py)",
+        f"  {predicted_note(fitted)}",
     ]
     return lines
+
+
+def predicted_note(fitted: dict) -> str:
+    """What a plan's figures are: predictions, with the fit's size and its left-out errors."""
+    return (f"(predicted, not measured: a kernel-time model fitted on {fitted['fitted_rows']} "
+            f"H200 runs; each, left out of the fit, was predicted within "
+            f"{fitted['max_abs_error_left_out']:.0%} (median "
+            f"{fitted['median_abs_error_left_out']:.0%}); bench/gpu_predict.py)")
 
 
 def main(argv: list[str]) -> None:

@@ -3,6 +3,7 @@ FLOPs on HLO written by hand, gpu_target's reading of XLA's thunk sequence (CUDA
 bench/gpu_predict.py's fit on rows made from known figures, and `train.py --plan`."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -211,6 +212,11 @@ def test_plan_refuses_bad_cards_in_one_line():
             plan.split_plan(argv)
     assert plan.split_plan(["smoke", "--plan", "h100", "--seed", "3"]) == (
         "h100", ["smoke", "--seed", "3"])
+    fitted = {"fitted_rows": 6, "max_abs_error_left_out": 0.554, "median_abs_error_left_out": 0.14,
+              "rows": [{"program": "x"}]}
+    assert plan.predicted_note(fitted) == (
+        "(predicted, not measured: a kernel-time model fitted on 6 H200 runs; each, left out of "
+        "the fit, was predicted within 55% (median 14%); bench/gpu_predict.py)")
     p = subprocess.run([sys.executable, "train.py", "smoke", "--plan", "h300"], cwd=ROOT,
                        env=subprocess_env(), capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and p.stderr.strip().splitlines() == [
@@ -272,5 +278,6 @@ def test_train_plan_prints_a_predicted_plan(tmp_path):
     out = p.stdout
     assert "plan for one NVIDIA H200 (h200)" in out and ": fits in the 75%" in out
     assert "a rollout step with its resets" in out and "an update epoch" in out
-    assert "env steps/s" in out and "predicted, not measured" in out
+    assert "env steps/s" in out and re.search(r"\(predicted, not measured: a kernel-time model "
+                                               r"fitted on \d+ H200 runs; each, left out", out)
     assert not runs.exists()
