@@ -306,7 +306,7 @@ def test_bad_input_ends_in_one_line(tmp_path, monkeypatch):
     built for them would fail the test)."""
     from fused.commands import human as human_command
     from fused.errors import ConfigError
-    from fused.human import game as game_module
+    from fused.commands import human as human_command
 
     bad = tmp_path / "bad.txt"
     bad.write_text("d\nspace\nx\n")  # x: no Classic action
@@ -328,7 +328,7 @@ def test_bad_input_ends_in_one_line(tmp_path, monkeypatch):
     def no_game(*_, **__):
         raise AssertionError("a game was built before the refusal")
 
-    monkeypatch.setattr(game_module, "Game", no_game)
+    monkeypatch.setattr(human_command, "Game", no_game)  # (where the command builds it)
 
     def refused(*args) -> str:
         with pytest.raises(ConfigError) as e:
