@@ -95,6 +95,15 @@ def test_choice_is_jax_random_choice():
         np.testing.assert_array_equal(mine, theirs)
 
 
+def test_parity_report_names_the_earliest_difference():
+    """The leaf that differed first, from int32 step counts as the jitted run returns them."""
+    names = ["state.map", "state.player_position", "reward"]
+    first = np.array([-1, 7, 3], np.int32)
+    report = ParityReport(np.array([0, 2, 1]), first, 10, 0, names)
+    assert report.first() == "reward (first at step 3; 1 elements over the run)"
+    assert ParityReport(np.zeros(3), np.full(3, -1, np.int32), 10, 0, names).first() is None
+
+
 # --- the whole step -----------------------------------------------------------------------------
 
 def test_classic_step_equals_craftax():

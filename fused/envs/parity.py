@@ -96,7 +96,8 @@ class ParityReport(NamedTuple):
 
     def first(self) -> str | None:
         """The leaf that differed first (ties: tree order), or None."""
-        steps = np.where(self.first_step < 0, np.iinfo(np.int64).max, self.first_step)
+        first = self.first_step.astype(np.int64)  # (int32: the int64 sentinel would wrap to -1)
+        steps = np.where(first < 0, np.iinfo(np.int64).max, first)
         if (self.first_step < 0).all():
             return None
         k = int(np.argmin(steps))
