@@ -121,7 +121,7 @@ class Timed:
         validate(cfg)
         self.cfg, self.online = cfg, build(cfg)
         tr, frozen = self.online.trainer, self.online.frozen
-        self.llm = getattr(self.online.agent.inputs, "llm", None)
+        self.llm = getattr(self.online.agent.inputs, "encoder", None)
         self.state = jax.block_until_ready(jax.jit(tr.init)(jax.random.PRNGKey(0), frozen))
         t = time.perf_counter()
         self.compiled = jax.jit(tr.chunk).lower(self.state, frozen).compile()
@@ -131,7 +131,7 @@ class Timed:
         self.times, self.metrics = [], []
 
     def host_seconds(self) -> float:
-        return self.llm.host.seconds if self.llm is not None and self.llm.host else 0.0
+        return getattr(self.llm, "seconds", 0.0)  # host time spent (vLLM: the server's calls)
 
     def chunk(self) -> None:
         import jax
@@ -172,7 +172,7 @@ class Timed:
         if self.llm is not None:
             for k in ("calls", "refreshed", "tokens"):  # totals over the timed chunks
                 row[f"llm_{k}"] = float(sum(x["ppo"][f"llm/{k}"].sum() for x in self.metrics))
-            if self.llm.host is not None:
+            if self.llm.backend == "vllm":
                 row["llm_host_share"] = (self.host_seconds() - self.host0) / dt
         return row
 

@@ -92,10 +92,11 @@ def test_garbage_prompt_ablation_reaches_the_vllm_backend(vllm_server):
     vllm_llm = make_encoder(LLMConfig(backend="vllm", weights=str(folder), url=client.url,
                                   hidden="garbage-prompt"), env)
     real = make_encoder(LLMConfig(backend="vllm", weights=str(folder), url=client.url), env)
-    assert vllm_llm.host.prefix == jax_llm.prefix_ids.tolist() != real.host.prefix
+    assert (vllm_llm.prefix_ids.tolist() == jax_llm.prefix_ids.tolist()
+            != real.prefix_ids.tolist())
     h_jax, _ = jax_llm.encode(jax_llm.frozen, obs, 2)[:2]
-    h_vllm, _ = vllm_llm.host.encode_numpy(obs)
-    h_real, _ = real.host.encode_numpy(obs)
+    h_vllm, _ = vllm_llm.encode_numpy(obs)
+    h_real, _ = real.encode_numpy(obs)
     np.testing.assert_allclose(np.asarray(h_jax), h_vllm, atol=1e-4, rtol=0)
     assert np.abs(h_vllm - h_real).max() > 1e-2
 
