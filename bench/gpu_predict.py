@@ -1,8 +1,9 @@
 """A GPU program's time predicted from its kernels (bench/gpu_report.py's profiles), calibrated
 on the runs we measured on an H200: each kernel takes the longest of a fitted floor (a launch),
-its bytes over the card's bandwidth times a fitted efficiency, and its matmul FLOPs over the
-card's peak for their input type times a fitted efficiency; a program's time is the sum over its
-launches (one stream, nothing overlapped).
+its bytes over the card's bandwidth times an efficiency, and its matmul FLOPs over the card's
+peak for their input type times an efficiency; a program's time is the sum over its launches
+(one stream, nothing overlapped). The efficiencies are fitted too, or the card's own rates
+measured beside the rows (VARIANTS): the variant whose left-out rows are predicted best is used.
 
     python bench/gpu_predict.py --kernels docs/gpu/kernels_h200.json --out docs/gpu/predictor.json
 
@@ -44,7 +45,7 @@ MEASURED = [
          source="docs/gpu/gpu_check_h200_20261126_rows.jsonl"),
 ]
 CHECKS = [  # another card, never fitted
-    dict(program="encode-30b-32x512", target="h100", rate=11_285, commit="2026-11-25's",
+    dict(program="encode-30b-32x512", target="h100", rate=11_285, commit="not recorded",
          source="docs/gpu/moe_encode_h100_qwen3-30b-a3b_tiled.json"),
     dict(program="fused-0.6b-128", target="h100", rate=10_427, commit="a367b57",
          source="docs/gpu/fused_sps_h100_qwen3-0.6b_128envs_pallas.json"),
@@ -54,8 +55,8 @@ CHECKS = [  # another card, never fitted
 @dataclasses.dataclass(frozen=True)
 class Fit:
     floor_s: float  # the shortest a kernel takes: its launch
-    bandwidth_eff: float  # of the card's data-sheet bandwidth
-    flops_eff: float  # of the card's data-sheet matmul peak
+    bandwidth_eff: float  # the share of the card's data-sheet bandwidth a kernel gets
+    flops_eff: float  # the share of the card's data-sheet matmul peak
 
 
 def _arrays(profile: list[list], target: str):

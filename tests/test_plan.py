@@ -225,24 +225,26 @@ def test_plan_refuses_bad_cards_in_one_line():
 
 @PLUGIN
 def test_loops_go_into_cuda_graphs_when_asked():
-    """A small scan (its outputs stacked at the loop's counter: a dynamic-slice copy) and a
-    conditional compiled here for an H200: XLA's default runs the loop from the host; with
-    gpu_target.command_buffer_options() the whole program is one graph with the loop inside;
-    the kernel accounting sees the loop's 5 trips and its GEMM."""
+    """A small scan (its outputs stacked at the loop's counter: a dynamic-slice copy; a GEMM and
+    a cuDNN convolution an iteration) and a conditional compiled here for an H200: XLA's default
+    runs the loop from the host; with gpu_target.command_buffer_options() the whole program is
+    one graph with the loop inside; the kernel accounting sees the loop's 5 trips."""
     code = """
 import json, sys, tempfile
 sys.path.insert(0, "bench")
 import gpu_target, hlo_cost
 dev = gpu_target.use("h200")
 import jax, jax.numpy as jnp
-def f(x, w):
+def f(x, w, k):
     def body(x, i):
         y = jnp.tanh(x @ w) + jnp.sin(x) * i
+        y = y + jax.lax.conv(y[None, None], k, (1, 1), "SAME")[0, 0]
         return y / (1 + jnp.abs(y).sum()), x
     x, xs = jax.lax.scan(body, x, jnp.arange(5.0))
     return jax.lax.cond(x.sum() > 0, lambda x: x * 2, lambda x: jnp.cos(x) + 1, x), xs
 args = gpu_target.abstract((jax.ShapeDtypeStruct((64, 256), jnp.float32),
-                            jax.ShapeDtypeStruct((256, 256), jnp.float32)), dev)
+                            jax.ShapeDtypeStruct((256, 256), jnp.float32),
+                            jax.ShapeDtypeStruct((1, 1, 3, 3), jnp.float32)), dev)
 out = {}
 for name, opts in (("default", {}), ("loops", gpu_target.command_buffer_options())):
     with tempfile.TemporaryDirectory() as d:
@@ -262,6 +264,7 @@ print(json.dumps(out))
     assert out["loops"]["while_host"] == 0 and out["loops"]["launches_outside"] == 0
     (loop,) = out["loops_hlo"]
     assert loop["trip_count"] == 5 and loop["by_kind"].get("gemm") == 1
+    assert loop["by_kind"].get("conv") == 1
 
 
 @PLUGIN
