@@ -8,7 +8,8 @@ Each row times (or compiles) one program: a `lax.scan` of `--scan-steps` steps o
 `CraftaxEnv.step` (what PPO's rollout, evaluation and `label.py generate` step) over `num_envs`
 envs, random actions, no resets (ended episodes step on, as Craftax computes them all the same).
 steps/s: the median of `--repeats` timed scans after a compile and `--warmup` scans, the impls
-timed in turns (and the best scan: other processes on the machine slow some). Kernels
+timed in turns (and the best scan, and steps per CPU-second of this process, all threads: other
+processes on the machine slow some scans). Kernels
 (`--target`, XLA:GPU without a device, bench/gpu_target.py): one iteration of that scan, counted
 and attributed by `bench/kernel_attribution.py` (the function under `craftax_step` each kernel's
 HLO metadata names; the observation; copies by why XLA made them)."""
@@ -190,17 +191,19 @@ def speed_rows(args: Args, env_name: str, n: int) -> list[dict]:
         for i in range(args.warmup):
             state, _ = compiled(state, jax.random.PRNGKey(100 + i))
         progs[impl] = {"run": compiled, "state": state, "compile_s": compile_s, "times": [],
-                       "ends": 0}
+                       "cpu": [], "ends": 0}
     for i in range(args.repeats):
         for p in progs.values():
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             p["state"], done = jax.block_until_ready(p["run"](p["state"],
                                                                jax.random.PRNGKey(200 + i)))
             p["times"].append(time.perf_counter() - t)
+            p["cpu"].append(time.process_time() - c)
             p["ends"] += int(done.sum())
     return [{"name": "env_step", "env": env_name, "impl": impl, "num_envs": n,
              "steps_per_s": args.scan_steps * n / statistics.median(p["times"]),
              "best_steps_per_s": args.scan_steps * n / min(p["times"]),
+             "cpu_steps_per_s": args.scan_steps * n / statistics.median(p["cpu"]),
              "compile_s": p["compile_s"], "episode_ends": p["ends"]}
             for impl, p in progs.items()]
 

@@ -17,6 +17,7 @@ from craftax.craftax_classic.constants import DIRECTIONS, Achievement, BlockType
 
 from fused.envs.classic import _free, _gain, _in_bounds, _in_mob, _solid
 from fused.envs.draws import choice
+from fused.envs.keys import fence_keys
 from fused.envs.grid import Grid, fence, first_true, put, take
 
 B = BlockType
@@ -35,7 +36,7 @@ def _key_chain(rng, slots: int, splits: int, carry_second: bool):
         if carry_second:
             rng = row.pop()
         keys.append(jnp.stack(row))
-    return jnp.stack(keys), rng
+    return fence_keys((jnp.stack(keys), rng))  # computed once: each key feeds two
 
 
 def _towards(key, pos, player):

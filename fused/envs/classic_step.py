@@ -11,6 +11,7 @@ from craftax.craftax_classic.constants import MAX_OBS_DIM, OBS_DIM, Action, Bloc
 from craftax.craftax_classic.game_logic import (
     calculate_light_level, cap_inventory, update_player_intrinsics)
 
+from fused.envs import keys
 from fused.envs.classic import craft, do, move, place
 from fused.envs.classic_mobs import spawn_mobs, update_mobs
 from fused.envs.grid import Grid, fence, wrap
@@ -31,6 +32,7 @@ def craftax_step(rng, state, action, params, static_params):
     init_achievements = state.achievements
     init_health = state.player_health
     action = jax.lax.select(state.is_sleeping, Action.NOOP.value, action)
+    rng = keys.wrap(rng)  # the same draws, the hash unrolled
     blocks, mob_map = Grid(state.map), Grid(state.mob_map)
     state = craft(state, action, blocks)
     rng, key = jax.random.split(rng)
@@ -57,8 +59,9 @@ def craftax_step(rng, state, action, params, static_params):
     rng, key = jax.random.split(rng)
     state = state.replace(timestep=state.timestep + 1,
                           light_level=calculate_light_level(state.timestep + 1, params),
-                          state_rng=key)
-    return state, reward, in_lava
+                          state_rng=keys.unwrap(key))
+    # The new state's small fields computed once, not again inside each observation element.
+    return fence((state, reward, in_lava))
 
 
 def observe(state) -> jax.Array:

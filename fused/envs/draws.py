@@ -6,7 +6,7 @@ ceil(log2(n + 1)) iterations (13 for a 64 x 64 map), several kernels and copies 
 `choice` runs the same binary search unrolled: the same comparisons in the same order, so the
 same index even where a float cumulative sum is not monotone (XLA sums blocks, then blocks of
 block totals: an ulp can go back at a block's edge), each level's bounds computed once
-(`fence`)."""
+(`fence`), reading the cumulative sum only where the search looks (`RunningSums`)."""
 
 from __future__ import annotations
 
@@ -21,22 +21,60 @@ from jax._src.lax.lax import _sort_le_comparator
 from fused.envs.grid import fence
 
 
-def search_left(sorted_arr: jax.Array, query: jax.Array) -> jax.Array:
-    """== `jnp.searchsorted(sorted_arr, query)` (side left, method scan) for a scalar query:
-    jax's binary search, unrolled. -> int32."""
-    n = sorted_arr.shape[0]
+def search_left(value_at, n: int, query: jax.Array) -> jax.Array:
+    """== `jnp.searchsorted(a, query)` (side left, method scan) for a scalar query, `a` [n]
+    read through `value_at(i)`: jax's binary search, unrolled. -> int32."""
     low, high = jnp.uint32(0), jnp.uint32(n)
     for _ in range(int(np.ceil(np.log2(n + 1)))):
         mid = low + (high - low) // 2
-        go_left = _sort_le_comparator(query, sorted_arr[mid])
+        go_left = _sort_le_comparator(query, value_at(mid))
         low, high = fence((jax.lax.select(go_left, low, mid), jax.lax.select(go_left, mid, high)))
     return high.astype(jnp.int32)
 
 
+BASE = 16  # XLA's ReduceWindowRewriter: a scan longer than this is done in blocks of 16
+
+
+class RunningSums:
+    """`jnp.cumsum(x)` of a 1-D float vector, bit for bit, read where asked (`at(i)`).
+
+    XLA rewrites a long cumulative sum (a reduce-window) into blocks of 16: each block's running
+    sums (a left fold from 0), the running sums of the block totals (the same rewrite one level
+    up), each block's sums plus the sum of the blocks before it. On a CPU, XLA computes every
+    element's window anew (16 adds each). A binary search reads 13 of the 4,096; here the block totals are one pass (15 adds a
+    block), their running sums jnp.cumsum's own, and an element read is its block's fold up to
+    it plus the blocks before. tests/test_fast_step.py checks every element against jnp.cumsum.
+    Not on a CPU (unchecked there), or for a length that is not a multiple of 16 * 16: x's
+    jnp.cumsum, read."""
+
+    def __init__(self, x: jax.Array):
+        n = x.shape[0]
+        self.x = x
+        self.blocked = jax.default_backend() == "cpu" and n % (BASE * BASE) == 0
+        if not self.blocked:
+            self.sums = jnp.cumsum(x)
+            return
+        rows = x.reshape(n // BASE, BASE)
+        total = jnp.zeros((n // BASE,), x.dtype)
+        for k in range(BASE):
+            total = total + rows[:, k]
+        self.before = jnp.concatenate([jnp.zeros((1,), x.dtype), jnp.cumsum(total)[:-1]])
+
+    def at(self, i: jax.Array) -> jax.Array:
+        if not self.blocked:
+            return self.sums[i]
+        block, lane = i // BASE, i % BASE
+        row = jax.lax.dynamic_slice(self.x, (block * BASE,), (BASE,))
+        acc = jnp.zeros((), self.x.dtype)
+        for k in range(BASE):
+            acc = jax.lax.select(k <= lane, acc + row[k], acc)
+        return acc + self.before[block]
+
+
 def choice(key: jax.Array, a: jax.Array, p: jax.Array, shape: tuple[int, ...] = ()):
     """== `jax.random.choice(key, a, shape, replace=True, p=p)` for a 1-D `a`."""
-    p_cuml = jnp.cumsum(p)
-    r = p_cuml[-1] * (1 - jax.random.uniform(key, shape, dtype=p_cuml.dtype))
-    ind = search_left(p_cuml, r.reshape(-1)[0]) if r.size == 1 else \
-        jax.vmap(search_left, (None, 0))(p_cuml, r.reshape(-1))
+    n = p.shape[0]
+    p_cuml = RunningSums(p)
+    r = p_cuml.at(jnp.uint32(n - 1)) * (1 - jax.random.uniform(key, shape, dtype=p.dtype))
+    ind = jnp.stack([search_left(p_cuml.at, n, q) for q in r.reshape(-1)])
     return jnp.take(a, ind.astype(int), 0).reshape(shape)

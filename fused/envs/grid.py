@@ -137,20 +137,27 @@ def fence(tree):
     that reads it, so a long chain of small steps (mobs moving one after another) read in many
     places is copied into each: quadratic code (`lax.optimization_barrier` is gone before XLA
     fuses). An integer division by a value XLA cannot fold is not cheap, so XLA computes it once:
-    every small integer or bool leaf is divided by 1, a 1 made from one of them (x | 1 is odd:
-    never 0). Arrays of more than 64 elements (maps) pass as they are."""
-    leaves = [x for x in jax.tree.leaves(tree)
-              if x.size <= 64 and not jnp.issubdtype(x.dtype, jnp.floating)]
-    if not leaves:
+    the small integer and bool leaves, packed into one vector a dtype (one division, one kernel),
+    are divided by 1, a 1 made from one of them (x | 1 is odd: never 0). Floats and arrays of
+    more than 64 elements (maps) pass as they are."""
+    leaves, treedef = jax.tree.flatten(tree)
+    groups: dict = {}
+    for i, x in enumerate(leaves):
+        if x.size <= 64 and not jnp.issubdtype(x.dtype, jnp.floating):
+            kind = jnp.uint32 if x.dtype == jnp.uint32 else jnp.int32
+            groups.setdefault(kind, []).append(i)
+    if not groups:
         return tree
-    odd = leaves[0].reshape(-1)[0].astype(jnp.int32) | 1
+    first = leaves[next(iter(groups.values()))[0]]
+    odd = first.reshape(-1)[0].astype(jnp.int32) | 1
     one = jax.lax.div(odd, odd)
-
-    def keep(x):
-        if x.size > 64 or jnp.issubdtype(x.dtype, jnp.floating):
-            return x
-        if x.dtype == jnp.bool_:
-            return jax.lax.div(x.astype(jnp.int32), one).astype(jnp.bool_)
-        return jax.lax.div(x, one.astype(x.dtype))
-
-    return jax.tree.map(keep, tree)
+    out = list(leaves)
+    for kind, members in groups.items():
+        flat = jnp.concatenate([leaves[i].reshape(-1).astype(kind) for i in members])
+        flat = jax.lax.div(flat, one.astype(kind))
+        at = 0
+        for i in members:
+            x = leaves[i]
+            out[i] = flat[at:at + x.size].reshape(x.shape).astype(x.dtype)
+            at += x.size
+    return treedef.unflatten(out)

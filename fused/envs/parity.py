@@ -95,12 +95,13 @@ class ParityReport(NamedTuple):
     names: list[str]
 
     def first(self) -> str | None:
-        """The leaf that differed first (ties: tree order), or None."""
+        """The leaf that differed first, or None. Ties: a state field before what is computed
+        from the state (the observation, reward, done, info), then tree order."""
         first = self.first_step.astype(np.int64)  # (int32: the int64 sentinel would wrap to -1)
-        steps = np.where(first < 0, np.iinfo(np.int64).max, first)
-        if (self.first_step < 0).all():
+        if (first < 0).all():
             return None
-        k = int(np.argmin(steps))
+        derived = [not n.startswith("state.") for n in self.names]
+        k = min((int(s), d, i) for i, (s, d) in enumerate(zip(first, derived)) if s >= 0)[2]
         return (f"{self.names[k]} (first at step {int(self.first_step[k])}; "
                 f"{int(self.differing[k])} elements over the run)")
 
