@@ -89,6 +89,7 @@ def played(tmp_path_factory):
     return d
 
 
+@pytest.mark.slow
 def test_script_records_what_craftax_plays(played):
     """Rows, episodes and actions as Craftax names them; every observation equals the one
     Craftax's env gives from the episode's seed (in the card) and the actions before it (to
@@ -118,6 +119,7 @@ def test_script_records_what_craftax_plays(played):
     assert not list((played / "data" / "work" / "human" / "steps").iterdir())
 
 
+@pytest.mark.slow
 def test_reopening_keeps_the_recordings_episode_length(played, tmp_path):
     """Going on without --env.max-episode-steps plays the episode length the card holds."""
     import shutil
@@ -133,6 +135,7 @@ def test_reopening_keeps_the_recordings_episode_length(played, tmp_path):
     assert json.loads((d / "card.json").read_text())["human"]["max_episode_steps"] == 4
 
 
+@pytest.mark.slow
 def test_golden_examples_hold_the_text_and_frame_of_each_step(played):
     from PIL import Image
 
@@ -250,6 +253,7 @@ def test_a_failed_game_save_or_a_removed_game_loses_no_recorded_row(tmp_path, mo
     assert json.loads((tmp_path / "e" / "card.json").read_text())["policy"] == "human"
 
 
+@pytest.mark.slow
 def test_recording_frames_goes_on_from_a_v1_recording(tmp_path):
     """On a pixel env the rows hold frames as pictures [H, W, 3]; a recording the v1 recorder
     left (a v1 card, its shards' and journal's frames flat) goes on: its journal is committed
@@ -587,6 +591,7 @@ def test_page_in_a_headless_browser_records_the_keys_pressed(tmp_path, kind):
         np.testing.assert_array_equal(again[k], cols[k])
 
 
+@pytest.mark.slow
 def test_golden_shots_are_turns_of_the_chat_template_token_for_token(played):
     """`play.py llm --examples E --shots N`: N recorded steps (not NOOP, evenly spaced) become
     user / assistant turns after the system turn, in the prefix encoded once; the prefix and an

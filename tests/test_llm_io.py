@@ -239,6 +239,7 @@ def test_vllm_client_parses_retries_and_fails_loudly(stub):
         dead.health()
 
 
+@pytest.mark.slow
 def test_readme_python_example_runs_as_written(tmp_path, monkeypatch):
     """The LLM page's Python block (docs/llm.md), executed verbatim with ~ pointing at a folder
     that holds a (tiny, 28-layer) Qwen3 checkpoint where the example expects Qwen3-0.6B."""
@@ -352,6 +353,7 @@ def test_vl_prompt_takes_image_items_through_the_folders_jinja_template(tmp_path
     assert ids.tolist() == want and (ids == 151655).sum() == 6
 
 
+@pytest.mark.slow
 def test_tokenizer_problems_end_every_command_in_one_line(tiny_folder, tmp_path):
     """A folder whose tokenizer files cannot serve (no chat template anywhere transformers
     looks; a damaged tokenizer.json or tokenizer_config.json): a ConfigError naming the file

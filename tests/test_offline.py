@@ -431,6 +431,7 @@ def test_probe_of_a_plain_online_run(smoke_run, tmp_path):
     assert (run / "probe.md").is_file() and (run / "probe.png").is_file()
 
 
+@pytest.mark.slow
 def test_streamed_windows_train_like_the_whole_data_and_resume_exactly(probe_data, tmp_path):
     """--device-rows 2000 on 4 shards of 1,000 rows: every chunk trains on a seeded window of 2
     whole shards (padding never sampled); BC still recovers the behaviour policy, and a

@@ -204,6 +204,7 @@ def test_policy_kind_auto_and_refusals():
         validate_llm(llm, "probe-memory", 8)
 
 
+@pytest.mark.slow
 def test_rnd_over_cnn_features_learns_the_frames_it_sees():
     """RND on frames (its target and predictor each over a CNN of its own): a positive bonus
     on Craftax-Classic-sized frames, zero where an episode ends, and four epochs of its update

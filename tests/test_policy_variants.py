@@ -209,7 +209,7 @@ def explorer(kind, **kw):
     return Explorer(ExploreConfig(kind, **kw), 6, 3, 4)
 
 
-@pytest.mark.parametrize("kind", ["rnd", "icm"])
+@pytest.mark.parametrize("kind", ["rnd", pytest.param("icm", marks=pytest.mark.slow)])
 def test_bonus_falls_on_a_repeated_observation(kind):
     """Trained on one transition over and over, the bonus of that transition falls far below
     its start; a transition never trained on keeps a bonus well above it."""

@@ -121,6 +121,7 @@ def test_videos_draw_the_numbers_they_keep(tmp_path):
     assert not (video == VALUE_COLOUR).all(-1).any()
 
 
+@pytest.mark.slow
 def test_video_gamma_is_the_runs_own(tmp_path, smoke_run):
     """--video-gamma, else a train.py run's ppo.gamma, an offline run's returns set's gamma,
     else 0.99; an offline run trained with --value-coef 0 has no critic to draw; a gamma
@@ -153,6 +154,7 @@ def test_video_gamma_is_the_runs_own(tmp_path, smoke_run):
             check_video_gamma(bad)
 
 
+@pytest.mark.slow
 def test_eval_video_numbers_are_the_critics_and_label_returns(tmp_path, smoke_run):
     """The watched episodes of the smoke run, played to their ends with the dataset record
     beside: each step kept is the record's; V(s) kept equals the checkpoint's critic applied
