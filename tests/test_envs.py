@@ -81,6 +81,7 @@ def test_symbolic_env_shapes_and_optimistic_reset_survive_deaths():
     np.testing.assert_array_equal(np.asarray(out.obs[1]), np.asarray(before.pool.obs[1]))
 
 
+@pytest.mark.slow
 def test_classic_starvation_death_is_terminated_and_reset():
     """Health 1, no food, recovery one step from its threshold: the env's own health rule
     takes the last point on the next step. That is a termination (value 0 after it), never a

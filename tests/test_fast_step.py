@@ -2,12 +2,18 @@
 field, rewards, dones and infos equal from the same states, keys and actions, through resets,
 from random play and from hand-made states (`fused.envs.curated`); a difference names its field.
 The pieces (point writes, the unrolled search, the probability draw) against the jnp / jax.random
-calls they replace. The 10-million-transition run is `bench/env_parity.py` (docs/BENCHMARKS.md)."""
+calls they replace. The 10-million-transition run is `bench/env_parity.py` (docs/BENCHMARKS.md;
+here shrunk)."""
+
+import json
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import ROOT, subprocess_env
 
 from fused.envs import keys as fast_keys
 from fused.envs import make_craftax_env
@@ -186,13 +192,17 @@ def test_a_broken_rule_is_named(monkeypatch):
 
 
 @pytest.mark.slow
-def test_classic_step_equals_craftax_longer():
-    """64 envs x 500 steps (one compile): every 25 steps the states edited by hand
-    (`classic_edit`: night, sleep, mobs close, the map's edge, ...), DO-heavy random play,
-    through resets."""
-    report = parity(CLASSIC, 64, 500, seed=2, edit=classic_edit, weights=CLASSIC_WEIGHTS)
-    assert report.first() is None, report.first()
-    assert report.transitions == 32_000 and report.episode_ends > 0
+def test_classic_step_equals_craftax_longer(tmp_path):
+    """The 10-million-transition command (bench/env_parity.py), shrunk: 64 envs x 250 steps of
+    uniform play, then as many of DO-heavy play from states edited by hand, through resets."""
+    out = tmp_path / "parity.json"
+    p = subprocess.run([sys.executable, "bench/env_parity.py", "--transitions", "32000",
+                        "--num-envs", "64", "--chunk-steps", "250", "--out", str(out)], cwd=ROOT,
+                       env=subprocess_env(), capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
+    row = json.loads(out.read_text())
+    assert row["equal"] and row["first_difference"] is None, row
+    assert row["transitions"] == 32_000 and row["chunks"] == 2 and row["episode_ends"] > 0
 
 
 @pytest.mark.slow

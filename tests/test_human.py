@@ -215,6 +215,7 @@ def compiles(name: str):
         logger.removeHandler(handler)
 
 
+@pytest.mark.slow
 def test_a_failed_game_save_or_a_removed_game_loses_no_recorded_row(tmp_path, monkeypatch):
     """A row journaled whose game save failed (a kill or a full disk between the two) is not
     committed, and reopening goes on from the saved game; with game.npz removed (as the
@@ -304,6 +305,7 @@ def test_recording_frames_goes_on_from_a_v1_recording(tmp_path):
     np.testing.assert_array_equal(cols["frame"][:3], np.concatenate([frames] + waiting))
 
 
+@pytest.mark.slow
 def test_bad_input_ends_in_one_line(tmp_path, monkeypatch):
     """Each refusal is one line, made before a game is built (textures, compiles): the
     command's one line through play.py for a bad script key, the rest in process (a Game

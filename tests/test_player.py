@@ -110,8 +110,8 @@ def reply_corpus(tok, names, rng) -> list[list[int]]:
     return ids
 
 
-@pytest.mark.parametrize("env", [ENV, pytest.param("Craftax-Symbolic-v1",
-                                                    marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("env", [ENV, "Craftax-Symbolic-v1"])
 def test_reply_rule_on_the_device_equals_the_reference(tok, env):
     """The device parser and the plain-Python rule (`parse_text` on the decoded text) agree on
     every reply of a generated corpus (`reply_corpus`), thinking off and on, with and without

@@ -31,6 +31,7 @@ def _classic_worlds() -> np.ndarray:
     return np.round(np.clip(np.asarray(obs), 0, 1) * 255).astype(np.uint8)
 
 
+@pytest.mark.slow
 def test_processor_equals_hf_on_frames_and_odd_sizes():
     """pixel values within float32 rounding and grids equal to HF's processor's: Craftax-Classic
     frames, 130 x 110 (Craftax-Pixels' size), odd sizes up and down; image-token counts as the

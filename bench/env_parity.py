@@ -1,0 +1,96 @@
+"""The fast step against Craftax's own over many transitions: equal bit for bit or the first
+differing field named (fused/envs/parity.py's run, in chunks).
+
+    python bench/env_parity.py --env Craftax-Classic-Symbolic-v1 --transitions 10_000_000
+
+Chunks of `--num-envs` x `--chunk-steps` transitions alternate two settings, each compiled once:
+uniform random play, and DO-heavy random play with every env's state edited by hand at the start
+of each 25-step block (`fused.envs.curated`: night, sleep, mobs close, arrows in flight, the
+map's edge, low health); ended episodes restart on worlds Craftax's reset made. Each chunk has
+its own seed. Prints a line a chunk; `--out` gets one JSON row (written again after each chunk,
+atomically: a run cut short keeps what it compared)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import tyro
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fused.envs import has_fast_step, make_craftax_env  # noqa: E402
+from fused.envs.curated import classic_edit  # noqa: E402
+from fused.envs.parity import ParityReport, make_parity_run, random_policy  # noqa: E402
+from fused.runs.files import atomic_write_json  # noqa: E402
+
+# Classic's actions, drawn more often where the step does more: DO, placing, crafting.
+CLASSIC_WEIGHTS = [0.5, 1, 1, 1, 1, 3, 0.3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]
+
+
+@dataclasses.dataclass
+class Args:
+    env: str = "Craftax-Classic-Symbolic-v1"
+    """A game with a fast step (fused.envs.has_fast_step)."""
+    transitions: int = 10_000_000
+    """Env steps compared in all (rounded up to whole chunks)."""
+    num_envs: int = 1024
+    chunk_steps: int = 500
+    """Steps a chunk (a multiple of 25: the edit and reset-pool block)."""
+    seed: int = 0
+    out: str | None = None
+    """Write the result here as JSON."""
+
+
+def runs(a: Args):
+    ref, new = make_craftax_env(a.env, "craftax"), make_craftax_env(a.env, "fast")
+    params = ref.default_params
+    out = []  # (Classic's the only fast step so far: its edits and action weights)
+    for name, edit, w in (("uniform", None, None), ("edited", classic_edit, CLASSIC_WEIGHTS)):
+        run, total, names = make_parity_run(
+            lambda k, s, x: ref.step_env(k, s, x, params),
+            lambda k, s, x: new.step_env(k, s, x, params),
+            lambda k: ref.reset_env(k, params), ref.get_obs, a.num_envs, a.chunk_steps,
+            random_policy(ref.num_actions, w), pool=64, pool_every=25, edit=edit)
+        out.append((name, jax.jit(run), total, names))
+    return out
+
+
+def main(a: Args) -> int:
+    if not has_fast_step(a.env):
+        raise SystemExit(f"error: --env {a.env} has no fast step yet")
+    if a.chunk_steps % 25:
+        raise SystemExit(f"error: --chunk-steps {a.chunk_steps}: a multiple of 25")
+    settings = runs(a)
+    names = settings[0][3]
+    diff, first = np.zeros(len(names), np.int64), np.full(len(names), -1, np.int64)
+    done, ends, chunk, t0 = 0, 0, 0, time.perf_counter()
+    row: dict = {}
+    while done < a.transitions:
+        setting, run, total, _ = settings[chunk % len(settings)]
+        d, f, e = jax.device_get(run(jax.random.PRNGKey(a.seed * 1_000_003 + chunk)))
+        f = np.where(f >= 0, f + done // a.num_envs, -1)  # steps counted over the whole run
+        first = np.where(first >= 0, first, f)
+        diff += d
+        done, ends, chunk = done + total, ends + int(e), chunk + 1
+        report = ParityReport(diff, first, done, ends, names)
+        row = {"name": "env_parity", "env": a.env, "num_envs": a.num_envs, "transitions": done,
+               "episode_ends": ends, "chunks": chunk, "equal": report.first() is None,
+               "first_difference": report.first(), "seconds": time.perf_counter() - t0,
+               "jax": jax.__version__}
+        print(f"{done:>12,} transitions ({setting}), {ends:,} episodes ended: "
+              f"{'equal' if row['equal'] else report.first()}", flush=True)
+        if a.out:
+            atomic_write_json(a.out, row)
+    print(json.dumps(row))
+    return 0 if row["equal"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(tyro.cli(Args)))
