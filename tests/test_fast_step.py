@@ -14,9 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import ROOT, subprocess_env
+from craftax.craftax_classic.constants import DIRECTIONS, BlockType
 
+import fused.envs.classic_step as classic_step
 from fused.envs import keys as fast_keys
 from fused.envs import make_craftax_env
+from fused.envs.classic import _in_bounds, move
 from fused.envs.curated import classic_edit
 from fused.envs.draws import RunningSums, choice, search_left
 from fused.envs.grid import Grid, first_true, put
@@ -175,18 +178,13 @@ def test_fast_env_is_chosen_by_impl():
 def test_a_broken_rule_is_named(monkeypatch):
     """The player walks on water in the fast step (Craftax: water is solid): the first difference
     named is the player's position (the observation drawn from it differs at the same step)."""
-    import fused.envs.classic_step as step
-    from craftax.craftax_classic.constants import DIRECTIONS, BlockType
-
-    from fused.envs.classic import _in_bounds, move
-
     def move_onto_water(state, action, blocks, mob_map):
         to = state.player_position + DIRECTIONS[action]
         wet = _in_bounds(to, blocks.base.shape) & (blocks.at(to) == BlockType.WATER.value)
         moved = move(state, action, blocks, mob_map)
         return moved.replace(player_position=jnp.where(wet, to, moved.player_position))
 
-    monkeypatch.setattr(step, "move", move_onto_water)
+    monkeypatch.setattr(classic_step, "move", move_onto_water)
     report = parity(CLASSIC, 8, 50, edit=classic_edit, weights=CLASSIC_WEIGHTS)
     assert report.first() is not None and report.first().startswith("state.player_position")
 

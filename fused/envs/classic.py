@@ -16,10 +16,7 @@ import jax.numpy as jnp
 
 from craftax.craftax_classic.constants import (
     CLOSE_BLOCKS, DIRECTIONS, SOLID_BLOCKS, Achievement, Action, BlockType)
-from craftax.craftax_classic.game_logic import (
-    calculate_light_level, cap_inventory, update_player_intrinsics)
 
-from fused.envs.draws import choice
 from fused.envs.grid import Grid, any_of, first_true, put, take
 
 B = BlockType

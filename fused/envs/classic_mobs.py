@@ -17,8 +17,8 @@ from craftax.craftax_classic.constants import DIRECTIONS, Achievement, BlockType
 
 from fused.envs.classic import _free, _gain, _in_bounds, _in_mob, _solid
 from fused.envs.draws import choice
-from fused.envs.keys import fence_keys
 from fused.envs.grid import Grid, fence, first_true, put, take
+from fused.envs.keys import fence_keys
 
 B = BlockType
 

@@ -41,11 +41,11 @@ class RunningSums:
     XLA rewrites a long cumulative sum (a reduce-window) into blocks of 16: each block's running
     sums (a left fold from 0), the running sums of the block totals (the same rewrite one level
     up), each block's sums plus the sum of the blocks before it. On a CPU, XLA computes every
-    element's window anew (16 adds each). A binary search reads 13 of the 4,096; here the block totals are one pass (15 adds a
-    block), their running sums jnp.cumsum's own, and an element read is its block's fold up to
-    it plus the blocks before. tests/test_fast_step.py checks every element against jnp.cumsum.
-    Not on a CPU (unchecked there), or for a length that is not a multiple of 16 * 16: x's
-    jnp.cumsum, read."""
+    element's window anew (16 adds each). A binary search reads 13 of the 4,096; here the block
+    totals are one pass (15 adds a block), their running sums jnp.cumsum's own, and an element
+    read is its block's fold up to it plus the blocks before. tests/test_fast_step.py checks
+    every element against jnp.cumsum. Not on a CPU (unchecked there), or for a length that is not
+    a multiple of 16 * 16: x's jnp.cumsum, read."""
 
     def __init__(self, x: jax.Array):
         n = x.shape[0]

@@ -2,12 +2,12 @@
 
 Craftax's keys are raw uint32[2] threefry keys. On a CPU, jax lowers the threefry hash as a
 5-iteration while loop (for compile time): every split and draw a loop, a few thunks and copies
-of its carry each. `wrap`
-gives the same key under `UNROLLED`, a PRNG implementation whose split and random bits are
-jax's threefry ones (partitionable form, jax's default) computed by jax's own unrolled hash (the
-form jax lowers for a GPU); jax.random's draws (uniform, randint, choice) built on them are
-jax's own code. tests/test_fast_step.py checks the bits against jax.random's. Where this jax
-lacks the private functions used (they moved), keys stay raw: the same draws, the loop kept."""
+of its carry each. `wrap` gives the same key under `UNROLLED`, a PRNG implementation whose split
+and random bits are jax's threefry ones (partitionable form, jax's default) computed by jax's own
+unrolled hash (the form jax lowers for a GPU); jax.random's draws (uniform, randint, choice)
+built on them are jax's own code. tests/test_fast_step.py checks the bits against jax.random's.
+Where this jax lacks the private functions used (they moved), keys stay raw: the same draws,
+the loop kept."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from fused.envs.grid import fence
 
 try:  # (jax's own threefry pieces: private, stable over jax 0.4-0.11)
     from jax._src.random.prng import iota_2x32_shape
+    from jax.extend.random import define_prng_impl
     from jax._src.random.threefry2x32 import (
         _threefry2x32_lowering, threefry_fold_in, threefry_seed)
 except ImportError:  # pragma: no cover
@@ -46,7 +47,7 @@ def _random_bits(key: jax.Array, bit_width: int, shape) -> jax.Array:
     return (bits1 ^ bits2).astype({8: jnp.uint8, 16: jnp.uint16}[bit_width])
 
 
-UNROLLED = None if _threefry2x32_lowering is None else jax.extend.random.define_prng_impl(
+UNROLLED = None if _threefry2x32_lowering is None else define_prng_impl(
     key_shape=(2,), seed=threefry_seed, split=_split, random_bits=_random_bits,
     fold_in=threefry_fold_in, name="threefry2x32_unrolled", tag="fru")
 
