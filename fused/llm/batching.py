@@ -21,7 +21,9 @@ and a resumed run recomputes the same sizes.
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 from typing import NamedTuple
 
 import jax
@@ -41,26 +43,13 @@ class DeviceCost(NamedTuple):
     activation_bytes: float  # budget for one micro-batch's activations
 
 
-# A platform's cost model: a GPU's is the datacenter GPU below ("H100"), a TPU's and a CPU's are
-# typical figures (f32 on a GPU runs as TF32; bf16 on a CPU is emulated). Where each figure
-# comes from (a data sheet, a measured row): docs/BENCHMARKS.md.
-DEVICE_COSTS = {
-    "gpu": DeviceCost(6.6e14, 0.5, 3.35e12, 5e-6, 16 * 2**30),
-    "tpu": DeviceCost(1.97e14, 0.25, 8.2e11, 2e-6, 8 * 2**30),
-    "cpu": DeviceCost(4.6e10, 4.0, 2e10, 2e-6, 2 * 2**30),
-}
-
-# GPUs by the names in their device_kind: dense bf16 matmul rate and memory bandwidth (data
-# sheets, scaled by the measured / data-sheet matmul ratio of the one measured kind). A kind not
-# listed is costed as the "gpu" platform's, with a notice.
-GPU_KINDS = {
-    "H200": DeviceCost(6.6e14, 0.5, 4.8e12, 5e-6, 16 * 2**30),
-    "H100": DEVICE_COSTS["gpu"],
-    "A100": DeviceCost(2.1e14, 0.5, 2.0e12, 5e-6, 16 * 2**30),
-    "L40S": DeviceCost(2.4e14, 0.5, 8.6e11, 5e-6, 8 * 2**30),
-    "L4": DeviceCost(8.1e13, 0.5, 3.0e11, 5e-6, 4 * 2**30),
-    "A10": DeviceCost(8.4e13, 0.5, 6.0e11, 5e-6, 4 * 2**30),
-}
+# The cost models, as data (fused/llm/device_costs.json; each figure's source, a data sheet or a
+# measured row: docs/BENCHMARKS.md): a platform's (f32 on a GPU runs as TF32; bf16 on a CPU is
+# emulated), and GPUs by a name in their device_kind. A GPU whose kind is not listed is costed
+# as the "gpu" platform's, with a notice.
+_COSTS = json.loads((Path(__file__).with_name("device_costs.json")).read_text())
+DEVICE_COSTS = {k: DeviceCost(*v) for k, v in _COSTS["platforms"].items()}
+GPU_KINDS = {k: DeviceCost(*v) for k, v in _COSTS["gpu_kinds"].items()}
 
 
 def device_cost(device=None) -> DeviceCost:
@@ -74,8 +63,8 @@ def device_cost(device=None) -> DeviceCost:
         if known:
             dev = GPU_KINDS[max(known, key=len)]
         else:
-            log.info(f"notice: no cost model for the GPU {kind!r}; LLM call sizes are those of "
-                     "an H100 (set --llm.microbatch / --llm.refresh-batch to override)")
+            log.info(f"notice: no cost model for the GPU {kind!r}; LLM call sizes are the generic "
+                     "GPU's (set --llm.microbatch / --llm.refresh-batch to override)")
     try:
         limit = (device.memory_stats() or {}).get("bytes_limit")
     except Exception:  # platforms without memory statistics
