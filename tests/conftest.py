@@ -172,14 +172,12 @@ def vllm_generate_server(tmp_path_factory):
         yield folder, client
 
 
-@pytest.fixture(scope="session")
-def smoke_run(tmp_path_factory) -> Path:
-    """One plain `train.py smoke` run (in a process of its own, as a user runs it) for the whole
-    session, shared by the xdist workers: the first to ask trains it under a file lock, the
-    others wait for it and read the same folder. It replaces five identical runs (test_faults',
-    test_cli_resume's, test_label's, test_offline's probe's and the README walkthrough's; ~10-14
-    s each on a fresh cache, mostly tracing and compiling). A test that writes into the run, or
-    needs it in a folder of its own, copies it first (`shutil.copytree`)."""
+def shared_run(tmp_path_factory, name: str, args: list[str]) -> Path:
+    """`train.py *args` once for the whole session (in a process of its own, as a user runs it),
+    shared by the xdist workers: the first to ask trains it under a file lock, the others wait
+    for it and read the same folder. The run's console output is kept beside it
+    (`<run>.stdout`). A test that writes into the run, or needs it in a folder of its own, copies
+    it first (`shutil.copytree`)."""
     import shutil
     import subprocess
 
@@ -188,16 +186,36 @@ def smoke_run(tmp_path_factory) -> Path:
     base = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):  # (each worker's is a folder of the session's)
         base = base.parent
-    run, lock = base / "shared-smoke-runs" / "r", base / "shared-smoke-run.lock"
+    run, lock = base / f"shared-{name}" / "r", base / f"shared-{name}.lock"
     with FileLock(str(lock)):
         if not (run / "metrics.jsonl").is_file():
-            staging = base / "shared-smoke-run.staging"
+            staging = base / f"shared-{name}.staging"
             shutil.rmtree(staging, ignore_errors=True)  # (an earlier try's, cut off)
-            p = subprocess.run([sys.executable, str(ROOT / "train.py"), "smoke", "--out-dir",
+            p = subprocess.run([sys.executable, str(ROOT / "train.py"), *args, "--out-dir",
                                 str(staging), "--run-name", "r"], env=subprocess_env(),
-                               capture_output=True, text=True, timeout=600)
+                               capture_output=True, text=True, timeout=900)
             assert p.returncode == 0, p.stderr[-3000:]
             run.parent.mkdir(exist_ok=True)
+            (run.parent / "r.stdout").write_text(p.stdout)
             os.replace(staging / "r", run)  # whole, or not there: a later test trains it again
             staging.rmdir()
     return run
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory) -> Path:
+    """One plain `train.py smoke` run for the session (`shared_run`). It replaces five identical
+    runs (test_faults', test_cli_resume's, test_label's, test_offline's probe's and the README
+    walkthrough's; ~10-14 s each on a fresh cache, mostly tracing and compiling)."""
+    return shared_run(tmp_path_factory, "smoke", ["smoke"])
+
+
+# The LLM-augmented smoke run of test_fused_llm's CLI test and test_label's hidden states
+LLM_SMOKE = ["smoke", "--llm.backend", "jax", "--llm.skip-n", "3", "--llm.projection", "layernorm"]
+
+
+@pytest.fixture(scope="session")
+def llm_smoke_run(tmp_path_factory) -> Path:
+    """`train.py smoke` with the tiny random Qwen3 in the loop (`LLM_SMOKE`), once for the
+    session (`shared_run`): test_fused_llm checks the run, test_label generates from it."""
+    return shared_run(tmp_path_factory, "llm-smoke", LLM_SMOKE)

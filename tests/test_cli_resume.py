@@ -43,27 +43,6 @@ def test_bad_value_is_one_line_error_before_compiling(tmp_path):
 
 
 @pytest.mark.slow
-def test_progress_says_what_it_trains_and_no_nan(tmp_path):
-    """--total-timesteps that is not whole updates: said once, with what is trained; a progress
-    line whose updates ended no episode shows its return as `-`, not nan."""
-    p = subprocess.run(train_cmd("smoke", "--total-timesteps", "400", "--out-dir", str(tmp_path),
-                                 "--run-name", "r"),
-                       capture_output=True, text=True, env=subprocess_env(), timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    notes = [x for x in p.stdout.splitlines() if x.startswith("note: --total-timesteps")]
-    assert notes == ["note: --total-timesteps 400 is not a whole number of updates (64 env steps "
-                     "each): training 6 updates, 384 steps"], p.stdout
-    rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
-    lines = [x for x in p.stdout.splitlines() if "steps/s  return" in x]
-    assert len(lines) == 3 and "nan" not in p.stdout, p.stdout
-    for line, chunk in zip(lines, (rows[0:2], rows[2:4], rows[4:6])):
-        shown = line.split("return")[1].split()[0]
-        ended = [r["return"] for r in chunk if "return" in r]
-        assert shown == (f"{sum(ended) / len(ended):.2f}" if ended else "-"), (line, chunk)
-    assert any(not any("return" in r for r in c) for c in (rows[0:2], rows[2:4], rows[4:6]))
-
-
-@pytest.mark.slow
 def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
     env = subprocess_env()
     a = tmp_path / "a"
@@ -195,12 +174,16 @@ def test_resume_without_checkpoints_is_clear_error(tmp_path):
 
 
 @pytest.mark.slow
-def test_profile_trace_and_offline_wandb_outputs(tmp_path):
+def test_profile_trace_offline_wandb_and_progress(tmp_path):
+    """--profile-dir writes a jax.profiler trace, --wandb.mode offline an offline wandb run;
+    --total-timesteps that is not whole updates: said once, with what is trained; a progress
+    line whose updates ended no episode shows its return as `-`, not nan."""
     env = subprocess_env()
     env.pop("WANDB_MODE", None)
     prof = tmp_path / "prof"
-    p = subprocess.run(train_cmd("smoke", "--out-dir", str(tmp_path), "--run-name", "pw",
-                                 "--profile-dir", str(prof), "--wandb.mode", "offline", "--plot"),
+    p = subprocess.run(train_cmd("smoke", "--total-timesteps", "400", "--out-dir", str(tmp_path),
+                                 "--run-name", "pw", "--profile-dir", str(prof), "--wandb.mode",
+                                 "offline", "--plot"),
                        env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     assert list(prof.rglob("*.xplane.pb")), "no jax.profiler trace written"
@@ -209,6 +192,16 @@ def test_profile_trace_and_offline_wandb_outputs(tmp_path):
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["update"] for r in rows] == [1, 2, 3, 4, 5, 6]
     assert all(r["steps_per_s"] > 0 and "loss/value" in r for r in rows)
+    notes = [x for x in p.stdout.splitlines() if x.startswith("note: --total-timesteps")]
+    assert notes == ["note: --total-timesteps 400 is not a whole number of updates (64 env steps "
+                     "each): training 6 updates, 384 steps"], p.stdout
+    lines = [x for x in p.stdout.splitlines() if "steps/s  return" in x]
+    assert len(lines) == 3 and "nan" not in p.stdout, p.stdout
+    for line, chunk in zip(lines, (rows[0:2], rows[2:4], rows[4:6])):
+        shown = line.split("return")[1].split()[0]
+        ended = [r["return"] for r in chunk if "return" in r]
+        assert shown == (f"{sum(ended) / len(ended):.2f}" if ended else "-"), (line, chunk)
+    assert any(not any("return" in r for r in c) for c in (rows[0:2], rows[2:4], rows[4:6]))
 
 
 @pytest.mark.slow

@@ -4,15 +4,12 @@ state; the CLI end to end."""
 
 import dataclasses
 import json
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import ROOT, subprocess_env
 from fused.commands.train import TrainConfig, WandbConfig, validate
 from fused.errors import ConfigError
 from fused.llm.config import LLMConfig
@@ -280,14 +277,11 @@ def test_constant_hidden_network_is_the_augmented_network(layers, layernorm):
 
 
 @pytest.mark.slow
-def test_cli_llm_smoke(tmp_path):
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), "smoke", "--llm.backend", "jax",
-         "--llm.skip-n", "3", "--llm.projection", "layernorm", "--out-dir", str(tmp_path),
-         "--run-name", "r"], capture_output=True, text=True, env=subprocess_env(), timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "RANDOM Qwen3 (tiny" in run.stdout
-    rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+def test_cli_llm_smoke(llm_smoke_run):
+    """`train.py smoke --llm.backend jax --llm.skip-n 3 ...` (conftest's shared run): the random
+    model is announced, the LLM is called every third step, each update logs its states."""
+    assert "RANDOM Qwen3 (tiny" in (llm_smoke_run.parent / "r.stdout").read_text()
+    rows = [json.loads(x) for x in (llm_smoke_run / "metrics.jsonl").read_text().splitlines()]
     assert sum(r["llm/calls"] for r in rows) == 384 // 8 // 3  # steps 3, 6, ..., 48
     assert all("hidden/norm" in r and "llm/tokens_per_encode" in r for r in rows)
 

@@ -405,22 +405,17 @@ def test_generate_from_a_trained_run_with_epsilon(smoke_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_an_llm_run_records_the_hidden_states_it_acted_on(tmp_path):
-    """Generating with an LLM-augmented run: the label set `behaviour` holds, for every row,
-    the raw hidden state the policy acted on; at stream step 0 every env's is the encoding of
-    its first observation."""
+def test_an_llm_run_records_the_hidden_states_it_acted_on(llm_smoke_run, tmp_path):
+    """Generating with an LLM-augmented run (conftest's shared `train.py smoke --llm.backend
+    jax ...`): the label set `behaviour` holds, for every row, the raw hidden state the policy
+    acted on; at stream step 0 every env's is the encoding of its first observation."""
     from fused.llm.config import LLMConfig
     from fused.envspec import spec
     from fused.llm.encoders import make_encoder
     from fused.rl.obs_codec import ObsCodec
 
     env = subprocess_env()
-    # test_fused_llm's LLM smoke flags: whichever of the two runs second loads the other's
-    # compiled programs from the persistent cache
-    subprocess.run([sys.executable, str(ROOT / "train.py"), "smoke", "--llm.backend", "jax",
-                    "--llm.skip-n", "3", "--llm.projection", "layernorm",
-                    "--out-dir", str(tmp_path), "--run-name", "run"], env=env, check=True,
-                   capture_output=True, timeout=900)
+    shutil.copytree(llm_smoke_run, tmp_path / "run")
     out = tmp_path / "d"
     p = subprocess.run(label_cmd("generate", "smoke", "--policy", str(tmp_path / "run"),
                                  "--steps", "32", "--out", str(out)), env=env,
