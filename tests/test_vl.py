@@ -372,7 +372,7 @@ def test_cli_encode_and_generate_with_images(tmp_path):
     assert row["tokens"] == ref
 
     # bad images: one line each, before any weight is read (the CLI's SystemExit)
-    from llm_jax.__main__ import read_images
+    from llm_jax.cli_images import read_images
 
     Image.fromarray(frames[0][:40]).save(tmp_path / "small.png")
     (tmp_path / "bad.png").write_bytes(b"not a png")
