@@ -56,6 +56,9 @@ class Args:
     """PPO rows: minibatches per epoch."""
     width: int = 512
     """PPO rows: the network's layer width."""
+    impls: tuple[str, ...] = ("craftax",)
+    """PPO rows: the env step each is timed with (`--env.impl`: craftax, fast); rows after the
+    first impl at an env count and variant carry their ratio to it (`vs_<impl>`)."""
     variants: tuple[str, ...] = ("mlp",)
     """Variants timed at each PPO env count: a policy kind (mlp, gru, cnn on pixel envs),
     optionally with an exploration bonus (`gru`, `mlp+rnd`, `mlp+icm`, `gru+e3b`), and for a CNN
@@ -134,14 +137,15 @@ def ppo_rows(args: Args):
     from fused.commands.train import build
 
     rows = []
-    for n, variant in [(n, v) for n in args.ppo_env_counts for v in args.variants]:
+    for n, variant, impl in [(n, v, i) for n in args.ppo_env_counts for v in args.variants
+                             for i in args.impls]:
         base, _, form = variant.partition("@")
         kind, _, explore = base.partition("+")
         if form not in ("", "lax", "im2col"):
             raise SystemExit(f"variant {variant!r}: the form after @ is lax or im2col "
                              "(e.g. cnn+rnd@lax)")
         cfg = TrainConfig(env=EnvConfig(name=args.env, num_envs=n, reset_pool=args.reset_pool,
-                                        worlds_per_step=args.worlds_per_step),
+                                        worlds_per_step=args.worlds_per_step, impl=impl),
                           ppo=PPOConfig(num_steps=args.num_steps,
                                         update_epochs=args.update_epochs,
                                         num_minibatches=args.num_minibatches),
@@ -161,15 +165,17 @@ def ppo_rows(args: Args):
             tr = build(cfg).trainer
             state = jax.block_until_ready(jax.jit(tr.init)(jax.random.PRNGKey(0), None))
             init_s = time.perf_counter() - t
-            print(f"# {variant} at {n} envs: init {init_s:.1f} s", file=sys.stderr, flush=True)
+            print(f"# {variant} ({impl}) at {n} envs: init {init_s:.1f} s", file=sys.stderr,
+                  flush=True)
             t = time.perf_counter()
             compiled = jax.jit(tr.chunk).lower(state, None).compile()
         compile_s = time.perf_counter() - t
-        print(f"# {variant} at {n} envs: compile {compile_s:.1f} s", file=sys.stderr, flush=True)
+        print(f"# {variant} ({impl}) at {n} envs: compile {compile_s:.1f} s", file=sys.stderr,
+              flush=True)
         memory = gpu_target.memory(compiled, args.target)
         if args.compile_only or args.target:
             rows.append({"name": f"ppo_{variant}_memory", "env": args.env, "num_envs": n,
-                         "variant": variant, "num_steps": args.num_steps,
+                         "variant": variant, "impl": impl, "num_steps": args.num_steps,
                          "update_epochs": args.update_epochs,
                          "num_minibatches": args.num_minibatches, "width": args.width,
                          "backend": args.target or jax.default_backend(),
@@ -184,16 +190,19 @@ def ppo_rows(args: Args):
             times.append(time.perf_counter() - t)
         dt = statistics.median(times)
         rows.append({"name": "ppo" if variant == "mlp" else f"ppo_{variant}", "env": args.env,
-                     "num_envs": n, "variant": variant, "num_steps": args.num_steps,
-                     "update_epochs": args.update_epochs,
+                     "num_envs": n, "variant": variant, "impl": impl,
+                     "num_steps": args.num_steps, "update_epochs": args.update_epochs,
                      "num_minibatches": args.num_minibatches, "width": args.width,
                      "steps_per_s": args.ppo_updates * cfg.steps_per_update / dt,
                      "compile_s": compile_s, "init_s": init_s, **memory})
         first = next(r for r in rows if r["num_envs"] == n and r.get("variant"))
-        if first is not rows[-1]:
+        if first["impl"] != impl:  # (the same variant with the first impl)
+            same = next(r for r in rows if r["num_envs"] == n and r.get("variant") == variant)
+            rows[-1][f"vs_{same['impl']}"] = rows[-1]["steps_per_s"] / same["steps_per_s"]
+        elif first is not rows[-1]:
             rows[-1][f"vs_{first['variant']}"] = rows[-1]["steps_per_s"] / first["steps_per_s"]
         print(json.dumps(rows[-1]), flush=True)
-        if args.reference and variant == "mlp":
+        if args.reference and variant == "mlp" and impl == args.impls[0]:
             rows.append(reference_row(args, cfg, n))
             print(json.dumps(rows[-1]), flush=True)
             rows[-2]["speedup_vs_reference"] = rows[-2]["steps_per_s"] / rows[-1]["steps_per_s"]
