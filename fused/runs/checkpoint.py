@@ -152,19 +152,28 @@ class Checkpointer:
     def restore_latest_part(self, select: Callable[[dict], dict]) -> tuple[int, dict]:
         """`restore_part` of the newest checkpoint that reads back (each unusable newer one named
         in one warning line)."""
+        return self._newest(lambda step: (step, self.restore_part(step, select)))
+
+    def _newest(self, restore: Callable[[int], Any], set_aside: bool = False,
+                fix: str = "") -> Any:
+        """`restore(step)` of the newest checkpoint for which it raises no CheckpointError; each
+        newer one named in one warning line (and, with `set_aside`, moved aside)."""
         steps = self.steps()
         if not steps:
             raise CheckpointError(f"no checkpoint in {self.directory} yet (the run stopped "
                                   "before its first)")
         for step in reversed(steps):
             try:
-                return step, self.restore_part(step, select)
-            except CheckpointError as e:
+                return restore(step)
+            except CheckpointError as e:  # any damage: fall back to an older checkpoint
+                where = ""
+                if set_aside and jax.process_index() == 0:
+                    where = f"; moved to {self.set_aside(step)}"
                 why = str(e.__cause__ or e).splitlines()[0].split(". See full")[0][:200]
-                warnings.warn(f"checkpoint {step} in {self.directory} is unusable ({why}); "
-                              "trying the previous one", stacklevel=2)
+                warnings.warn(f"checkpoint {step} in {self.directory} is unusable ({why})"
+                              f"{where}; trying the previous one", stacklevel=3)
         raise CheckpointError(f"no checkpoint in {self.directory} ({steps}) reads back (each "
-                              "one's error is in the warnings above)")
+                              f"one's error is in the warnings above){fix}")
 
     def set_aside(self, step: int) -> Path:
         """Move checkpoint `step` out of the manager's sight (a run that goes on from an older
@@ -181,23 +190,9 @@ class Checkpointer:
         named in one warning line (and, with `set_aside`, moved aside: see `set_aside`).
 
         abstract_state: a pytree of jax.ShapeDtypeStruct (with shardings) of the state."""
-        steps = self.steps()
-        if not steps:
-            raise CheckpointError(f"no checkpoint in {self.directory} yet (the run stopped "
-                                  "before its first)")
-        for step in reversed(steps):
-            try:
-                return self.restore(step, abstract_state)
-            except CheckpointError as e:  # any damage: fall back to an older checkpoint
-                where = ""
-                if set_aside and jax.process_index() == 0:
-                    where = f"; moved to {self.set_aside(step)}"
-                why = str(e.__cause__ or e).splitlines()[0].split(". See full")[0][:200]
-                warnings.warn(f"checkpoint {step} in {self.directory} is unusable ({why})"
-                              f"{where}; trying the previous one", stacklevel=2)
-        raise CheckpointError(f"no checkpoint in {self.directory} ({steps}) reads back (each "
-                              "one's error is in the warnings above); a run written by a newer "
-                              "craftax-fused needs that version, a damaged one a fresh start")
+        return self._newest(lambda step: self.restore(step, abstract_state), set_aside,
+                            "; a run written by a newer craftax-fused needs that version, a "
+                            "damaged one a fresh start")
 
     def close(self) -> None:
         self.manager.close()
