@@ -12,8 +12,6 @@ def build_tiny_qwen3(folder: Path, *, tied: bool = True, head_dim: int = 16, hid
                      tokenizer: bool = False):
     """A random Qwen3 whose heads*head_dim != hidden and whose norm weights are random. With
     `tokenizer`, the Qwen3 tokenizer saved beside it as the installed transformers saves one."""
-    import json
-
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -22,13 +20,34 @@ def build_tiny_qwen3(folder: Path, *, tied: bool = True, head_dim: int = 16, hid
                       num_hidden_layers=layers, num_attention_heads=heads,
                       num_key_value_heads=kv_heads, head_dim=head_dim, tie_word_embeddings=tied,
                       max_position_embeddings=4096, rms_norm_eps=1e-6)
-    model = Qwen3ForCausalLM(cfg).eval()
+    model = randomized(Qwen3ForCausalLM(cfg).eval())
+    save_text_model(model, folder, shard, rope_layout)
+    if tokenizer:
+        save_tokenizer(folder)
+    return model
+
+
+def randomized(model, router_scale: float = 1.0):
+    """`model` with every parameter drawn anew (torch's generator, in parameter order): norm
+    weights 1 + 0.5 N(0, 1), a MoE router's 0.08 `router_scale` N(0, 1), the rest 0.08 N(0, 1)."""
+    import torch
+
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.copy_(1.0 + 0.5 * torch.randn_like(p))
+            elif name.endswith("mlp.gate.weight"):
+                p.copy_(0.08 * router_scale * torch.randn_like(p))
             else:
                 p.copy_(0.08 * torch.randn_like(p))
+    return model
+
+
+def save_text_model(model, folder: Path, shard: bool, rope_layout: str) -> None:
+    """save_pretrained (in 200 KB shards with `shard`), the rope theta moved to the config's top
+    level (`rope_layout` "top", as older checkpoints have it) or into `rope_parameters`."""
+    import json
+
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, max_shard_size="200KB" if shard else "5GB")
     conf = json.loads((folder / "config.json").read_text())
@@ -39,9 +58,6 @@ def build_tiny_qwen3(folder: Path, *, tied: bool = True, head_dim: int = 16, hid
     else:
         conf["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
     (folder / "config.json").write_text(json.dumps(conf, indent=1))
-    if tokenizer:
-        save_tokenizer(folder)
-    return model
 
 
 def save_tokenizer(folder: Path) -> None:
@@ -63,8 +79,6 @@ def build_tiny_qwen3_moe(folder: Path, *, experts: int = 8, top_k: int = 2, norm
     """A random Qwen3 MoE saved by transformers' own save_pretrained (per-expert tensors,
     `num_local_experts` in config.json), random norm weights. `router_scale` multiplies the
     router's weights (larger: peakier routing, so top-k choices are far from ties)."""
-    import json
-
     import torch
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
@@ -77,25 +91,8 @@ def build_tiny_qwen3_moe(folder: Path, *, experts: int = 8, top_k: int = 2, norm
                          mlp_only_layers=list(mlp_only), tie_word_embeddings=tied,
                          max_position_embeddings=4096, rms_norm_eps=1e-6,
                          rope_parameters={"rope_type": "default", "rope_theta": 10_000.0 + seed})
-    model = Qwen3MoeForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.5 * torch.randn_like(p))
-            elif name.endswith("mlp.gate.weight"):
-                p.copy_(0.08 * router_scale * torch.randn_like(p))
-            else:
-                p.copy_(0.08 * torch.randn_like(p))
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder, max_shard_size="200KB" if shard else "5GB")
-    conf = json.loads((folder / "config.json").read_text())
-    theta = conf.pop("rope_theta", None) or (conf.get("rope_parameters") or {}).get("rope_theta")
-    conf.pop("rope_parameters", None)
-    if rope_layout == "top":
-        conf["rope_theta"] = theta
-    else:
-        conf["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
-    (folder / "config.json").write_text(json.dumps(conf, indent=1))
+    model = randomized(Qwen3MoeForCausalLM(cfg).eval(), router_scale)
+    save_text_model(model, folder, shard, rope_layout)
     return model
 
 
