@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from llm_encode import interleaved  # noqa: E402  (each fn timed after its own untimed calls)
 
 # name: build_tiny_qwen3_moe arguments (random HF checkpoints; a 32,768-token vocabulary: the
 # embedding lookup is not what is measured). mid-moe keeps the released model's proportions at
@@ -67,22 +68,6 @@ class Args:
     """--shapes rows: expert forms to time in turn (auto = ragged_dot on TPU, tiled elsewhere at
     these sizes; tiled; ragged; pallas: `kernels.grouped_matmul`, through Pallas' interpreter
     on a CPU; gathered; llm_jax/moe.py). A form that fails gets an error row; the others run."""
-
-
-def interleaved(fns, repeats, settle_s=0.05):
-    """Seconds of each of `fns` per round, rounds calling every fn in turn, each timed call
-    after untimed ones of its own for `settle_s` (torch's OpenMP threads spin ~20 ms after a
-    call; bench/llm_encode.py measured a JAX call just after torch 1.7x slower)."""
-    times = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, ts in zip(fns, times):
-            t = time.perf_counter()
-            while time.perf_counter() - t < settle_s:
-                fn()
-            t = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t)
-    return times
 
 
 def cpu_rows(args: Args, emit) -> None:

@@ -42,7 +42,7 @@ from fused.rl.collect import make_collect
 from fused.rl.envs import make_env
 from fused.rl.policy_input import Identity
 from fused.rl.sharding import AXIS, on_device
-from fused.runs.cluster import barrier
+from fused.runs.cluster import part_done
 from fused.runs.config_io import to_dict
 from fused.runs.interrupts import interrupt_requested, stop_if_interrupted
 from fused.runs.progress import JobProgress
@@ -112,11 +112,8 @@ def generate(c: GenerateConfig, console) -> Dataset:
             stop_if_interrupted()
             writer.run(g, progress)
     stop_if_interrupted()
-    if part is not None:
-        console.print(f"part {c.part} done ({len(mine)} streams); when every part is, run the "
-                      "same command without --part to write the manifest")
+    if part_done(console, c.part, f"{len(mine)} streams", "label.py generate: streams done"):
         return ds
-    barrier("label.py generate: streams done")
     if proc == 0:
         finish(ds, c, card, time.time() - t_start, console)
     return ds

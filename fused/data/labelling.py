@@ -34,7 +34,7 @@ from fused.llm import batching
 from fused.llm.encoder import Encoder
 from fused.llm.encoders import kind_of, make_encoder
 from fused.rl.obs_codec import ObsCodec
-from fused.runs.cluster import barrier
+from fused.runs.cluster import barrier, part_done
 from fused.runs.config_io import from_dict, to_dict
 from fused.runs.blocks import run_blocks
 from fused.runs.progress import JobProgress
@@ -145,11 +145,8 @@ def label(c: LabelConfig, console, num_devices: int = 1,
         job = LabelShards(ds, c, names, mine, bool(done), encoder, progress, resume_command)
         run_blocks(job, console)
     states, tokens, redone = job.states, job.tokens, job.redone
-    if part is not None:
-        console.print(f"part {c.part} done ({len(mine)} shards); when every part is, run the "
-                      "same command without --part to write the manifest")
+    if part_done(console, c.part, f"{len(mine)} shards", "label.py label: shards done"):
         return ds
-    barrier("label.py label: shards done")
     if proc == 0:
         entries = [committed(ds.label_dir(c.name, n), verify=False) for n in names]
         manifest = ds.manifest()

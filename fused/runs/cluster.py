@@ -15,3 +15,15 @@ def barrier(name: str) -> None:
     stop_if_interrupted()
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices(name)
+
+
+def part_done(console, part: str | None, work: str, name: str) -> bool:
+    """The end of a job's own work: with `--part` (an independent run doing a share), says so
+    and returns True (the caller stops: the manifest waits for the run without --part); else
+    waits for every process (`barrier(name)`) and returns False."""
+    if part is not None:
+        console.print(f"part {part} done ({work}); when every part is, run the same command "
+                      "without --part to write the manifest")
+        return True
+    barrier(name)
+    return False
