@@ -49,6 +49,7 @@ def test_gru_sequence_restarts_its_carry_where_resets_say():
     assert np.abs(np.asarray(logits[3:, 1] - tail_logits[:, 1])).max() > 1e-4
 
 
+@pytest.mark.slow  # (8-12 s on 2 cores, among the fast lane's slowest: out of it)
 def test_gru_carry_is_zero_after_an_episode_ends():
     """probe-memory episodes last 4 steps: after a 4-step rollout every env has just ended one
     (carry zero for the next episode); after 3 steps none has (carry non-zero)."""

@@ -276,6 +276,7 @@ def test_wandb_follows_its_own_variables_unless_the_flag_is_given(monkeypatch):
     assert WandbConfig().resolved_mode == "disabled"
 
 
+@pytest.mark.slow  # (8-12 s on 2 cores, among the fast lane's slowest: out of it)
 def test_hints_name_the_command_as_the_user_ran_it(tmp_path):
     """A hint names the console scripts when the user ran one (`craftax-label ... ; create one
     with `craftax-label generate ...``), the scripts when run as `python label.py`."""

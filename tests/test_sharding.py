@@ -91,6 +91,7 @@ def test_two_devices_equal_one_device_with_llm():
                                       np.concatenate([x["ppo"][k] for x in m2]))
 
 
+@pytest.mark.slow  # (8-12 s on 2 cores, among the fast lane's slowest: out of it)
 def test_sharded_epoch_is_the_update_on_global_minibatches():
     """2 devices x 2 minibatches: device d shuffles its own 8 rows with fold_in(key, d); global
     minibatch j is both devices' j-th 4 rows; its advantages are normalised with the mean and
