@@ -70,6 +70,8 @@ class Args:
     """LLM compute dtype: float32 or bfloat16."""
     microbatch: int = 0
     """Envs per LLM microbatch (0 = sized by fused.llm.batching, as in training)."""
+    encode_lengths: tuple[int, ...] = ()
+    """--llm.encode-lengths of the fused rows (none: the default's)."""
     refresh_batch: tuple[int, ...] = (0,)
     """Envs per refresh call (0 = sized from the env count, as in training); several values
     time each fused row once per value, in this one run."""
@@ -281,11 +283,13 @@ def main(a: Args) -> list[dict]:
     def llm_cfg(skip, form="auto", refresh=0):
         return LLMConfig(backend="jax", skip_n=skip, post_norm=True, layer=a.layer, dtype=a.dtype,
                          microbatch=a.microbatch, refresh_batch=refresh,
+                         encode_lengths=a.encode_lengths,
                          refresh_on_reset=a.refresh_on_reset,
                          attention=form, **model_kw)
 
     def fused_extra(form="auto", refresh=0):
         return {"backend": "jax", "model": a.model, "layer": layer, "dtype": a.dtype,
+                "encode_lengths": list(a.encode_lengths),
                 "refresh_on_reset": a.refresh_on_reset, "refresh_batch": refresh or "auto",
                 # the LLM calls all run after the cached prompt prefix
                 "attention": resolve_form(form, jnp.dtype(a.dtype), prefix=True)}

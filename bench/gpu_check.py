@@ -77,9 +77,10 @@ DECODE_TINY = ("bench/decode_sps.py", "--prefix-len", "16", "--prompt-len", "8",
                "32", "--repeats", "3", "--copy-gb", "0.01")
 FUSED = ("bench/fused_sps.py", "--dtype", "bfloat16", "--skip-n", "25", "--no-plain",
          "--render-states", "64", "--updates", "1", "--repeats", "3", "--min-seconds", "5")
+# (two encoding lengths, as the suite's LLM runs: the default's nine each compile on a CPU)
 FUSED_TINY = ("bench/fused_sps.py", "--model", "qwen3-tiny", "--num-envs", "8", "--num-steps",
               "8", "--skip-n", "4", "--updates", "1", "--repeats", "1", "--min-seconds", "0",
-              "--no-plain", "--render-states", "16")
+              "--no-plain", "--render-states", "16", "--encode-lengths", "512")
 PPO = ("bench/ppo_sps.py", "--skip-env", "--no-reference", "--ppo-updates", "2")
 PPO_TINY = ("--repeats", "1", "--update-epochs", "1", "--num-minibatches", "2", "--width", "32")
 PEER_TINY = ("--update-epochs", "1", "--num-minibatches", "2", "--updates", "1", "2",

@@ -36,16 +36,6 @@ TWO_DEVICES = "--xla_force_host_platform_device_count=2"
 # code generation split into parallel parts costs 5-8% more on a core already busy.
 FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false",
                 "--xla_cpu_parallel_codegen_split_count=1")
-# Two encoding lengths (512 and the prompt bound) instead of 9 (Classic) or 11 (Symbolic): each
-# is compiled at every call site of a fused program (the same states;
-# `fused.llm.text_encoder.bucket_override`; imagination's three lengths and a VL model's one are
-# unchanged). An observation after the cached prompt prefix is 137-454 tokens on Classic (a
-# batch of 8 rows almost never fits 256) and 338-819 on Symbolic (measured on random play), so a
-# 256 length was compile time nearly never used (an LLM-augmented `train.py smoke` on the tiny
-# MoE: 29 s -> 23 s without it). Not 256 alone: labelling's batches with a row past 256 tokens
-# then ran at the bound, 1,013 (a label test 41 s -> 131 s). tests/test_fused_llm.py's shared
-# encoder keeps the default.
-os.environ.setdefault("FUSED_ENCODE_BUCKETS", "512")
 # Programs that compile in under a second go into the persistent cache too (the commands'
 # default keeps only longer ones): a suite run compiled ~10,000 of them, 440 s in all, 157 s of
 # it the same program again (in another process, or by a new jit wrapper in the same one); the
@@ -210,8 +200,21 @@ def smoke_run(tmp_path_factory) -> Path:
     return shared_run(tmp_path_factory, "smoke", ["smoke"])
 
 
+# Two encoding lengths (512 and the prompt bound) instead of the default's 9 (Classic) or 11
+# (Symbolic), for the tests whose text encoder compiles (`--llm.encode-lengths`; each length is
+# compiled at every call site of a fused program; imagination's three lengths and a VL model's
+# one are unchanged). An observation after the cached prompt prefix is 137-454 tokens on Classic
+# (a batch of 8 rows almost never fits 256) and 338-819 on Symbolic (measured on random play), so
+# the shorter lengths were compile time nearly never used (an LLM-augmented `train.py smoke` on
+# the tiny MoE: 29 s -> 23 s without them). Not 256 alone: labelling's batches with a row past 256
+# tokens then ran at the bound, 1,013 (a label test 41 s -> 131 s). tests/test_fused_llm.py's
+# shared encoder keeps the default.
+LENGTHS = ("--llm.encode-lengths", "512")
+ENCODE_LENGTHS = (512,)  # the same, for an LLMConfig built here
+
 # The LLM-augmented smoke run of test_fused_llm's CLI test and test_label's hidden states
-LLM_SMOKE = ["smoke", "--llm.backend", "jax", "--llm.skip-n", "3", "--llm.projection", "layernorm"]
+LLM_SMOKE = ["smoke", "--llm.backend", "jax", "--llm.skip-n", "3", "--llm.projection", "layernorm",
+             *LENGTHS]
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, subprocess_env
+from conftest import LENGTHS, ROOT, subprocess_env
 from fused.data.store import CHUNK_ROWS, Dataset, DatasetError, commit_group, read_group
 
 ENV = "Craftax-Classic-Symbolic-v1"
@@ -406,7 +406,7 @@ def test_label_sigterm_then_rerun_and_a_damaged_label_shard_redone(dataset, tmp_
     alone (the other shards' files keep their bytes) and everything verifies."""
     d = copy_of(dataset, tmp_path)
     cmd = [sys.executable, str(ROOT / "label.py"), "label", "--data", str(d), "--name", "h",
-           "--llm.skip-n", "20", "--batch", "16"]
+           "--llm.skip-n", "20", "--batch", "16", *LENGTHS]
     proc = subprocess.Popen(cmd, env=subprocess_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300  # the signal once the first of its 4 label shards is in

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import ENCODE_LENGTHS
 from fused.commands.train import TrainConfig, WandbConfig, validate
 from fused.errors import ConfigError
 from fused.llm.config import LLMConfig
@@ -32,16 +33,8 @@ def obs():
 
 @pytest.fixture(scope="module")
 def llm():
-    """The default length buckets (the suite's conftest sets $FUSED_ENCODE_BUCKETS for the
-    rest)."""
-    import os
-
-    saved = os.environ.pop("FUSED_ENCODE_BUCKETS", None)
-    try:
-        llm = make_encoder(LLMConfig(backend="jax", skip_n=3, refresh_batch=2), ENV)
-    finally:
-        if saved is not None:
-            os.environ["FUSED_ENCODE_BUCKETS"] = saved
+    """The default length buckets (the rest of the suite runs at conftest's two lengths)."""
+    llm = make_encoder(LLMConfig(backend="jax", skip_n=3, refresh_batch=2), ENV)
     assert llm.buckets == encode_buckets(llm.buckets[-1]) and len(llm.buckets) > 2
     return llm
 
@@ -103,7 +96,8 @@ def test_refresh_on_reset_and_skip(llm, obs):
 
 @pytest.mark.slow
 def test_no_refresh_keeps_stale_hidden(obs):
-    llm = make_encoder(LLMConfig(backend="jax", skip_n=3, refresh_on_reset=False), ENV)
+    llm = make_encoder(LLMConfig(backend="jax", skip_n=3, refresh_on_reset=False,
+                                 encode_lengths=ENCODE_LENGTHS), ENV)
     n = obs.shape[0]
     s = init_llm_state(llm.hidden_size, n).replace(hidden=jnp.ones((n, llm.hidden_size)),
                                        age=jnp.zeros(n, jnp.int32))
@@ -117,7 +111,8 @@ def smoke_cfg(**llm_kw) -> TrainConfig:
         env=EnvConfig(name=ENV, num_envs=8, reset_pool=2, max_episode_steps=12),
         ppo=PPOConfig(num_steps=8, num_minibatches=2, update_epochs=1),
         policy=PolicyConfig(layer_width=32),
-        llm=LLMConfig(backend="jax", skip_n=5, microbatch=4, **llm_kw),
+        llm=LLMConfig(backend="jax", skip_n=5, microbatch=4, encode_lengths=ENCODE_LENGTHS,
+                      **llm_kw),
         total_timesteps=8 * 8 * 4, updates_per_chunk=2, wandb=WandbConfig(mode="disabled"),
         plot=False)
 
@@ -194,7 +189,7 @@ def by_hand(llm, obs, prefix_ids):
 
 @pytest.fixture(scope="module")
 def real_view(obs):
-    return policy_view(LLMConfig(backend="jax"), obs)
+    return policy_view(LLMConfig(backend="jax", encode_lengths=ENCODE_LENGTHS), obs)
 
 
 @pytest.mark.slow
@@ -210,7 +205,8 @@ def test_policy_receives_the_normalised_real_state(real_view, obs):
 def test_ablations_reach_the_policy(mode, obs, real_view):
     """What the policy receives under each ablation, not what the encoder returns."""
     llm_real, real, _ = real_view
-    llm, got, state = policy_view(LLMConfig(backend="jax", hidden=mode), obs)
+    llm, got, state = policy_view(LLMConfig(backend="jax", hidden=mode,
+                                            encode_lengths=ENCODE_LENGTHS), obs)
     if mode == "zero":
         assert np.all(got == 0)
         assert np.all(np.asarray(state.hidden) == 0)
@@ -329,23 +325,25 @@ def test_length_buckets_at_their_boundaries():
     picked = jax.jit(lambda n: at_smallest_fit(sizes, n, lambda s: lambda: jnp.int32(s)))
     for need, want in ((1, 64), (64, 64), (65, 128), (512, 512), (513, 1_013), (1_013, 1_013)):
         assert int(picked(need)) == want, need
-    assert encode_buckets(1_013, (256,)) == (256, 1_013)  # $FUSED_ENCODE_BUCKETS
+    assert encode_buckets(1_013, (256,)) == (256, 1_013)  # --llm.encode-lengths 256
     assert encode_buckets(200, (256, 512)) == (200,)
 
 
-def test_bucket_override_is_read_and_checked(monkeypatch):
-    """$FUSED_ENCODE_BUCKETS sets the encoding lengths below the bound; a bad value is one
-    line naming the variable."""
-    from fused.llm.text_encoder import bucket_override
+def test_encode_lengths_are_parsed_checked_and_recorded(tmp_path):
+    """`--llm.encode-lengths` sets the encoding lengths below the bound (parsed from the command
+    line, saved in the run's config.json and read back by a resume); a bad value is one line
+    naming the flag, before anything is built."""
+    from fused.commands.train import load_config
+    from fused.runs.config_io import from_dict, to_dict
 
-    monkeypatch.setenv("FUSED_ENCODE_BUCKETS", "128,512")
-    assert bucket_override() == (128, 512)
-    monkeypatch.delenv("FUSED_ENCODE_BUCKETS")
-    assert bucket_override() is None
-    for bad in ("512,128", "0", "x", "256,256"):
-        monkeypatch.setenv("FUSED_ENCODE_BUCKETS", bad)
-        with pytest.raises(ConfigError, match="FUSED_ENCODE_BUCKETS"):
-            bucket_override()
+    cfg, _ = load_config(["smoke", "--llm.backend", "jax", "--llm.encode-lengths", "128", "512"])
+    assert cfg.llm.encode_lengths == (128, 512)
+    assert from_dict(TrainConfig, json.loads(json.dumps(to_dict(cfg))), "config.json") == cfg
+    assert load_config(["smoke", "--llm.backend", "jax"])[0].llm.encode_lengths == ()
+    for bad in ((512, 128), (0,), (256, 256)):
+        with pytest.raises(ConfigError, match="llm.encode_lengths"):
+            validate(dataclasses.replace(smoke_cfg(), llm=LLMConfig(backend="jax",
+                                                                    encode_lengths=bad)))
 
 
 def test_running_normaliser_merge_equals_numpy():

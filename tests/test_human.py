@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import ROOT, subprocess_env
+from conftest import LENGTHS, ROOT, subprocess_env
 from test_faults import one_line_error, read_only, run
 
 ENV = "Craftax-Classic-Symbolic-v1"
@@ -166,7 +166,7 @@ def test_recorded_play_is_a_dataset_for_label_and_offline(played, tmp_path):
     shutil.copytree(played / "data", d)
     p = run("label.py", "verify", "--data", d)
     assert p.returncode == 0 and "ok: 3 shards verified" in p.stdout, p.stdout + p.stderr
-    p = run("label.py", "label", "--data", d, "--llm.skip-n", "2")
+    p = run("label.py", "label", "--data", d, "--llm.skip-n", "2", *LENGTHS)
     assert p.returncode == 0, p.stderr[-3000:]
     manifest = json.loads(Path(d, "manifest.json").read_text())
     assert len(manifest["labels"]["hidden"]["shards"]) == 3

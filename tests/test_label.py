@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from conftest import ROOT, TWO_DEVICES, console_script, subprocess_env
+from conftest import ENCODE_LENGTHS, LENGTHS, ROOT, TWO_DEVICES, console_script, subprocess_env
 from fused.data.config import ReturnsConfig
 from fused.data.episodes import EpisodeAssembler
 from fused.data.returns import compute_returns
@@ -213,7 +213,7 @@ def test_two_processes_equal_one(tmp_path):
     shards; the dataset and its labels equal a one-process run's, digest for digest; so do
     two --part runs (a job array) finished by the command without --part."""
     args = ["generate", *SMOKE, "--streams", "2", "--steps", "32"]  # 3 shards a stream
-    lab = ["label", "--name", "h", "--llm.skip-n", "5", "--batch", "16"]
+    lab = ["label", "--name", "h", "--llm.skip-n", "5", "--batch", "16", *LENGTHS]
     one, two = tmp_path / "one", tmp_path / "two"
     env = subprocess_env()
     for cmd in (args + ["--out", str(one)], lab + ["--data", str(one)]):
@@ -325,8 +325,9 @@ def test_labels_equal_encoding_from_scratch_and_the_online_carry(smoke_data, tmp
 
     data = tmp_path / "d"
     shutil.copytree(smoke_data, data)
-    label(LabelConfig(data=str(data), name="h", llm=LLMConfig(backend="jax", skip_n=7),
-                      dtype="float16", batch=16), QUIET, num_devices=2)  # rows split over 2
+    label(LabelConfig(data=str(data), name="h", llm=LLMConfig(
+        backend="jax", skip_n=7, encode_lengths=ENCODE_LENGTHS), dtype="float16", batch=16),
+        QUIET, num_devices=2)  # rows split over 2
     ds = Dataset(data)
     names = ds.shard_names()
     cols = {k: np.concatenate([ds.read(n, [k])[k] for n in names])
@@ -337,7 +338,8 @@ def test_labels_equal_encoding_from_scratch_and_the_online_carry(smoke_data, tmp
     obs = ObsCodec(spec(ENV)).decode(np, cols)
     grid = np.zeros((64, 8), np.int64)  # row of (t, env)
     grid[cols["t"], cols["env"]] = np.arange(len(obs))
-    llm = make_encoder(LLMConfig(backend="jax", skip_n=7, refresh_wait=1, refresh_batch=8), ENV)
+    llm = make_encoder(LLMConfig(backend="jax", skip_n=7, refresh_wait=1, refresh_batch=8,
+                                 encode_lengths=ENCODE_LENGTHS), ENV)
     step = jax.jit(lambda s, o, d, t: llm_step(llm, llm.frozen, s, o, d, t,
                                                jax.random.PRNGKey(0), 8, 8)[0])
     state = init_llm_state(llm.hidden_size, 8)
@@ -431,7 +433,7 @@ def test_an_llm_run_records_the_hidden_states_it_acted_on(llm_smoke_run, tmp_pat
     first = np.flatnonzero(cols["t"] == 0)
     assert len(first) == 8 and len(hidden) == len(cols["t"])
     obs = ObsCodec(spec(ENV)).decode(np, {k: v[first] for k, v in cols.items()})
-    llm = make_encoder(LLMConfig(backend="jax"), ENV)
+    llm = make_encoder(LLMConfig(backend="jax", encode_lengths=ENCODE_LENGTHS), ENV)
     want, _ = llm.encode(llm.frozen, jnp.asarray(obs), 8)[:2]
     got = hidden[first].astype(np.float32)
     np.testing.assert_allclose(got, np.asarray(want), atol=1e-2 * np.abs(want).max())

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import ROOT, serve, subprocess_env
+from conftest import ENCODE_LENGTHS, LENGTHS, ROOT, serve, subprocess_env
 
 torch = pytest.importorskip("torch")
 
@@ -108,7 +108,7 @@ def test_label_and_train_take_a_moe_checkpoint(moe, tmp_path):
          str(data)])
     run([sys.executable, str(ROOT / "label.py"), "label", "--data", str(data), "--name", "moe",
          "--llm.weights", str(folder), "--llm.post-norm", "--llm.skip-n", "4", "--dtype",
-         "float16", "--batch", "8"])
+         "float16", "--batch", "8", *LENGTHS])
     ds = Dataset(data)
     name = ds.shard_names()[0]
     lab = ds.read_labels("moe", name)
@@ -123,7 +123,7 @@ def test_label_and_train_take_a_moe_checkpoint(moe, tmp_path):
                                    atol=2e-3 * scale, err_msg=f"row {r}")
 
     run([sys.executable, str(ROOT / "train.py"), "smoke", "--llm.weights", str(folder),
-         "--llm.skip-n", "3", "--out-dir", str(tmp_path), "--run-name", "r"])
+         "--llm.skip-n", "3", *LENGTHS, "--out-dir", str(tmp_path), "--run-name", "r"])
     rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     called = [r for r in rows if r["llm/calls"] or r["llm/refreshed"]]
     assert called and all(r["llm/expert_load_max"] >= 1 and r["llm/expert_load_cv"] >= 0
@@ -140,7 +140,8 @@ def test_fused_expert_load_by_hand():
     from fused.llm.policy_input import LOAD, init_llm_state, llm_step, load_metrics
     from fused.rl.envs import rollout_observations
 
-    llm = make_encoder(LLMConfig(backend="jax", random_model="tiny-moe", skip_n=3), ENV)
+    llm = make_encoder(LLMConfig(backend="jax", random_model="tiny-moe", skip_n=3,
+                                 encode_lengths=ENCODE_LENGTHS), ENV)
     assert llm.load_shape == (1, 8) and llm.qcfg.sparse_layers == (False, True)
     obs = rollout_observations(ENV, 8, 3, 4)[::2]
     _, m = jax.jit(lambda s, o: llm_step(llm, llm.frozen, s, o, jnp.zeros(o.shape[0], bool),

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import ROOT, subprocess_env
+from conftest import LENGTHS, ROOT, subprocess_env
 
 PIXELS = {"Craftax-Pixels-v1": ((130, 110, 3), 43, 512),
           "Craftax-Classic-Pixels-v1": ((63, 63, 3), 17, 128)}
@@ -494,7 +494,7 @@ def test_ppo_on_frames_with_an_llm_trains_evaluates_and_plays(tmp_path):
     """train.py cpu-pixels with the tiny random Qwen3 beside the CNN trains (finite losses, a
     checkpoint) and `offline.py eval` evaluates it on the same observations. (`play.py llm`
     on a pixel env, recording frames: tests/test_human.py, with golden shots.)"""
-    _run("train.py", "cpu-pixels", "--llm.backend", "jax", "--total-timesteps", "256",
+    _run("train.py", "cpu-pixels", "--llm.backend", "jax", *LENGTHS, "--total-timesteps", "256",
         "--env.num-envs", "8", "--ppo.num-steps", "16", "--ppo.update-epochs", "1",
         "--out-dir", str(tmp_path), "--run-name", "px")
     metrics = [json.loads(x) for x in (tmp_path / "px" / "metrics.jsonl").read_text().splitlines()]

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import ROOT, console_script, subprocess_env
+from conftest import ENCODE_LENGTHS, ROOT, console_script, subprocess_env
 from fused.commands.train import TrainConfig, validate
 from fused.errors import ConfigError
 from fused.rl.config import EnvConfig, ExploreConfig, PolicyConfig, PPOConfig
@@ -186,7 +186,7 @@ def test_gru_takes_the_llm_state():
         env=EnvConfig(name="Craftax-Classic-Symbolic-v1", num_envs=4, reset_pool=2,
                       max_episode_steps=6),
         ppo=PPOConfig(num_steps=8, num_minibatches=1, update_epochs=1),
-        llm=LLMConfig(backend="jax", skip_n=3),
+        llm=LLMConfig(backend="jax", skip_n=3, encode_lengths=ENCODE_LENGTHS),
         policy=PolicyConfig("gru", layer_width=16, num_layers=2),
         total_timesteps=4 * 8 * 2, updates_per_chunk=2)
     validate(cfg)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, console_script, subprocess_env
+from conftest import LENGTHS, ROOT, console_script, subprocess_env
 
 PAGES = ("docs/datasets.md", "docs/offline.md", "docs/llm.md")  # in the walkthrough's order
 
@@ -38,7 +38,7 @@ SMOKE = {
                                                    "--device-rows", "200"],
     ("label.py", "generate"): GENERATE,
     ("label.py", "generate", "--out", "data/ppo"): GENERATE + ["--min-return", "0"],  # weak policy
-    ("label.py", "label"): ["--batch", "16"],
+    ("label.py", "label"): ["--batch", "16", *LENGTHS],  # (conftest's LENGTHS: two lengths)
     ("label.py", "label", "--imagine.tokens"): ["--batch", "16", "--imagine.tokens", "6"],
     ("offline.py", "awr"): TRAIN,
     ("offline.py", "awr", "--resume"): ["--num-updates", "150"],

@@ -10,6 +10,8 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from conftest import ENCODE_LENGTHS
+
 from fused.commands.train import TrainConfig, validate
 from fused.rl.config import EnvConfig, PolicyConfig, PPOConfig
 from fused.commands.train import build
@@ -79,7 +81,8 @@ def test_two_devices_equal_one_device_with_llm():
                       max_episode_steps=5),
         ppo=PPOConfig(num_steps=4, num_minibatches=1, update_epochs=1),
         policy=PolicyConfig(layer_width=16, num_layers=2),
-        llm=LLMConfig(backend="jax", skip_n=3, refresh_batch=4, refresh_wait=1),
+        llm=LLMConfig(backend="jax", skip_n=3, refresh_batch=4, refresh_wait=1,
+                      encode_lengths=ENCODE_LENGTHS),
         total_timesteps=4 * 4 * 4, updates_per_chunk=2)
     m1, m2 = assert_same_run(cfg)
     for m in (m1, m2):  # counted once per call, not once per device

@@ -7,6 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import ENCODE_LENGTHS
+
 
 @pytest.mark.slow
 def test_post_norm_states_match_vllm(vllm_server):
@@ -50,7 +52,7 @@ def test_fused_jax_backend_matches_vllm_fallback(vllm_server):
         ppo=PPOConfig(num_steps=8, num_minibatches=2, update_epochs=1),
         policy=PolicyConfig(layer_width=32),
         llm=LLMConfig(backend="jax", weights=str(folder), post_norm=True, skip_n=3,
-                      refresh_batch=4),
+                      refresh_batch=4, encode_lengths=ENCODE_LENGTHS),
         total_timesteps=4 * 8 * 2, updates_per_chunk=2, wandb=WandbConfig(mode="disabled"),
         plot=False)
     vcfg = dataclasses.replace(base, llm=dataclasses.replace(base.llm, backend="vllm",
@@ -125,7 +127,8 @@ def test_label_sets_from_vllm_match_the_jax_path(vllm_server, tmp_path):
                     "--out", str(data)], env=subprocess_env(), check=True, capture_output=True,
                    timeout=600)
     env = "Craftax-Classic-Symbolic-v1"
-    cfgs = {"jax": LLMConfig(backend="jax", weights=str(folder), post_norm=True, skip_n=4),
+    cfgs = {"jax": LLMConfig(backend="jax", weights=str(folder), post_norm=True, skip_n=4,
+                             encode_lengths=ENCODE_LENGTHS),
             "vllm": LLMConfig(backend="vllm", weights=str(folder), url=client.url, skip_n=4)}
     quiet = Console(quiet=True)
     for name, llm in cfgs.items():

@@ -174,6 +174,12 @@ class LLMConfig(ModelConfig):
     """Policy's hidden-state branch: Dense+tanh (prior), or LayerNorm then Dense+tanh."""
     imagine: ImagineConfig = ImagineConfig()
     """Imagination: pool the states of tokens the LLM generates (jax backend)."""
+    encode_lengths: tuple[int, ...] = ()
+    """Padded token lengths of the text encoder's calls below the prompt's bound, ascending
+    (e.g. 512, or 256 512); empty: steps of 64 up to 512, then doubling (`fused.text.buckets`).
+    Each length is compiled at every call site of a fused program: fewer compile faster and pad
+    more. The states are the same up to float rounding; runs and label cards record the value,
+    so a resume encodes as the run did."""
     encoder: str = "auto"
     """Which encoder reads the game (`fused.llm.encoders`): auto picks by the settings (a
     Qwen3-VL folder reads frames, backend vllm asks the server, imagination tokens generate,

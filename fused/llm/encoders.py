@@ -167,6 +167,10 @@ def validate_llm(m: LLMConfig, env_name: str, local_envs: int, num_devices: int 
     if m.microbatch < 0:
         raise ConfigError(f"llm.microbatch={m.microbatch} must be >= 0 (0 = sized from the "
                           "device's memory)")
+    lengths = m.encode_lengths
+    if lengths and (min(lengths) <= 0 or list(lengths) != sorted(set(lengths))):
+        raise ConfigError(f"llm.encode_lengths={' '.join(map(str, lengths))}: ascending positive "
+                          "token counts, e.g. 512 or 256 512 (none for the default)")
     if m.layer is not None and m.layer < 0:
         raise ConfigError(f"llm.layer={m.layer} must be >= 0 (0 = embeddings) or None")
     if m.backend == "vllm" and m.weights is None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -79,27 +78,6 @@ def text_prompt(cfg: LLMConfig, env_name: str, seed: int, instruction: str = INS
     prefix_ids = (garbage_prefix(parts, tok, seed) if cfg.hidden == "garbage-prompt"
                   else parts.prefix)
     return TextPrompt(tok, renderer, prefix_ids, parts.tail, qcfg, layer, total)
-
-
-BUCKETS_ENV = "FUSED_ENCODE_BUCKETS"
-
-
-def bucket_override() -> tuple[int, ...] | None:
-    """$FUSED_ENCODE_BUCKETS (e.g. "256,512"): the padded lengths of encoding calls below the
-    prompt bound, instead of the default's steps of 64 (`encode_buckets`). Fewer sizes compile
-    faster (each is compiled at every call site of a fused program) and pad more; the states
-    are the same up to float rounding."""
-    raw = os.environ.get(BUCKETS_ENV, "").strip()
-    if not raw:
-        return None
-    try:
-        sizes = tuple(int(x) for x in raw.split(","))
-    except ValueError:
-        sizes = ()
-    if not sizes or min(sizes) <= 0 or list(sizes) != sorted(set(sizes)):
-        raise ConfigError(f"${BUCKETS_ENV}={raw!r}: ascending positive token counts, e.g. "
-                          "256 or 256,512 (or unset it for the default)")
-    return sizes
 
 
 class FrozenText(NamedTuple):
@@ -186,7 +164,7 @@ class TextEncoder(ReadsText, OnDevice):
         self.attn = AttentionConfig(cfg.attention)
         self.dtype = cfg.compute_dtype
         self.activation_room = room  # device bytes left for a call's activations
-        self.buckets = self.buckets_for(prompt.total)
+        self.buckets = self.buckets_for(cfg, prompt.total)
         sparse = sum(prompt.qcfg.sparse_layers[:prompt.layer])
         self.load_shape = self.load_of(sparse, prompt.qcfg.num_experts)
 
@@ -197,11 +175,8 @@ class TextEncoder(ReadsText, OnDevice):
         return text_prompt(cfg, env_name, seed)
 
     @staticmethod
-    def buckets_for(total: int) -> tuple[int, ...]:
-        override = bucket_override()
-        if override:
-            log.info(f"encoding lengths {override} from ${BUCKETS_ENV} (not the default's)")
-        return encode_buckets(total, override)
+    def buckets_for(cfg: LLMConfig, total: int) -> tuple[int, ...]:
+        return encode_buckets(total, cfg.encode_lengths)
 
     @staticmethod
     def load_of(sparse_layers: int, experts: int) -> tuple[int, int] | None:
@@ -314,7 +289,7 @@ class ImaginingEncoder(TextEncoder):
         return text_prompt(cfg, env_name, seed, instruction, im.thinking, im.tokens)
 
     @staticmethod
-    def buckets_for(total: int) -> tuple[int, ...]:
+    def buckets_for(cfg: LLMConfig, total: int) -> tuple[int, ...]:
         return coarse_buckets(total)
 
     @staticmethod
