@@ -7,12 +7,10 @@ walkthroughs that run the commands at smoke sizes are tests/test_readme*.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 

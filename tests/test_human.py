@@ -312,7 +312,6 @@ def test_bad_input_ends_in_one_line(tmp_path, monkeypatch):
     built for them would fail the test)."""
     from fused.commands import human as human_command
     from fused.errors import ConfigError
-    from fused.commands import human as human_command
 
     bad = tmp_path / "bad.txt"
     bad.write_text("d\nspace\nx\n")  # x: no Classic action

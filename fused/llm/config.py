@@ -179,7 +179,7 @@ class LLMConfig(ModelConfig):
     (e.g. 512, or 256 512); empty: steps of 64 up to 512, then doubling (`fused.text.buckets`).
     Each length is compiled at every call site of a fused program: fewer compile faster and pad
     more. The states are the same up to float rounding; runs and label cards record the value,
-    so a resume encodes as the run did."""
+    so a resume encodes as the run did. (Imagination pads its prompts to its own three lengths.)"""
     encoder: str = "auto"
     """Which encoder reads the game (`fused.llm.encoders`): auto picks by the settings (a
     Qwen3-VL folder reads frames, backend vllm asks the server, imagination tokens generate,
