@@ -169,21 +169,22 @@ def shared_run(tmp_path_factory, name: str, args: list[str]) -> Path:
     (`<run>.stdout`). A test that writes into the run, or needs it in a folder of its own, copies
     it first (`shutil.copytree`)."""
     import shutil
-    import subprocess
 
     from filelock import FileLock
 
     base = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):  # (each worker's is a folder of the session's)
         base = base.parent
+    from command_runner import run_command
+
     run, lock = base / f"shared-{name}" / "r", base / f"shared-{name}.lock"
     with FileLock(str(lock)):
         if not (run / "metrics.jsonl").is_file():
             staging = base / f"shared-{name}.staging"
             shutil.rmtree(staging, ignore_errors=True)  # (an earlier try's, cut off)
-            p = subprocess.run([sys.executable, str(ROOT / "train.py"), *args, "--out-dir",
-                                str(staging), "--run-name", "r"], env=subprocess_env(),
-                               capture_output=True, text=True, timeout=900)
+            p = run_command([sys.executable, str(ROOT / "train.py"), *args, "--out-dir",
+                             str(staging), "--run-name", "r"], env=subprocess_env(),
+                            capture_output=True, text=True, timeout=900)
             assert p.returncode == 0, p.stderr[-3000:]
             run.parent.mkdir(exist_ok=True)
             (run.parent / "r.stdout").write_text(p.stdout)

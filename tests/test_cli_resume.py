@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from command_runner import run_command
 from conftest import ROOT, console_script, subprocess_env
 from fused.runs.checkpoint import CheckpointError, Checkpointer, abstract_like
 
@@ -33,8 +34,8 @@ def final_meta(run_dir: Path, step: int) -> dict:
 
 def test_bad_value_is_one_line_error_before_compiling(tmp_path):
     t = time.time()
-    p = subprocess.run(train_cmd("smoke", "--ppo.num-minibatches", "3", "--out-dir", str(tmp_path)),
-                       capture_output=True, text=True, env=subprocess_env(), timeout=120)
+    p = run_command(train_cmd("smoke", "--ppo.num-minibatches", "3", "--out-dir", str(tmp_path)),
+                    capture_output=True, text=True, env=subprocess_env(), timeout=120)
     assert p.returncode != 0
     lines = [x for x in p.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and "ppo.num_minibatches=3" in lines[0], p.stderr
@@ -46,8 +47,8 @@ def test_bad_value_is_one_line_error_before_compiling(tmp_path):
 def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
     env = subprocess_env()
     a = tmp_path / "a"
-    subprocess.run(train_cmd(*SMOKE, "--out-dir", str(tmp_path), "--run-name", "a", "--plot"),
-                   check=True, env=env, timeout=600, capture_output=True)
+    run_command(train_cmd(*SMOKE, "--out-dir", str(tmp_path), "--run-name", "a", "--plot"),
+                check=True, env=env, timeout=600, capture_output=True)
     assert (a / "curve.png").exists() and (a / "config.json").exists()
     rows_a = [json.loads(x) for x in (a / "metrics.jsonl").read_text().splitlines()]
     assert [r["update"] for r in rows_a] == list(range(1, 41))
@@ -66,8 +67,8 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
     killed_at = max(int(p.name) for p in ckpts.iterdir() if p.name.isdigit())
     assert killed_at < 40, "run finished before it could be killed"
 
-    p = subprocess.run(train_cmd("--resume", str(b)), env=env, timeout=600,
-                       capture_output=True, text=True)
+    p = run_command(train_cmd("--resume", str(b)), env=env, timeout=600,
+                    capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "resumed from checkpoint" in p.stdout
     # Params, optimizer, env states, RNG and counters: bit-identical to the uninterrupted run.
@@ -84,8 +85,8 @@ def test_resume_applies_flags_and_refuses_shape_changes(smoke_run, tmp_path):
     env = subprocess_env()
     run = tmp_path / "r"
     shutil.copytree(smoke_run, run)  # `train.py smoke --run-name r`
-    bad = subprocess.run(train_cmd("--resume", str(run), "--env.num-envs", "16"), env=env,
-                         timeout=120, capture_output=True, text=True)
+    bad = run_command(train_cmd("--resume", str(run), "--env.num-envs", "16"), env=env,
+                      timeout=120, capture_output=True, text=True)
     lines = [x for x in bad.stderr.splitlines() if x.strip()]
     assert bad.returncode != 0 and len(lines) == 1, bad.stderr
     assert lines[0].startswith("error: env.num_envs cannot change when resuming")
@@ -168,8 +169,8 @@ def test_checkpoint_from_before_a_field_was_added_restores(tmp_path):
 
 
 def test_resume_without_checkpoints_is_clear_error(tmp_path):
-    p = subprocess.run(train_cmd("--resume", str(tmp_path / "nope")), capture_output=True,
-                       text=True, env=subprocess_env(), timeout=120)
+    p = run_command(train_cmd("--resume", str(tmp_path / "nope")), capture_output=True,
+                    text=True, env=subprocess_env(), timeout=120)
     assert p.returncode != 0 and "no config.json" in p.stderr.strip().splitlines()[-1]
 
 
@@ -181,10 +182,10 @@ def test_profile_trace_offline_wandb_and_progress(tmp_path):
     env = subprocess_env()
     env.pop("WANDB_MODE", None)
     prof = tmp_path / "prof"
-    p = subprocess.run(train_cmd("smoke", "--total-timesteps", "400", "--out-dir", str(tmp_path),
-                                 "--run-name", "pw", "--profile-dir", str(prof), "--wandb.mode",
-                                 "offline", "--plot"),
-                       env=env, capture_output=True, text=True, timeout=600)
+    p = run_command(train_cmd("smoke", "--total-timesteps", "400", "--out-dir", str(tmp_path),
+                              "--run-name", "pw", "--profile-dir", str(prof), "--wandb.mode",
+                              "offline", "--plot"),
+                    env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     assert list(prof.rglob("*.xplane.pb")), "no jax.profiler trace written"
     run = tmp_path / "pw"
@@ -210,9 +211,9 @@ def test_two_processes_train_as_one_process_with_two_devices(tmp_path):
     bit-identical to 1 process with 2 devices: same checkpoint digest, same metrics."""
     env = subprocess_env()
     args = ["smoke", "--out-dir", str(tmp_path)]
-    subprocess.run(train_cmd(*args, "--run-name", "one"), check=True, timeout=600,
-                   capture_output=True,
-                   env=dict(env, XLA_FLAGS=os.environ["XLA_FLAGS"]))  # its 2 devices
+    run_command(train_cmd(*args, "--run-name", "one"), check=True, timeout=600,
+                capture_output=True,
+                env=dict(env, XLA_FLAGS=os.environ["XLA_FLAGS"]))  # its 2 devices
     procs = [subprocess.Popen(train_cmd(*args, "--run-name", "two"), env=dict(
         env, JAX_COORDINATOR_ADDRESS="127.0.0.1:12431", JAX_NUM_PROCESSES="2",
         JAX_PROCESS_ID=str(i)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -4,12 +4,12 @@ before any weights load."""
 
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from command_runner import run_command
 from conftest import ROOT, subprocess_env
 from llm_jax.tokenizer import load_tokenizer
 
@@ -27,9 +27,9 @@ def cli_model(tmp_path_factory):
 
 
 def generate_cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "llm_jax", "generate", *map(str, args)],
-                          env=env or subprocess_env(), cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    return run_command([sys.executable, "-m", "llm_jax", "generate", *map(str, args)],
+                       env=env or subprocess_env(), cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
 
 
 @pytest.mark.slow

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
 import sys
 
 import pytest
 
+from command_runner import run_command
 from conftest import ROOT, subprocess_env
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -129,8 +129,8 @@ _HELP: dict[str, str] = {}
 
 def help_of(script: str) -> str:
     if script not in _HELP:
-        p = subprocess.run([sys.executable, str(ROOT / script), "--help"], cwd=ROOT,
-                           env=subprocess_env(), capture_output=True, text=True, timeout=300)
+        p = run_command([sys.executable, str(ROOT / script), "--help"], cwd=ROOT,
+                        env=subprocess_env(), capture_output=True, text=True, timeout=300)
         _HELP[script] = p.stdout + p.stderr
     return _HELP[script]
 

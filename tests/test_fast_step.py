@@ -6,13 +6,13 @@ calls they replace. The 10-million-transition run is `bench/env_parity.py` (docs
 here shrunk)."""
 
 import json
-import subprocess
 import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from command_runner import run_command
 from conftest import ROOT, subprocess_env
 from craftax.craftax_classic.constants import DIRECTIONS, BlockType
 
@@ -194,9 +194,9 @@ def test_classic_step_equals_craftax_longer(tmp_path):
     """The 10-million-transition command (bench/env_parity.py), shrunk: 64 envs x 250 steps of
     uniform play, then as many of DO-heavy play from states edited by hand, through resets."""
     out = tmp_path / "parity.json"
-    p = subprocess.run([sys.executable, "bench/env_parity.py", "--transitions", "32000",
-                        "--num-envs", "64", "--chunk-steps", "250", "--out", str(out)], cwd=ROOT,
-                       env=subprocess_env(), capture_output=True, text=True, timeout=900)
+    p = run_command([sys.executable, "bench/env_parity.py", "--transitions", "32000",
+                     "--num-envs", "64", "--chunk-steps", "250", "--out", str(out)], cwd=ROOT,
+                    env=subprocess_env(), capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
     row = json.loads(out.read_text())
     assert row["equal"] and row["first_difference"] is None, row

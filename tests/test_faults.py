@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from command_runner import run_command
 from conftest import LENGTHS, ROOT, subprocess_env
 from fused.data.store import CHUNK_ROWS, Dataset, DatasetError, commit_group, read_group
 
@@ -35,8 +36,8 @@ def tree(folder: Path) -> dict[str, str]:
 
 
 def run(tool: str, *args, timeout=600, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / tool), *args], env=subprocess_env(),
-                          capture_output=True, text=True, timeout=timeout, **kw)
+    return run_command([sys.executable, str(ROOT / tool), *args], env=subprocess_env(),
+                       capture_output=True, text=True, timeout=timeout, **kw)
 
 
 def one_line_error(p: subprocess.CompletedProcess) -> str:
@@ -349,7 +350,7 @@ def test_sigint_during_generate_is_one_line_and_the_rerun_is_exact(dataset, tmp_
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, (stdout[-1500:], stderr[-1500:])
     assert "Traceback" not in stderr and "interrupted" in stdout and "label.py generate" in stdout
-    p = subprocess.run(cmd, env=subprocess_env(), capture_output=True, text=True, timeout=600)
+    p = run_command(cmd, env=subprocess_env(), capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     assert Dataset(out).manifest()["shards"] == Dataset(dataset).manifest()["shards"]
 
@@ -417,14 +418,14 @@ def test_label_sigterm_then_rerun_and_a_damaged_label_shard_redone(dataset, tmp_
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, (stdout[-1500:], stderr[-1500:])
     assert "Traceback" not in stderr and "resume with `python label.py label" in stdout
-    p = subprocess.run(cmd, env=subprocess_env(), capture_output=True, text=True, timeout=900)
+    p = run_command(cmd, env=subprocess_env(), capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     names = Dataset(d).shard_names()
     before = tree(d / "labels" / "h")
     flip_byte(data_file(d / "labels" / "h" / names[1], "hidden"))
     v = run("label.py", "verify", "--data", str(d))
     assert v.returncode == 1 and f"rerun `python label.py label --data {d} --name h" in v.stdout
-    p = subprocess.run(cmd, env=subprocess_env(), capture_output=True, text=True, timeout=900)
+    p = run_command(cmd, env=subprocess_env(), capture_output=True, text=True, timeout=900)
     assert p.returncode == 0 and "1 redone" in p.stdout, (p.stdout[-1500:], p.stderr[-1500:])
     assert tree(d / "labels" / "h") == before  # the redone shard has its bytes back
     assert run("label.py", "verify", "--data", str(d)).returncode == 0

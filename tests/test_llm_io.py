@@ -4,7 +4,6 @@ handling (against a local stub server; the real-server parity test is in test_vl
 import http.server
 import json
 import shutil
-import subprocess
 import sys
 import threading
 
@@ -12,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from command_runner import run_command
 from conftest import ROOT, subprocess_env
 from llm_jax.config import Qwen3ConfigError
 from llm_jax.loader import WeightsError, load_params
@@ -147,7 +147,7 @@ def test_cli_encode_and_truncate(tiny_folder, tmp_path):
     out = tmp_path / "h.npz"
     cmd = [sys.executable, "-m", "llm_jax", "encode", "--weights", str(tiny_folder), "--text",
            MIXED, "--chat", "--layer", "1", "--pool", "none", "--out", str(out)]
-    subprocess.run(cmd, check=True, env=env, cwd=ROOT, capture_output=True, timeout=300)
+    run_command(cmd, check=True, env=env, cwd=ROOT, capture_output=True, timeout=300)
     z = np.load(out)
     tok = load_tokenizer()
     ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": MIXED}],
@@ -165,7 +165,7 @@ def test_cli_encode_and_truncate(tiny_folder, tmp_path):
     cmd = [sys.executable, "-m", "llm_jax", "encode", "--weights", str(tiny_folder), "--text",
            MIXED, "--layer", "2", "--pool", "none", "--prefix-text-file",
            str(tmp_path / "prefix.txt"), "--attention", "pallas", "--out", str(out)]
-    subprocess.run(cmd, check=True, env=env, cwd=ROOT, capture_output=True, timeout=300)
+    run_command(cmd, check=True, env=env, cwd=ROOT, capture_output=True, timeout=300)
     z = np.load(out)
     both = np.concatenate([z["prefix_ids"], z["token_ids"]])
     assert z["prefix_ids"].tolist() == tok.encode("You play Craftax. " * 5)
@@ -173,18 +173,18 @@ def test_cli_encode_and_truncate(tiny_folder, tmp_path):
     np.testing.assert_allclose(z["hidden"], ref[len(z["prefix_ids"]):], atol=1e-5)
 
     short = tmp_path / "short"
-    subprocess.run([sys.executable, "-m", "llm_jax", "truncate", "--weights", str(tiny_folder),
-                    "--layers", "1", "--out", str(short)], check=True, env=env, cwd=ROOT,
-                   capture_output=True, timeout=300)
+    run_command([sys.executable, "-m", "llm_jax", "truncate", "--weights", str(tiny_folder),
+                 "--layers", "1", "--out", str(short)], check=True, env=env, cwd=ROOT,
+                capture_output=True, timeout=300)
     cfg1, params1 = load_params(short)
     assert cfg1.num_layers == 1
     a = encode(params1, cfg1, jnp.asarray([ids]), jnp.array([len(ids)]), 1, post_norm=True)
     b = encode(params, cfg, jnp.asarray([ids]), jnp.array([len(ids)]), 1, post_norm=True)
     np.testing.assert_allclose(a, b, atol=1e-6)
 
-    bad = subprocess.run([sys.executable, "-m", "llm_jax", "encode", "--weights", str(tmp_path),
-                          "--text", "x", "--out", str(out)], env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    bad = run_command([sys.executable, "-m", "llm_jax", "encode", "--weights", str(tmp_path),
+                       "--text", "x", "--out", str(out)], env=env, cwd=ROOT,
+                      capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1].startswith("error: ")
 
 
@@ -381,8 +381,8 @@ def test_tokenizer_problems_end_every_command_in_one_line(tiny_folder, tmp_path)
                   ["play.py", "llm", "--llm.weights", folder],
                   ["-m", "llm_jax", "generate", "--weights", folder, "--prompt", "hi",
                    "--max-new-tokens", "2", "--out", tmp_path / "o.json"]):
-        p = subprocess.run([sys.executable, *map(str, words)], cwd=ROOT, env=subprocess_env(),
-                           capture_output=True, text=True, timeout=120)
+        p = run_command([sys.executable, *map(str, words)], cwd=ROOT, env=subprocess_env(),
+                        capture_output=True, text=True, timeout=120)
         lines = [x for x in p.stderr.splitlines() if x.strip()]
         assert p.returncode not in (0, None) and len(lines) == 1, (words, p.stderr[-2000:])
         assert lines[0].startswith("error: ") and "no chat template" in lines[0], lines[0]

@@ -7,7 +7,6 @@ checkpoint. The references are HF transformers and vLLM, never our own code."""
 import json
 import re
 import shutil
-import subprocess
 import sys
 
 import jax
@@ -15,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from command_runner import run_command
 from conftest import ENCODE_LENGTHS, LENGTHS, ROOT, serve, subprocess_env
 
 torch = pytest.importorskip("torch")
@@ -41,8 +41,8 @@ def hf_states(model, ids):
 
 
 def run(args, timeout=900):
-    p = subprocess.run(args, capture_output=True, text=True, env=subprocess_env(), cwd=ROOT,
-                       timeout=timeout)
+    p = run_command(args, capture_output=True, text=True, env=subprocess_env(), cwd=ROOT,
+                    timeout=timeout)
     assert p.returncode == 0, p.stderr[-3000:]
     return p
 

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from command_runner import run_command
 from conftest import ROOT, subprocess_env
 from rich.console import Console
 
@@ -286,9 +287,9 @@ def test_eval_cli_writes_eval_json_for_offline_and_online_runs(probe_data, tmp_p
     def offline_cmd(*args):
         return [sys.executable, str(ROOT / "offline.py"), *args]
 
-    one = subprocess.run(offline_cmd("eval", "--run", str(online), "--episodes", "8",
-                                     "--max-steps", "50", "--out", str(tmp_path / "one.json")),
-                         env=subprocess_env(), capture_output=True, text=True, timeout=600)
+    one = run_command(offline_cmd("eval", "--run", str(online), "--episodes", "8",
+                                  "--max-steps", "50", "--out", str(tmp_path / "one.json")),
+                      env=subprocess_env(), capture_output=True, text=True, timeout=600)
     assert one.returncode == 0, one.stderr[-2000:]
     alone = json.loads((tmp_path / "one.json").read_text())
     assert (alone["returns"], alone["lengths"]) == (saved["returns"], saved["lengths"])
@@ -314,8 +315,8 @@ def test_bad_inputs_are_one_line_errors(probe_data, tmp_path):
     env = subprocess_env()
 
     def error(*args):
-        p = subprocess.run([sys.executable, str(ROOT / "offline.py"), *args], env=env,
-                           capture_output=True, text=True, timeout=300)
+        p = run_command([sys.executable, str(ROOT / "offline.py"), *args], env=env,
+                        capture_output=True, text=True, timeout=300)
         lines = [x for x in p.stderr.splitlines() if x.strip()]
         assert p.returncode != 0 and len(lines) == 1 and lines[0].startswith("error: "), \
             p.stderr[-2000:]

@@ -4,7 +4,6 @@ the policy choice and its one-line refusals, and PPO on frames end to end with a
 bonus over the CNN's features."""
 
 import json
-import subprocess
 import sys
 
 import jax
@@ -12,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from command_runner import run_command
 from conftest import LENGTHS, ROOT, subprocess_env
 
 PIXELS = {"Craftax-Pixels-v1": ((130, 110, 3), 43, 512),
@@ -276,8 +276,8 @@ def test_a_dataset_of_frames_through_offline(tmp_path):
     data = tmp_path / "px"
 
     def run(script, *args, ok=True):
-        p = subprocess.run([sys.executable, str(ROOT / script), *args], env=env,
-                           capture_output=True, text=True, timeout=600)
+        p = run_command([sys.executable, str(ROOT / script), *args], env=env,
+                        capture_output=True, text=True, timeout=600)
         assert (p.returncode == 0) == ok, p.stdout[-1500:] + p.stderr[-3000:]
         return p
 
@@ -483,8 +483,8 @@ def test_an_llm_beside_the_cnn_reads_the_text_of_the_same_state():
 
 
 def _run(script, *args):
-    p = subprocess.run([sys.executable, str(ROOT / script), *args], env=subprocess_env(),
-                       capture_output=True, text=True, timeout=600)
+    p = run_command([sys.executable, str(ROOT / script), *args], env=subprocess_env(),
+                    capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-1500:] + p.stderr[-3000:]
     return p
 

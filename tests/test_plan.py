@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from command_runner import run_command
 from conftest import ROOT, subprocess_env
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -217,8 +218,8 @@ def test_plan_refuses_bad_cards_in_one_line():
     assert plan.predicted_note(fitted) == (
         "(predicted, not measured: a kernel-time model fitted on 6 H200 runs; each, left out of "
         "the fit, was predicted within 55% (median 14%); bench/gpu_predict.py)")
-    p = subprocess.run([sys.executable, "train.py", "smoke", "--plan", "h300"], cwd=ROOT,
-                       env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    p = run_command([sys.executable, "train.py", "smoke", "--plan", "h300"], cwd=ROOT,
+                    env=subprocess_env(), capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and p.stderr.strip().splitlines() == [
         "error: --plan h300: not a card we describe; one of h100, h200"]
 
@@ -274,9 +275,9 @@ def test_train_plan_prints_a_predicted_plan(tmp_path):
     and prints that it fits, its kernels a step and its predicted speed, marked as predicted;
     nothing is trained (no run folder)."""
     runs = tmp_path / "runs"
-    p = subprocess.run([sys.executable, "train.py", "smoke", "--out-dir", str(runs), "--plan",
-                        "h200"], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
-                       timeout=600)
+    p = run_command([sys.executable, "train.py", "smoke", "--out-dir", str(runs), "--plan",
+                     "h200"], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
+                    timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     out = p.stdout
     assert "plan for one NVIDIA H200 (h200)" in out and ": fits in the 75%" in out

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from command_runner import run_command
 from conftest import ROOT, console_script, subprocess_env
 
 ENV = "Craftax-Classic-Symbolic-v1"
@@ -219,15 +220,15 @@ def test_play_writes_eval_json_records_a_dataset_and_refuses_bad_input(tmp_path)
             invalid += want is None
             assert acts[t] == (DEFAULT_ACTION if want is None else want), (e, t, text)
     assert invalid / 15 == pytest.approx(out["invalid_action_rate"])
-    v = subprocess.run([sys.executable, str(ROOT / "label.py"), "verify", "--data", str(data)],
-                       env=env, capture_output=True, text=True, timeout=300)
+    v = run_command([sys.executable, str(ROOT / "label.py"), "verify", "--data", str(data)],
+                    env=env, capture_output=True, text=True, timeout=300)
     assert v.returncode == 0, v.stdout[-2000:]
-    b = subprocess.run([sys.executable, str(ROOT / "label.py"), "returns", "--data", str(data),
-                        "--incomplete", "bootstrap"], env=env, capture_output=True, text=True,
-                       timeout=300)
+    b = run_command([sys.executable, str(ROOT / "label.py"), "returns", "--data", str(data),
+                     "--incomplete", "bootstrap"], env=env, capture_output=True, text=True,
+                    timeout=300)
     assert b.returncode == 1 and b.stderr.count("\n") == 1 and "critic" in b.stderr
-    r = subprocess.run([sys.executable, str(ROOT / "label.py"), "returns", "--data", str(data)],
-                       env=env, capture_output=True, text=True, timeout=300)
+    r = run_command([sys.executable, str(ROOT / "label.py"), "returns", "--data", str(data)],
+                    env=env, capture_output=True, text=True, timeout=300)
     warned = [x for x in r.stdout.splitlines() if x.startswith("warning:")]
     assert r.returncode == 0 and len(warned) == 1 and "no row" in warned[0], r.stdout
     # the video's return-to-go is label.py returns' of its episode (both at gamma 0.99), over
@@ -241,8 +242,8 @@ def test_play_writes_eval_json_records_a_dataset_and_refuses_bad_input(tmp_path)
     assert Path(out["videos"][0]).with_suffix(".mp4").is_file()
 
     def error(*args):
-        r = subprocess.run(play_cmd(*args, "--out-dir", str(tmp_path)), env=env,
-                           capture_output=True, text=True, timeout=300)
+        r = run_command(play_cmd(*args, "--out-dir", str(tmp_path)), env=env,
+                        capture_output=True, text=True, timeout=300)
         assert r.returncode == 1 and r.stderr.startswith("error:"), r.stderr[-2000:]
         assert r.stderr.count("\n") == 1, r.stderr
         return r.stderr
@@ -273,9 +274,9 @@ def test_play_interrupted_keeps_its_blocks_and_resumes_to_the_same_result(tmp_pa
     args = ["--episodes", "3", "--max-steps", "9", "--block-steps", "2", "--history", "1",
             "--max-new-tokens", "6", "--temperature", "1.0", "--out-dir", str(tmp_path),
             "--video", "2", "--video-max-steps", "7"]
-    full = subprocess.run(play_cmd(*args, "--run-name", "full", "--record",
-                                   str(tmp_path / "d-full")),
-                          env=env, capture_output=True, text=True, timeout=900)
+    full = run_command(play_cmd(*args, "--run-name", "full", "--record",
+                                str(tmp_path / "d-full")),
+                       env=env, capture_output=True, text=True, timeout=900)
     assert full.returncode == 0, full.stderr[-3000:]
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
     try:
@@ -299,8 +300,8 @@ def test_play_interrupted_keeps_its_blocks_and_resumes_to_the_same_result(tmp_pa
     assert partial["partial"] and partial["steps_played"] >= 4 and partial["episodes"] == 0
     assert json.loads((tmp_path / "cut" / "replies.json").read_text())["replies"][0]
     assert Dataset(tmp_path / "d-cut").card()["partial"]
-    again = subprocess.run(play_cmd("--resume", str(tmp_path / "cut")), env=env,
-                           capture_output=True, text=True, timeout=900)
+    again = run_command(play_cmd("--resume", str(tmp_path / "cut")), env=env,
+                        capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     a, b = (json.loads((tmp_path / r / "eval.json").read_text()) for r in ("full", "cut"))
     timing = {"run", "seconds", "tokens_per_s", "useful_tokens_per_s", "record", "resumed",
@@ -325,13 +326,13 @@ def test_play_interrupted_keeps_its_blocks_and_resumes_to_the_same_result(tmp_pa
         for k in whole.files:
             np.testing.assert_array_equal(whole[k], resumed[k], err_msg=k)
     assert not Dataset(tmp_path / "d-cut").card()["partial"]
-    done = subprocess.run(play_cmd("--resume", str(tmp_path / "cut")), env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = run_command(play_cmd("--resume", str(tmp_path / "cut")), env=env,
+                       capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "the play is complete" in done.stdout
-    think = subprocess.run(play_cmd("--episodes", "2", "--max-steps", "2", "--history", "0",
-                                    "--max-new-tokens", "4", "--thinking", "--out-dir",
-                                    str(tmp_path), "--run-name", "think"),
-                           env=env, capture_output=True, text=True, timeout=900)
+    think = run_command(play_cmd("--episodes", "2", "--max-steps", "2", "--history", "0",
+                                 "--max-new-tokens", "4", "--thinking", "--out-dir",
+                                 str(tmp_path), "--run-name", "think"),
+                        env=env, capture_output=True, text=True, timeout=900)
     assert think.returncode == 0, think.stderr[-3000:]
     t = json.loads((tmp_path / "think" / "eval.json").read_text())
     assert t["unfinished_thought_rate"] == t["invalid_action_rate"] == 1.0

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from command_runner import run_command
 from conftest import ENCODE_LENGTHS, ROOT, console_script, subprocess_env
 from fused.commands.train import TrainConfig, validate
 from fused.errors import ConfigError
@@ -115,13 +116,13 @@ def test_variants_resume_exactly(tmp_path, variant):
             str(tmp_path)]
     per_update = 8 * 8
     env = subprocess_env()
-    subprocess.run(train_cmd(*args, "--run-name", "a", "--total-timesteps", str(per_update * 8)),
-                   check=True, env=env, timeout=600, capture_output=True)
-    subprocess.run(train_cmd(*args, "--run-name", "b", "--total-timesteps", str(per_update * 4)),
-                   check=True, env=env, timeout=600, capture_output=True)
-    p = subprocess.run(train_cmd("--resume", str(tmp_path / "b"), "--total-timesteps",
-                                 str(per_update * 8)), env=env, timeout=600, capture_output=True,
-                       text=True)
+    run_command(train_cmd(*args, "--run-name", "a", "--total-timesteps", str(per_update * 8)),
+                check=True, env=env, timeout=600, capture_output=True)
+    run_command(train_cmd(*args, "--run-name", "b", "--total-timesteps", str(per_update * 4)),
+                check=True, env=env, timeout=600, capture_output=True)
+    p = run_command(train_cmd("--resume", str(tmp_path / "b"), "--total-timesteps",
+                              str(per_update * 8)), env=env, timeout=600, capture_output=True,
+                    text=True)
     assert p.returncode == 0, p.stderr[-2000:]
     assert final_meta(tmp_path / "b", 8)["digest"] == final_meta(tmp_path / "a", 8)["digest"]
     cfg = json.loads((tmp_path / "b" / "config.json").read_text())
@@ -139,10 +140,10 @@ def test_variants_resume_exactly(tmp_path, variant):
         out = json.loads((tmp_path / "a" / "eval.json").read_text())
         assert out["episodes"] == 6 and out["length_mean"] == 4 and out["censored"] == 0
         assert set(out["returns"]) <= {-1.0, 1.0}
-        p = subprocess.run([sys.executable, str(ROOT / "label.py"), "generate", "smoke",
-                            "--env.name", "probe-memory", "--policy", str(tmp_path / "a"),
-                            "--out", str(tmp_path / "d")],
-                           env=env, timeout=300, capture_output=True, text=True)
+        p = run_command([sys.executable, str(ROOT / "label.py"), "generate", "smoke",
+                         "--env.name", "probe-memory", "--policy", str(tmp_path / "a"),
+                         "--out", str(tmp_path / "d")],
+                        env=env, timeout=300, capture_output=True, text=True)
         assert p.returncode == 0, p.stderr[-2000:]
         replay_gru_dataset(tmp_path / "d", tmp_path / "a")
 
@@ -424,12 +425,12 @@ def test_probe_reads_a_gru_with_the_carry_of_the_states_history():
 @pytest.mark.slow
 def test_probe_cli_on_a_gru_run(tmp_path):
     env = subprocess_env()
-    subprocess.run(train_cmd("smoke", "--policy.kind", "gru", "--out-dir", str(tmp_path),
-                             "--run-name", "gru"), check=True, env=env, timeout=600,
-                   capture_output=True)
-    p = subprocess.run([sys.executable, str(ROOT / "offline.py"), "probe", "--run",
-                        str(tmp_path / "gru"), "--states", "4", "--warmup", "5"],
-                       env=env, timeout=600, capture_output=True, text=True)
+    run_command(train_cmd("smoke", "--policy.kind", "gru", "--out-dir", str(tmp_path),
+                          "--run-name", "gru"), check=True, env=env, timeout=600,
+                capture_output=True)
+    p = run_command([sys.executable, str(ROOT / "offline.py"), "probe", "--run",
+                     str(tmp_path / "gru"), "--states", "4", "--warmup", "5"],
+                    env=env, timeout=600, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-2000:]
     out = json.loads((tmp_path / "gru" / "probe.json").read_text())
     assert len(out["edits"]) >= 5

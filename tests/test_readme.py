@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from command_runner import run_command
 from conftest import LENGTHS, ROOT, console_script, subprocess_env
 
 PAGES = ("docs/datasets.md", "docs/offline.md", "docs/llm.md")  # in the walkthrough's order
@@ -85,8 +86,8 @@ def run_walkthrough(tmp_path: Path, pixels: bool, smoke_run: Path | None = None)
     weights = tmp_path / "Qwen3-tiny"
 
     def run(words):
-        p = subprocess.run([sys.executable, *words], cwd=tmp_path, env=env, capture_output=True,
-                           text=True, timeout=900)
+        p = run_command([sys.executable, *words], cwd=tmp_path, env=env, capture_output=True,
+                        text=True, timeout=900)
         assert p.returncode == 0, (" ".join(words), p.stdout[-2000:], p.stderr[-3000:])
         return p
 
@@ -168,9 +169,9 @@ def test_readme_walkthrough_runs_as_written(smoke_run, tmp_path):
     card = json.loads((tmp_path / "data/ppo/card.json").read_text())
     card["labels"]["l24"]["prompt_digest"] = "0" * 64
     (tmp_path / "data/ppo/card.json").write_text(json.dumps(card))
-    p = subprocess.run([sys.executable, str(ROOT / "offline.py"), "eval", "--run",
-                        str(tmp_path / "runs/awr-l24"), *EVAL], cwd=tmp_path,
-                       env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    p = run_command([sys.executable, str(ROOT / "offline.py"), "eval", "--run",
+                     str(tmp_path / "runs/awr-l24"), *EVAL], cwd=tmp_path,
+                    env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 1 and p.stderr.splitlines()[-1].startswith("error: prompt_digest"), \
         p.stderr[-2000:]
 
@@ -197,8 +198,8 @@ def check_normaliser(data: Path, labels: str, run: Path):
 
 
 def help_text(*words) -> str:
-    p = subprocess.run([sys.executable, str(ROOT / words[0]), *words[1:], "--help"],
-                       env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    p = run_command([sys.executable, str(ROOT / words[0]), *words[1:], "--help"],
+                    env=subprocess_env(), capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     return " ".join(re.sub(r"[│╭╮╰╯─]", " ", p.stdout).split())  # rich's box, spaces folded
 
@@ -226,8 +227,8 @@ def test_help_lists_every_flag_as_paragraphs(words, flags, absent):
     if words[:2] not in (("offline.py", "eval"), ("play.py", "llm")):  # (no presets)
         assert "presets (name one first; default cpu): cpu:" in text
     # a docstring's lines joined: no line break before a continuation line's first word
-    raw = subprocess.run([sys.executable, str(ROOT / words[0]), *words[1:], "--help"],
-                         env=subprocess_env(), capture_output=True, text=True).stdout
+    raw = run_command([sys.executable, str(ROOT / words[0]), *words[1:], "--help"],
+                      env=subprocess_env(), capture_output=True, text=True).stdout
     lines = [re.sub(r"[│╭╮╰╯─]", "", x).strip() for x in raw.splitlines()]
     short = [x for x, nxt in zip(lines, lines[1:])
              if x and nxt and not x.startswith("-") and len(x) < 40 and nxt[0].islower()

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from command_runner import run_command
 from qwen_fixtures import build_tiny_qwen3_vl, hf_vl_processor
 
 
@@ -311,7 +312,6 @@ def test_cli_encode_and_generate_with_images(tmp_path):
     """`python -m llm_jax encode --image A --image B --pool every:8` equals HF's hidden states
     (the prompt's tokens as HF's Qwen3-VL processor expands them) pooled over every 8th image
     token; `generate --image` gives HF generate's greedy tokens; bad images: one line each."""
-    import subprocess
     import sys
 
     import torch
@@ -330,8 +330,8 @@ def test_cli_encode_and_generate_with_images(tmp_path):
     text = "What is in front of the player?"
 
     def cli(*args, ok=True):
-        p = subprocess.run([sys.executable, "-m", "llm_jax", *args], cwd=ROOT,
-                           env=subprocess_env(), capture_output=True, text=True, timeout=600)
+        p = run_command([sys.executable, "-m", "llm_jax", *args], cwd=ROOT,
+                        env=subprocess_env(), capture_output=True, text=True, timeout=600)
         assert (p.returncode == 0) == ok, p.stderr[-3000:]
         return p
 
@@ -513,7 +513,6 @@ def test_label_py_labels_frames_with_a_vl_model_as_hf_computes(tmp_path):
     offline.py eval plays that policy online (the VL model reading its frames, as built now
     checked against the set's card)."""
     import json
-    import subprocess
     import sys
 
     from conftest import ROOT, subprocess_env
@@ -523,8 +522,8 @@ def test_label_py_labels_frames_with_a_vl_model_as_hf_computes(tmp_path):
     data = tmp_path / "data"
 
     def run(*args, ok=True):
-        p = subprocess.run([sys.executable, *args], cwd=ROOT, env=subprocess_env(),
-                           capture_output=True, text=True, timeout=600)
+        p = run_command([sys.executable, *args], cwd=ROOT, env=subprocess_env(),
+                        capture_output=True, text=True, timeout=600)
         assert (p.returncode == 0) == ok, p.stdout[-1500:] + p.stderr[-3000:]
         return p
 
@@ -571,7 +570,6 @@ def test_ppo_on_frames_with_a_vl_model_acts_on_hf_states(tmp_path):
     tests/test_fused_llm.py) and `offline.py probe` reads it; a VL model on a symbolic env,
     with a garbage prompt, on the vllm backend or playing (play.py llm): one line each."""
     import json
-    import subprocess
     import sys
 
     from conftest import ROOT, subprocess_env
@@ -583,8 +581,8 @@ def test_ppo_on_frames_with_a_vl_model_acts_on_hf_states(tmp_path):
           "--llm.pool", "image-mean")
 
     def run(*args, ok=True):
-        p = subprocess.run([sys.executable, *args], cwd=ROOT, env=subprocess_env(),
-                           capture_output=True, text=True, timeout=600)
+        p = run_command([sys.executable, *args], cwd=ROOT, env=subprocess_env(),
+                        capture_output=True, text=True, timeout=600)
         assert (p.returncode == 0) == ok, p.stdout[-1500:] + p.stderr[-3000:]
         return p
 
@@ -672,7 +670,6 @@ def test_imagination_with_frames_is_hf_generation_states_pooled(tmp_path):
     text, and its state the mean of every 2nd generated token's state after layer 2 as HF
     computes them; the same imagination runs in the fused PPO loop (its tokens counted)."""
     import json
-    import subprocess
     import sys
 
     from conftest import ROOT, subprocess_env
@@ -684,8 +681,8 @@ def test_imagination_with_frames_is_hf_generation_states_pooled(tmp_path):
     data = tmp_path / "data"
 
     def run(*args):
-        p = subprocess.run([sys.executable, *args], cwd=ROOT, env=subprocess_env(),
-                           capture_output=True, text=True, timeout=600)
+        p = run_command([sys.executable, *args], cwd=ROOT, env=subprocess_env(),
+                        capture_output=True, text=True, timeout=600)
         assert p.returncode == 0, p.stdout[-1500:] + p.stderr[-3000:]
 
     run("label.py", "generate", "--out", str(data), "--policy", "random", "--env.name",

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from command_runner import run_command
 from conftest import ENCODE_LENGTHS
 
 
@@ -107,7 +108,6 @@ def test_garbage_prompt_ablation_reaches_the_vllm_backend(vllm_server):
 def test_label_sets_from_vllm_match_the_jax_path(vllm_server, tmp_path):
     """`label.py label --llm.backend vllm`: the same layout and rows as the jax backend, the
     states within 1e-4 (relative to their scale) of ours before storage."""
-    import subprocess
     import sys
 
     from rich.console import Console
@@ -123,9 +123,9 @@ def test_label_sets_from_vllm_match_the_jax_path(vllm_server, tmp_path):
 
     folder, client = vllm_server
     data = tmp_path / "d"
-    subprocess.run([sys.executable, str(ROOT / "label.py"), "generate", "smoke", "--steps", "16",
-                    "--out", str(data)], env=subprocess_env(), check=True, capture_output=True,
-                   timeout=600)
+    run_command([sys.executable, str(ROOT / "label.py"), "generate", "smoke", "--steps", "16",
+                 "--out", str(data)], env=subprocess_env(), check=True, capture_output=True,
+                timeout=600)
     env = "Craftax-Classic-Symbolic-v1"
     cfgs = {"jax": LLMConfig(backend="jax", weights=str(folder), post_norm=True, skip_n=4,
                              encode_lengths=ENCODE_LENGTHS),
