@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,7 +114,11 @@ def serve() -> None:
         importlib.import_module(name)
     for line in sys.stdin:
         request = json.loads(line)
-        pid = os.fork()
+        with warnings.catch_warnings():  # (Python 3.12 warns of any thread; the one here is
+            # OpenBLAS's pool, which is fork-safe, and no jax backend is running: see above)
+            warnings.filterwarnings("ignore", "This process .* is multi-threaded",
+                                    DeprecationWarning)
+            pid = os.fork()
         if pid == 0:
             answers.close()
             command(**request)
