@@ -9,6 +9,7 @@ transformers looks for it (`chat_template.jinja`, as transformers 5 saves it; a 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -134,14 +135,34 @@ class Qwen3Tokenizer:
 
 
 def load_tokenizer(weights_dir: str | Path | None = None) -> Qwen3Tokenizer:
-    """The weights folder's own tokenizer if it has one, else the packaged Qwen3 files."""
+    """The weights folder's own tokenizer if it has one, else the packaged Qwen3 files. Loaded
+    once per process while its files stay as they are (a command reads it several times; each
+    load parses the 11 MB tokenizer.json, ~0.5 s); callers must not change it."""
+    folder = None
     if weights_dir is not None:
         from llm_jax.loader import resolve_folder
 
         folder = resolve_folder(weights_dir)
-        if (folder / "tokenizer.json").is_file():
-            return Qwen3Tokenizer(folder)
-    return Qwen3Tokenizer(packaged_tokenizer_dir())
+    if folder is None or not (folder / "tokenizer.json").is_file():
+        folder = packaged_tokenizer_dir()
+    return _loaded(folder, _stamp(folder))
+
+
+def _stamp(folder: Path) -> tuple:
+    """The files a Qwen3Tokenizer reads from `folder`, as they are now (modified time, size)."""
+    out = []
+    for name in ("tokenizer.json", *TEMPLATE_FILES):
+        try:
+            st = (folder / name).stat()
+            out.append((name, st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append((name, None, None))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=8)
+def _loaded(folder: Path, stamp: tuple) -> Qwen3Tokenizer:
+    return Qwen3Tokenizer(folder)
 
 
 def prompt_ids(tok: Qwen3Tokenizer, prompts: list[str], prefix_text: str | None = None,

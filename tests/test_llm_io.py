@@ -327,6 +327,21 @@ def test_chat_template_layouts_and_their_precedence(saved_tokenizer, tmp_path):
         layout("none", {}).apply_chat_template(CHAT)
 
 
+def test_a_tokenizer_is_loaded_once_while_its_files_stay(saved_tokenizer, tmp_path):
+    """The same folder gives the same loaded tokenizer; a changed template file, or one added,
+    is read again."""
+    folder, _ = saved_tokenizer
+    d = tmp_path / "t"
+    shutil.copytree(folder, d)
+    first = load_tokenizer(d)
+    assert load_tokenizer(d) is first
+    (d / "chat_template.jinja").write_text("{{ messages[0].content }}")
+    changed = load_tokenizer(d)
+    assert changed is not first and changed.apply_chat_template(CHAT[:1]) == "You play Craftax."
+    (d / "chat_template.json").write_text(json.dumps({"chat_template": "x"}))
+    assert load_tokenizer(d) is not changed
+
+
 def test_vl_prompt_takes_image_items_through_the_folders_jinja_template(tmp_path):
     """A VL folder's own template (saved as chat_template.jinja) gets the image as an item of
     the turn, as HF's processor passes it; its ids equal HF's render of the same folder with
