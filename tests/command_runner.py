@@ -32,7 +32,6 @@ PRELOAD = ("flax.linen", "imageio.v3", "jax", "matplotlib.pyplot", "optax", "orb
            "fused.commands.offline", "fused.commands.play", "fused.commands.train")
 
 _server: subprocess.Popen | None = None
-_server_env: dict | None = None
 
 
 def forkable(args, env: dict | None, kwargs: dict) -> bool:

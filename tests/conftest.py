@@ -170,13 +170,12 @@ def shared_run(tmp_path_factory, name: str, args: list[str]) -> Path:
     it first (`shutil.copytree`)."""
     import shutil
 
+    from command_runner import run_command
     from filelock import FileLock
 
     base = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):  # (each worker's is a folder of the session's)
         base = base.parent
-    from command_runner import run_command
-
     run, lock = base / f"shared-{name}" / "r", base / f"shared-{name}.lock"
     with FileLock(str(lock)):
         if not (run / "metrics.jsonl").is_file():
