@@ -3,12 +3,14 @@ differing field named (fused/envs/parity.py's run, in chunks).
 
     python bench/env_parity.py --env Craftax-Classic-Symbolic-v1 --transitions 10_000_000
 
-Chunks of `--num-envs` x `--chunk-steps` transitions alternate two settings, each compiled once:
-uniform random play, and DO-heavy random play with every env's state edited by hand at the start
-of each 25-step block (`fused.envs.curated`: night, sleep, mobs close, arrows in flight, the
-map's edge, low health); ended episodes restart on worlds Craftax's reset made. Each chunk has
-its own seed. Prints a line a chunk; `--out` gets one JSON row (written again after each chunk,
-atomically: a run cut short keeps what it compared)."""
+Chunks of `--num-envs` x `--chunk-steps` transitions take the settings in turn, each compiled
+once: uniform random play, and DO-heavy random play with every env's state edited by hand at the
+start of each 25-step block (`fused.envs.curated`: night, sleep, mobs close, arrows in flight, the
+map's edge, low health); with `--policy RUN`, a trained run's policy playing (its actions sampled
+from the reference's observations: the states a learning agent reaches). Ended episodes restart
+on worlds Craftax's reset made. Each chunk has its own seed. Prints a line a chunk; `--out`
+gets one JSON row (written again after each chunk, atomically: a run cut short keeps what it
+compared)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import tyro
 
@@ -28,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from fused.envs import has_fast_step, make_craftax_env  # noqa: E402
 from fused.envs.curated import classic_edit  # noqa: E402
 from fused.envs.parity import ParityReport, make_parity_run, random_policy  # noqa: E402
+from fused.errors import ConfigError  # noqa: E402
 from fused.runs.files import atomic_write_json  # noqa: E402
 
 # Classic's actions, drawn more often where the step does more: DO, placing, crafting.
@@ -44,21 +48,66 @@ class Args:
     chunk_steps: int = 500
     """Steps a chunk (a multiple of 25: the edit and reset-pool block)."""
     seed: int = 0
+    policy: str | None = None
+    """A run folder (train.py or offline.py) whose trained policy plays a third setting: a
+    feed-forward policy on the observation alone (no LLM, no GRU), trained on --env."""
+    checkpoint: int | None = None
+    """The --policy run's checkpoint (its update); default: its latest."""
     out: str | None = None
     """Write the result here as JSON."""
 
 
-def runs(a: Args):
+def trained(a: Args):
+    """(act, params, source) of the --policy run: act(params) is a parity policy sampling the
+    run's actions from the observations. Refused in one line: a run of another env, an LLM or
+    a recurrent policy (their inputs carry state from step to step, which a parity step, always
+    restarted from the reference's state, does not keep)."""
+    from fused.rl.acting import network_policy, sample
+    from fused.rl.policy_input import Identity
+    from fused.trained_policy import load_policy
+
+    pol = load_policy(a.policy, a.num_envs, a.checkpoint)
+    if pol.cfg.env.name != a.env:
+        raise ConfigError(f"--policy {a.policy} was trained on {pol.cfg.env.name}, not --env "
+                          f"{a.env}")
+    policy = network_policy(pol.agent.network)
+    if not isinstance(pol.agent.inputs, Identity) or policy.recurrent:
+        raise ConfigError(f"--policy {a.policy}: an LLM or GRU policy keeps a state between "
+                          "steps; pass a run of a feed-forward policy on the observation alone")
+
+    def act(params):
+        def draw(key, obs, state):
+            n = obs.shape[0]
+            _, logits, _ = policy.forward(params, None, obs.reshape(n, -1))
+            return sample(jax.random.split(key, n), logits)[0].astype(jnp.int32)
+        return draw
+
+    return act, pol.params, {"policy": str(pol.run_dir), "checkpoint": pol.step}
+
+
+def runs(a: Args, policy=None):
+    """[(setting, run(key), transitions a chunk, leaf names)]: uniform, edited and (with
+    `policy`, `trained`'s) the trained run's play."""
     ref, new = make_craftax_env(a.env, "craftax"), make_craftax_env(a.env, "fast")
     params = ref.default_params
-    out = []  # (Classic's the only fast step so far: its edits and action weights)
-    for name, edit, w in (("uniform", None, None), ("edited", classic_edit, CLASSIC_WEIGHTS)):
-        run, total, names = make_parity_run(
+
+    def parity_run(act, edit=None):
+        return make_parity_run(
             lambda k, s, x: ref.step_env(k, s, x, params),
             lambda k, s, x: new.step_env(k, s, x, params),
             lambda k: ref.reset_env(k, params), ref.get_obs, a.num_envs, a.chunk_steps,
-            random_policy(ref.num_actions, w), pool=64, pool_every=25, edit=edit)
+            act, pool=64, pool_every=25, edit=edit)
+
+    out = []  # (Classic's the only fast step so far: its edits and action weights)
+    for name, edit, w in (("uniform", None, None), ("edited", classic_edit, CLASSIC_WEIGHTS)):
+        run, total, names = parity_run(random_policy(ref.num_actions, w), edit)
         out.append((name, jax.jit(run), total, names))
+    if policy is not None:
+        act, weights, _ = policy
+        # the weights an argument, not constants of the program
+        _, total, names = parity_run(act(weights))
+        run = jax.jit(lambda key, w: parity_run(act(w))[0](key))
+        out.append(("policy", lambda key: run(key, weights), total, names))
     return out
 
 
@@ -67,7 +116,11 @@ def main(a: Args) -> int:
         raise SystemExit(f"error: --env {a.env} has no fast step yet")
     if a.chunk_steps % 25:
         raise SystemExit(f"error: --chunk-steps {a.chunk_steps}: a multiple of 25")
-    settings = runs(a)
+    try:
+        policy = trained(a) if a.policy else None
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
+    settings = runs(a, policy)
     names = settings[0][3]
     diff, first = np.zeros(len(names), np.int64), np.full(len(names), -1, np.int64)
     done, ends, chunk, t0 = 0, 0, 0, time.perf_counter()
@@ -83,7 +136,7 @@ def main(a: Args) -> int:
         row = {"name": "env_parity", "env": a.env, "num_envs": a.num_envs, "transitions": done,
                "episode_ends": ends, "chunks": chunk, "equal": report.first() is None,
                "first_difference": report.first(), "seconds": time.perf_counter() - t0,
-               "jax": jax.__version__}
+               "jax": jax.__version__, **(policy[2] if policy else {})}
         print(f"{done:>12,} transitions ({setting}), {ends:,} episodes ended: "
               f"{'equal' if row['equal'] else report.first()}", flush=True)
         if a.out:

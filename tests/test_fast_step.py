@@ -182,17 +182,46 @@ def test_a_broken_rule_is_named(monkeypatch):
 
 
 @pytest.mark.slow
-def test_classic_step_equals_craftax(tmp_path):
+def test_classic_step_equals_craftax(tmp_path, smoke_run):
     """The 10-million-transition command (bench/env_parity.py), shrunk: 64 envs x 250 steps of
-    uniform play, then as many of DO-heavy play from states edited by hand, through resets."""
+    uniform play, then as many of DO-heavy play from states edited by hand, then of a trained
+    run's policy (`--policy`: the session's smoke run), through resets. A policy trained on
+    another game is refused in one line."""
     out = tmp_path / "parity.json"
-    p = run_command([sys.executable, "bench/env_parity.py", "--transitions", "32000",
-                     "--num-envs", "64", "--chunk-steps", "250", "--out", str(out)], cwd=ROOT,
+    p = run_command([sys.executable, "bench/env_parity.py", "--transitions", "48000",
+                     "--num-envs", "64", "--chunk-steps", "250", "--policy", str(smoke_run),
+                     "--out", str(out)], cwd=ROOT,
                     env=subprocess_env(), capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
     row = json.loads(out.read_text())
     assert row["equal"] and row["first_difference"] is None, row
-    assert row["transitions"] == 32_000 and row["chunks"] == 2 and row["episode_ends"] > 0
+    assert row["transitions"] == 48_000 and row["chunks"] == 3 and row["episode_ends"] > 0
+    assert "(policy)" in p.stdout and row["policy"] == str(smoke_run), (p.stdout, row)
+    assert row["checkpoint"] == 6, row  # the run's latest (6 updates)
+    p = run_command([sys.executable, "bench/env_parity.py", "--env", "Craftax-Classic-Pixels-v1",
+                     "--policy", str(smoke_run)], cwd=ROOT, env=subprocess_env(),
+                    capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1 and p.stderr.strip().splitlines() == [
+        f"error: --policy {smoke_run} was trained on Craftax-Classic-Symbolic-v1, not --env "
+        "Craftax-Classic-Pixels-v1"], p.stderr[-2000:]
+
+
+@pytest.mark.slow  # (the session's smoke run: trained for the slow tests)
+def test_parity_policy_acts_with_the_runs_network(smoke_run):
+    """`bench/env_parity.py --policy`'s actions are the run's actor's: a head biased hard
+    towards one action plays that action everywhere, the run's own head plays several."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from env_parity import Args, trained
+
+    act, params, source = trained(Args(policy=str(smoke_run), num_envs=64))
+    assert source == {"policy": str(smoke_run), "checkpoint": 6}
+    obs = jax.random.uniform(jax.random.PRNGKey(1), (64, 1345))
+    draw = jax.jit(lambda p, k: act(p)(k, obs, None))
+    assert len(np.unique(np.asarray(draw(params, jax.random.PRNGKey(2))))) > 1
+    head = params["params"]["actor_mlp"]["head"]
+    biased = jax.tree.map(lambda x: x, params)
+    biased["params"]["actor_mlp"]["head"] = dict(head, bias=head["bias"].at[5].add(1e4))
+    assert (np.asarray(draw(biased, jax.random.PRNGKey(2))) == 5).all()
 
 
 @pytest.mark.slow
