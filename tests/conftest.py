@@ -71,20 +71,9 @@ FIRST = ("test_readme.py", "test_vl.py", "test_label.py", "test_fast_step.py",
          "test_llm_io.py", "test_decode_vllm.py", "test_video.py", "test_llm_model.py")
 
 
-# The same for the fast lane (`-m "not slow"`), by its own totals (the suite run above): its
-# longest modules are others (test_decode.py's 50 s of fast tests came 21st in `FIRST`, and
-# test_probes.py, unlisted, among the last: ~20 s of one idle core at its end).
-FAST_FIRST = ("test_decode.py", "test_moe.py", "test_vl.py", "test_kernels.py",
-              "test_player.py", "test_policy_variants.py", "test_probes.py", "test_llm_model.py",
-              "test_llm_io.py", "test_pixels.py", "test_fused_llm.py", "test_readme.py",
-              "test_command_runner.py", "test_fast_step.py", "test_render.py", "test_offline.py",
-              "test_gpu_check.py", "test_layering.py", "test_video.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    order = FAST_FIRST if config.getoption("markexpr") == "not slow" else FIRST
-    rank = {name: i for i, name in enumerate(order)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(order)))
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))
 
 
 @pytest.fixture(scope="session")
