@@ -66,6 +66,10 @@ def trained(a: Args):
     from fused.rl.policy_input import Identity
     from fused.trained_policy import load_policy
 
+    if not (Path(a.policy).expanduser() / "config.json").is_file():  # (load_policy's line
+        # offers `random`, which label.py takes; the random settings here are built in)
+        raise ConfigError(f"--policy {a.policy}: no config.json there; pass a run folder "
+                          "written by train.py or offline.py")
     pol = load_policy(a.policy, a.num_envs, a.checkpoint)
     if pol.cfg.env.name != a.env:
         raise ConfigError(f"--policy {a.policy} was trained on {pol.cfg.env.name}, not --env "

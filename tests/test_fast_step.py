@@ -207,11 +207,18 @@ def test_classic_step_equals_craftax(tmp_path, smoke_run):
 
 
 @pytest.mark.slow  # (the session's smoke run: trained for the slow tests)
-def test_parity_policy_acts_with_the_runs_network(smoke_run):
+def test_parity_policy_acts_with_the_runs_network(smoke_run, tmp_path):
     """`bench/env_parity.py --policy`'s actions are the run's actor's: a head biased hard
-    towards one action plays that action everywhere, the run's own head plays several."""
+    towards one action plays that action everywhere, the run's own head plays several. A folder
+    that is not a run is one line without load_policy's hint of `random` (label.py's)."""
     sys.path.insert(0, str(ROOT / "bench"))
     from env_parity import Args, trained
+
+    from fused.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no config.json there; pass a run folder written by "
+                                          "train.py or offline.py$"):
+        trained(Args(policy=str(tmp_path)))
 
     act, params, source = trained(Args(policy=str(smoke_run), num_envs=64))
     assert source == {"policy": str(smoke_run), "checkpoint": 6}
