@@ -66,10 +66,6 @@ def trained(a: Args):
     from fused.rl.policy_input import Identity
     from fused.trained_policy import load_policy
 
-    if not (Path(a.policy).expanduser() / "config.json").is_file():  # (load_policy's line
-        # offers `random`, which label.py takes; the random settings here are built in)
-        raise ConfigError(f"--policy {a.policy}: no config.json there; pass a run folder "
-                          "written by train.py or offline.py")
     pol = load_policy(a.policy, a.num_envs, a.checkpoint)
     if pol.cfg.env.name != a.env:
         raise ConfigError(f"--policy {a.policy} was trained on {pol.cfg.env.name}, not --env "
@@ -108,8 +104,8 @@ def runs(a: Args, policy=None):
         out.append((name, jax.jit(run), total, names))
     if policy is not None:
         act, weights, _ = policy
-        # the weights an argument, not constants of the program
-        _, total, names = parity_run(act(weights))
+        # the weights an argument, not constants of the program (transitions and leaf names:
+        # the other settings')
         run = jax.jit(lambda key, w: parity_run(act(w))[0](key))
         out.append(("policy", lambda key: run(key, weights), total, names))
     return out

@@ -42,6 +42,12 @@ def is_offline(run_dir: str | Path) -> bool:
         return False
 
 
+def is_run(run_dir: str | Path) -> bool:
+    """A run folder: its config.json (or, of an offline run of an earlier version, policy.json)."""
+    run_dir = Path(run_dir).expanduser()
+    return (run_dir / "config.json").is_file() or (run_dir / "policy.json").is_file()
+
+
 def agent_config(run_dir: str | Path) -> AgentConfig:
     """How a run's policy acts, read from its config.json: an offline run's `agent`; of a
     train.py run, the fields that make its agent (`TrainConfig.agent`)."""
@@ -49,9 +55,9 @@ def agent_config(run_dir: str | Path) -> AgentConfig:
     path = run_dir / "config.json"
     if (run_dir / "policy.json").is_file():  # an offline run of an earlier version
         path = run_dir / "policy.json"
-    if not path.is_file():
-        raise ConfigError(f"policy {run_dir}: no config.json there; pass a run folder written "
-                          "by train.py or offline.py (or `random`)")
+    if not is_run(run_dir):
+        raise ConfigError(f"{run_dir}: no config.json there; pass a run folder written by "
+                          "train.py or offline.py")
     try:
         saved = config_io.upgrade(json.loads(path.read_text()))
     except ValueError as e:

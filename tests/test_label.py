@@ -279,6 +279,13 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
                                  "2/2")
     assert "overwrite with part" in error("label", "--data", str(ds.root), "--name", "g",
                                           "--part", "0/2", "--overwrite")
+    # a policy folder that is not a run: the flag named, `random` offered (here alone), and
+    # no dataset folder left behind
+    assert error("generate", "smoke", "--out", str(tmp_path / "y"), "--policy",
+                 str(tmp_path / "nothing")) == (
+        f"error: --policy {tmp_path / 'nothing'}: no config.json there; pass a run folder "
+        "written by train.py or offline.py, or `random`")
+    assert not (tmp_path / "y").exists()
 
 
 def test_disk_full_keeps_committed_shards(tmp_path, monkeypatch):

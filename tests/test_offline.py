@@ -328,6 +328,9 @@ def test_bad_inputs_are_one_line_errors(probe_data, tmp_path):
     assert "not a multiple of seq_len=5" in error("awr", "smoke", "--data", str(probe_data),
                                                   "--policy.kind", "gru", "--seq-len", "5")
     assert "episodes" in error("eval", "--run", str(tmp_path), "--episodes", "1")
+    assert error("eval", "--run", str(tmp_path)) == (  # (no `random` offered: not a run)
+        f"error: {tmp_path}: no config.json there; pass a run folder written by train.py or "
+        "offline.py")
 
 
 @pytest.mark.slow

@@ -36,7 +36,7 @@ from fused.data.store import (SET_NOUN, Dataset, DatasetError, attrs, commit_gro
                                observation_layouts, read_group, to_layout)
 from fused.agent import needs_text
 from fused.envspec import spec
-from fused.trained_policy import load_policy
+from fused.trained_policy import is_run, load_policy
 from fused.rl.acting import epsilon_mixture, network_policy, random_policy
 from fused.rl.collect import make_collect
 from fused.rl.envs import make_env
@@ -77,6 +77,9 @@ class ActingPolicy:
             self.trained_inputs, self.source = None, {"policy": "random"}
             self.text = False
             return
+        if not is_run(c.policy):  # (load_policy's line, with what only --policy here takes)
+            raise ConfigError(f"--policy {c.policy}: no config.json there; pass a run folder "
+                              "written by train.py or offline.py, or `random`")
         pol = load_policy(c.policy, c.envs_per_stream, c.checkpoint, num_devices)
         self.text = needs_text(pol.cfg)  # an LLM beside a CNN reads the text twin's observation
         if pol.cfg.env.name != c.env.name:
