@@ -125,22 +125,28 @@ def main(a: Args) -> int:
     diff, first = np.zeros(len(names), np.int64), np.full(len(names), -1, np.int64)
     done, ends, chunk, t0 = 0, 0, 0, time.perf_counter()
     row: dict = {}
-    while done < a.transitions:
-        setting, run, total, _ = settings[chunk % len(settings)]
-        d, f, e = jax.device_get(run(jax.random.PRNGKey(a.seed * 1_000_003 + chunk)))
-        f = np.where(f >= 0, f + done // a.num_envs, -1)  # steps counted over the whole run
-        first = np.where(first >= 0, first, f)
-        diff += d
-        done, ends, chunk = done + total, ends + int(e), chunk + 1
-        report = ParityReport(diff, first, done, ends, names)
-        row = {"name": "env_parity", "env": a.env, "num_envs": a.num_envs, "transitions": done,
-               "episode_ends": ends, "chunks": chunk, "equal": report.first() is None,
-               "first_difference": report.first(), "seconds": time.perf_counter() - t0,
-               "jax": jax.__version__, **(policy[2] if policy else {})}
-        print(f"{done:>12,} transitions ({setting}), {ends:,} episodes ended: "
-              f"{'equal' if row['equal'] else report.first()}", flush=True)
-        if a.out:
-            atomic_write_json(a.out, row)
+    try:
+        while done < a.transitions:
+            setting, run, total, _ = settings[chunk % len(settings)]
+            d, f, e = jax.device_get(run(jax.random.PRNGKey(a.seed * 1_000_003 + chunk)))
+            f = np.where(f >= 0, f + done // a.num_envs, -1)  # steps counted over the whole run
+            first = np.where(first >= 0, first, f)
+            diff += d
+            done, ends, chunk = done + total, ends + int(e), chunk + 1
+            report = ParityReport(diff, first, done, ends, names)
+            row = {"name": "env_parity", "env": a.env, "num_envs": a.num_envs,
+                   "transitions": done, "episode_ends": ends, "chunks": chunk, "equal": report.first() is None,
+                   "first_difference": report.first(), "seconds": time.perf_counter() - t0,
+                   "jax": jax.__version__, **(policy[2] if policy else {})}
+            print(f"{done:>12,} transitions ({setting}), {ends:,} episodes ended: "
+                  f"{'equal' if row['equal'] else report.first()}", flush=True)
+            if a.out:
+                atomic_write_json(a.out, row)
+    except KeyboardInterrupt:  # Ctrl-C: one line; --out keeps the chunks compared
+        print(f"stopped after {done:,} transitions"
+              + (f" ({'equal' if row['equal'] else row['first_difference']}; the row: {a.out})"
+                 if row and a.out else ""), file=sys.stderr)
+        return 130
     print(json.dumps(row))
     return 0 if row["equal"] else 1
 
