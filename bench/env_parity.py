@@ -135,9 +135,10 @@ def main(a: Args) -> int:
             done, ends, chunk = done + total, ends + int(e), chunk + 1
             report = ParityReport(diff, first, done, ends, names)
             row = {"name": "env_parity", "env": a.env, "num_envs": a.num_envs,
-                   "transitions": done, "episode_ends": ends, "chunks": chunk, "equal": report.first() is None,
-                   "first_difference": report.first(), "seconds": time.perf_counter() - t0,
-                   "jax": jax.__version__, **(policy[2] if policy else {})}
+                   "transitions": done, "episode_ends": ends, "chunks": chunk,
+                   "equal": report.first() is None, "first_difference": report.first(),
+                   "seconds": time.perf_counter() - t0, "jax": jax.__version__,
+                   **(policy[2] if policy else {})}
             print(f"{done:>12,} transitions ({setting}), {ends:,} episodes ended: "
                   f"{'equal' if row['equal'] else report.first()}", flush=True)
             if a.out:
