@@ -13,8 +13,9 @@ The parts, in order of what matters most:
   2. Qwen3-30B-A3B encode (32 x 256 after a 1,024-token prefix, MFU, its experts against the
      dense oracle) and its batch-1 decode against the bound, fused 4B (layer 24) at 1,024 envs;
   3. our PPO beside the public Craftax PPO (Craftax-Symbolic, 1,024 envs; the public code from
-     `.peers/craftax_baselines`, prepared by `scripts/gpu_prepare.sh`, never committed), decode
-     of the 4B at batch 64;
+     `.peers/craftax_baselines`, prepared by `scripts/gpu_prepare.sh`, never committed), ours
+     under each CUDA graphs setting (llm_jax/graphs.py: speed, and the same state bit for bit),
+     decode of the 4B at batch 64;
   4. the same pair on frames (Craftax-Pixels, the public pixel PPO's sizes; then at 32
      minibatches);
   5. the Qwen3-VL-4B shape's states of 1,024 Craftax-Pixels frames (random weights, bf16):
@@ -124,12 +125,17 @@ STEPS = (
     Step("ppo_ours_1024", 3,
          Run(PPO + ("--ppo-env-counts", "1024"), 160),
          Run(PPO + PPO_TINY + ("--env", "Craftax-Classic-Symbolic-v1", "--ppo-env-counts", "8",
-                               "--num-steps", "8"), 120)),
+                               "--num-steps", "8", "--graphs", "default", "loops"), 120)),
     # (../shared/peers/public_ppo.py's run, through bench/peer_ppo.py: its jax aliases)
     Step("ppo_public_1024", 3,
          Run(("bench/peer_ppo.py", "Craftax-Symbolic-v1", "1024"), 200),
          Run(("bench/peer_ppo.py", "Craftax-Symbolic-v1", "8", "--num-steps", "8", "--width",
               "64") + PEER_TINY, 200), **PUBLIC),
+    # our PPO launched as XLA does by default, with its loops in CUDA graphs (the commands'
+    # setting) and unrolled into one graph: steps/s, and the state after the same chunks equal
+    Step("ppo_graphs_1024", 3,
+         Run(PPO + ("--ppo-env-counts", "1024", "--graphs", "default", "loops", "unrolled"), 300),
+         None),
     Step("decode_4b_b64", 3, Run(DECODE + ("--shapes", "qwen3-4b", "--batches", "64"), 150),
          None),
     # frames: the public pixel PPO's sizes (CNN 512, 64 steps, 4 x 8) on Craftax-Pixels

@@ -52,11 +52,12 @@ class Spec:
 
 def compile_train(cfg, device, options=None):
     """A training config's chunk (rollout and update of `cfg.updates_per_chunk` updates)
-    compiled for `device`, from shapes only (an LLM's weights are made on this CPU by its host
-    setup, then passed as shapes)."""
+    compiled for `device` as train.py compiles it (its CUDA graphs setting), from shapes only
+    (an LLM's weights are made on this CPU by its host setup, then passed as shapes)."""
     import jax
 
     from fused.commands.train import build, validate
+    from llm_jax.graphs import loop_jit
 
     validate(cfg)
     with gpu_target.as_gpu():
@@ -69,7 +70,8 @@ def compile_train(cfg, device, options=None):
         frozen = gpu_target.abstract(online.frozen, device) if online.frozen is not None else None
         state = gpu_target.abstract(
             jax.eval_shape(online.trainer.init, jax.random.PRNGKey(0), online.frozen), device)
-        return jax.jit(online.trainer.chunk).lower(state, frozen).compile(options or None)
+        chunk = loop_jit(online.trainer.chunk, cfg.cuda_graphs)  # (as train.py compiles it)
+        return chunk.lower(state, frozen).compile(options or None)
 
 
 def ppo_config(env: str, n: int, reset_pool: int, worlds: int, num_steps: int = 64,
@@ -86,7 +88,8 @@ def ppo_config(env: str, n: int, reset_pool: int, worlds: int, num_steps: int = 
                                      num_minibatches=minibatches),
                        policy=PolicyConfig(kind, layer_width=width), llm=llm or LLMConfig(),
                        total_timesteps=n * num_steps * 10_000, updates_per_chunk=updates,
-                       wandb=WandbConfig(mode="disabled"), plot=False)
+                       wandb=WandbConfig(mode="disabled"), plot=False,
+                       cuda_graphs="default")  # (the report's rows: XLA's own launching)
 
 
 def ppo_loops(num_steps: int, epochs: int, minibatches: int):
@@ -369,10 +372,12 @@ def accounting(spec: Spec, text: str) -> dict:
 
 
 def command_buffer_rows(spec: Spec, device) -> dict:
-    """The program's thunks as XLA:GPU would run them, compiled again with XLA's default
-    command buffers and with loops and conditionals captured too (gpu_target)."""
+    """The program's thunks as XLA:GPU would run them, compiled again under each CUDA graphs
+    setting (llm_jax/graphs.py: XLA's default, loops in the graphs, loops unrolled into them)."""
+    from llm_jax.graphs import GRAPHS, compiler_options
+
     out = {}
-    for label, opts in (("default", {}), ("loops", gpu_target.command_buffer_options())):
+    for label, opts in ((g, compiler_options(g)) for g in GRAPHS):
         with tempfile.TemporaryDirectory() as d:
             spec.compile(device, dict(opts, xla_dump_to=d))
             out[label] = gpu_target.thunk_summary(d)
@@ -392,7 +397,7 @@ def main(argv=None) -> None:
                     help="these programs (default: all; ppo-*@N: at N envs): "
                          + ", ".join(programs()))
     ap.add_argument("--command-buffers", action="store_true",
-                    help="also compile each with and without loops in CUDA graphs (twice the time)")
+                    help="also compile each under every CUDA graphs setting (4x the time)")
     ap.add_argument("--out", help="JSON rows (programs not compiled this run are kept)")
     ap.add_argument("--hlo-dir", help="also write each compiled program's text here")
     ap.add_argument("--reuse", action="store_true",

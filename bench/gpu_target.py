@@ -152,15 +152,13 @@ def memory(compiled, target: str | None = None) -> dict:
 
 
 def command_buffer_options() -> dict:
-    """XLA options that put whole loops and conditionals in CUDA graphs (command buffers), with
-    the kernels and library calls XLA captures by default, cuDNN's convolutions (Craftax's step
-    has some) and its dynamic-slice copies; a loop whose copies' offsets follow its counter is
-    unrolled into the graph (XLA captures it no other way), and a sequence of any length
-    becomes a graph (XLA's default minimum, 5, left a chunk of one conditional and one kernel
-    with no graph at all, loops inside it included). For a GPU compile only."""
-    return {"xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,"
-                                             "CONVOLUTION,WHILE,CONDITIONAL,DYNAMIC_SLICE_FUSION",
-            "xla_gpu_command_buffer_unroll_loops": True, "xla_gpu_graph_min_graph_size": 1}
+    """XLA options that put whole loops and conditionals in CUDA graphs (command buffers), the
+    loops that slice at their counters unrolled into them: llm_jax/graphs.py's `unrolled`
+    setting (the setting our commands take: `loops`; `compiler_options`). For a GPU compile
+    only."""
+    from llm_jax.graphs import compiler_options
+
+    return compiler_options("unrolled")
 
 
 def thunk_summary(dump_dir: str) -> dict:

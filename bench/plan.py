@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -59,7 +61,9 @@ def plan_lines(cfg, target: str, device, fitted: dict) -> list[str]:
         # would take the blocked form: cuDNN's probe fails without a device)
         cfg = dataclasses.replace(cfg, llm=dataclasses.replace(m, attention="pallas"))
     t0 = time.perf_counter()
-    compiled = gpu_report.compile_train(cfg, device)
+    with tempfile.TemporaryDirectory() as dump:
+        compiled = gpu_report.compile_train(cfg, device, {"xla_dump_to": dump})
+        graphs = gpu_target.thunk_summary(dump)
     compile_s = time.perf_counter() - t0
     prog = hlo_cost.parse(compiled.as_text())
     # an LLM's calls at their interval, refreshes and lengths as measured at 1,024 envs
@@ -91,6 +95,7 @@ def plan_lines(cfg, target: str, device, fitted: dict) -> list[str]:
                      f"({step['kernels_min']:,.0f} without), "
                      + (f"{epoch['kernels']:,.0f} an update epoch, " if epoch else "")
                      + f"{sum(run.values()) / cfg.updates_per_chunk:,.0f} an update")
+    lines.append(graphs_line(cfg.cuda_graphs, graphs))
     lines += [
         f"  predicted: {sps:,.0f} env steps/s ({update_s:.3f} s an update), "
         f"{hours:,.2f} h for the run (compilation apart); the time set by launches "
@@ -98,6 +103,19 @@ def plan_lines(cfg, target: str, device, fitted: dict) -> list[str]:
         f"  {predicted_note(fitted)}",
     ]
     return lines
+
+
+def graphs_line(setting: str, t: dict) -> str:
+    """How the chunk's kernels launch (`thunk_summary` of its compile), in a line."""
+    head = f"  CUDA graphs (--cuda-graphs {setting}): "
+    if "--xla_backend_optimization_level=0" in os.environ.get("XLA_FLAGS", ""):
+        return head + "not read (XLA_FLAGS' --xla_backend_optimization_level=0 skips the passes "
+        "that form them)"
+    if "error" in t:
+        return head + t["error"]
+    return head + (f"{t['command_buffers']:,} graphs, {t['while_in_graph']:,} loops inside them, "
+                   f"{t['while_host']:,} from the host, {t['launches_outside']:,} launches alone "
+                   "(the prediction assumes XLA's default launching, as the runs fitted)")
 
 
 def predicted_note(fitted: dict) -> str:

@@ -65,6 +65,11 @@ class Args:
     the convolutions' form last (`cnn@lax`: lax.conv, `cnn+rnd@im2col`: shifted copies and a
     matmul, what XLA:CPU runs by default). Rows after the first carry their ratio to it
     (`vs_<first>`), all from this one run."""
+    graphs: tuple[str, ...] = ("loops",)
+    """PPO rows: the CUDA graphs settings each is timed with (`--cuda-graphs`: loops, unrolled,
+    default; llm_jax/graphs.py; on a CPU the same program each). Rows after the first setting
+    carry their ratio to it (`vs_graphs_<first>`) and whether their state after the same chunks
+    (warm-up and repeats, from the same start) equals its bit for bit (`equal_to_<first>`)."""
     reference: bool = True
     """Also time the prior system's PPO structure (bench/reference_ppo.py) for a same-run ratio."""
     skip_env: bool = False
@@ -129,16 +134,35 @@ def env_rows(args: Args):
     return rows
 
 
+def digest(tree) -> str:
+    """sha256 of a pytree's arrays' bytes, in its leaves' order (PRNG keys by their data)."""
+    import hashlib
+
+    import jax
+    import numpy as np
+
+    h = hashlib.sha256()
+    for x in jax.tree.leaves(tree):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            x = jax.random.key_data(x)
+        h.update(np.ascontiguousarray(np.asarray(x)).tobytes())
+    return h.hexdigest()
+
+
 def ppo_rows(args: Args):
     import jax
 
     from fused.commands.train import TrainConfig, validate
     from fused.rl.config import EnvConfig, ExploreConfig, PolicyConfig, PPOConfig
     from fused.commands.train import build
+    from llm_jax.graphs import GRAPHS, loop_jit
 
+    if set(args.graphs) - set(GRAPHS):
+        raise SystemExit(f"--graphs {' '.join(args.graphs)}: each one of {', '.join(GRAPHS)}")
     rows = []
-    for n, variant, impl in [(n, v, i) for n in args.ppo_env_counts for v in args.variants
-                             for i in args.impls]:
+    for n, variant, impl, graphs in [(n, v, i, g) for n in args.ppo_env_counts
+                                     for v in args.variants for i in args.impls
+                                     for g in args.graphs]:
         base, _, form = variant.partition("@")
         kind, _, explore = base.partition("+")
         if form not in ("", "lax", "im2col"):
@@ -160,7 +184,7 @@ def ppo_rows(args: Args):
                 tr = build(cfg).trainer
                 state = gpu_target.abstract(
                     jax.eval_shape(tr.init, jax.random.PRNGKey(0), None), device)
-                compiled = jax.jit(tr.chunk).lower(state, None).compile()
+                compiled = loop_jit(tr.chunk, graphs).lower(state, None).compile()
         else:
             tr = build(cfg).trainer
             state = jax.block_until_ready(jax.jit(tr.init)(jax.random.PRNGKey(0), None))
@@ -168,14 +192,15 @@ def ppo_rows(args: Args):
             print(f"# {variant} ({impl}) at {n} envs: init {init_s:.1f} s", file=sys.stderr,
                   flush=True)
             t = time.perf_counter()
-            compiled = jax.jit(tr.chunk).lower(state, None).compile()
+            compiled = loop_jit(tr.chunk, graphs).lower(state, None).compile()
         compile_s = time.perf_counter() - t
         print(f"# {variant} ({impl}) at {n} envs: compile {compile_s:.1f} s", file=sys.stderr,
               flush=True)
         memory = gpu_target.memory(compiled, args.target)
         if args.compile_only or args.target:
             rows.append({"name": f"ppo_{variant}_memory", "env": args.env, "num_envs": n,
-                         "variant": variant, "impl": impl, "num_steps": args.num_steps,
+                         "variant": variant, "impl": impl, "graphs": graphs,
+                         "num_steps": args.num_steps,
                          "update_epochs": args.update_epochs,
                          "num_minibatches": args.num_minibatches, "width": args.width,
                          "backend": args.target or jax.default_backend(),
@@ -190,14 +215,25 @@ def ppo_rows(args: Args):
             times.append(time.perf_counter() - t)
         dt = statistics.median(times)
         rows.append({"name": "ppo" if variant == "mlp" else f"ppo_{variant}", "env": args.env,
-                     "num_envs": n, "variant": variant, "impl": impl,
-                     "num_steps": args.num_steps, "update_epochs": args.update_epochs,
+                     "num_envs": n, "variant": variant, "impl": impl, "graphs": graphs,
+                     "state_sha256": digest(state), "num_steps": args.num_steps, "update_epochs": args.update_epochs,
                      "num_minibatches": args.num_minibatches, "width": args.width,
                      "steps_per_s": args.ppo_updates * cfg.steps_per_update / dt,
                      "compile_s": compile_s, "init_s": init_s, **memory})
-        first = next(r for r in rows if r["num_envs"] == n and r.get("variant"))
+        if graphs != args.graphs[0]:  # (the same program but for its launching)
+            same = next(r for r in rows if r["num_envs"] == n and r.get("variant") == variant
+                        and r.get("impl") == impl and r.get("graphs") == args.graphs[0])
+            rows[-1][f"vs_graphs_{same['graphs']}"] = (rows[-1]["steps_per_s"]
+                                                       / same["steps_per_s"])
+            rows[-1][f"equal_to_{same['graphs']}"] = (rows[-1]["state_sha256"]
+                                                      == same["state_sha256"])
+            print(json.dumps(rows[-1]), flush=True)
+            continue
+        first = next(r for r in rows if r["num_envs"] == n and r.get("variant")
+                     and r.get("graphs") == graphs)
         if first["impl"] != impl:  # (the same variant with the first impl)
-            same = next(r for r in rows if r["num_envs"] == n and r.get("variant") == variant)
+            same = next(r for r in rows if r["num_envs"] == n and r.get("variant") == variant
+                        and r.get("graphs") == graphs)
             rows[-1][f"vs_{same['impl']}"] = rows[-1]["steps_per_s"] / same["steps_per_s"]
         elif first is not rows[-1]:
             rows[-1][f"vs_{first['variant']}"] = rows[-1]["steps_per_s"] / first["steps_per_s"]

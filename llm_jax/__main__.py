@@ -101,6 +101,9 @@ class Generate(SamplingFlags):
     Qwen3), float32 or bfloat16; logits are float32 either way."""
     attention: Literal["auto", "cudnn", "blocked", "row", "pallas"] = "auto"
     """Attention form of the prompt pass (decode steps use plain jnp)."""
+    cuda_graphs: Literal["loops", "unrolled", "default"] = "loops"
+    """On a GPU, the decode loop's kernels as CUDA graphs (llm_jax/graphs.py): each setting runs
+    the same kernels; nothing changes elsewhere."""
     image: tyro.conf.UseAppendAction[tuple[str, ...]] = ()
     """Images (one size) before the prompt's text (with --prompt): the weights must be a
     Qwen3-VL folder."""
@@ -260,6 +263,7 @@ def run_generate(a: Generate) -> Path:
     import jax.numpy as jnp
 
     from llm_jax.decode import GenerateSpec, generate
+    from llm_jax.graphs import loop_jit
     from llm_jax.loader import load_params
     from llm_jax.model import AttentionConfig, prefill
 
@@ -276,7 +280,8 @@ def run_generate(a: Generate) -> Path:
         tokens[i, : len(r)] = r
     spec = GenerateSpec(max_new_tokens=a.max_new_tokens, pad_id=tok.pad_id, sampling=sampling,
                         stop_ids=stop, hidden_layer=a.layer, post_norm=a.post_norm, attn=attn)
-    fn = jax.jit(lambda p, t, n, k, c: generate(p, cfg, spec, t, n, key=k, prefix=c))
+    fn = loop_jit(lambda p, t, n, k, c: generate(p, cfg, spec, t, n, key=k, prefix=c),
+                  a.cuda_graphs)
     out = fn(params, tokens, np.array([len(r) for r in rows], np.int32),
              jax.random.PRNGKey(a.seed or 0), cache)
     new, num = np.asarray(out.tokens), np.asarray(out.num_tokens)

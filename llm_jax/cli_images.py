@@ -148,6 +148,7 @@ def run_generate_images(a: Generate) -> Path:
     import jax.numpy as jnp
 
     from llm_jax.decode import GenerateError, GenerateSpec, check_generate
+    from llm_jax.graphs import loop_jit
     from llm_jax.mrope import rope_index
     from llm_jax.sampling import resolve_sampling
     from llm_jax.tokenizer import stop_ids
@@ -174,8 +175,8 @@ def run_generate_images(a: Generate) -> Path:
     spec = GenerateSpec(max_new_tokens=a.max_new_tokens, pad_id=tok.pad_id,
                         sampling=resolved.sampling, stop_ids=stop, hidden_layer=a.layer,
                         post_norm=a.post_norm)
-    fn = jax.jit(lambda p, t, n, px, ps, d, k: vl_generate(p, cfg, spec, t, n, px, grid, ps, d,
-                                                           key=k))
+    fn = loop_jit(lambda p, t, n, px, ps, d, k: vl_generate(p, cfg, spec, t, n, px, grid, ps,
+                                                            d, key=k), a.cuda_graphs)
     out = fn(params, jnp.asarray(ids)[None], jnp.array([ids.size]), pixels, jnp.asarray(pos),
              jnp.asarray(deltas), jax.random.PRNGKey(a.seed or 0))
     n = int(out.num_tokens[0])

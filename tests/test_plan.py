@@ -3,6 +3,7 @@ FLOPs on HLO written by hand, gpu_target's reading of XLA's thunk sequence (CUDA
 bench/gpu_predict.py's fit on rows made from known figures, and `train.py --plan`."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -226,32 +227,40 @@ def test_plan_refuses_bad_cards_in_one_line():
 
 @PLUGIN
 def test_loops_go_into_cuda_graphs_when_asked():
-    """A small scan (its outputs stacked at the loop's counter: a dynamic-slice copy; a GEMM and
-    a cuDNN convolution an iteration) and a conditional compiled here for an H200: XLA's default
-    runs the loop from the host; with gpu_target.command_buffer_options() the whole program is
-    one graph with the loop inside; the kernel accounting sees the loop's 5 trips."""
+    """A small program (a scan whose outputs are stacked at the loop's counter: a dynamic-slice
+    copy; a GEMM and a cuDNN convolution an iteration; then a scan of nothing stacked) compiled
+    here for an H200 through `loop_jit`, as our commands compile their loops: XLA's default runs
+    both loops from the host; `loops` puts the second inside a graph and leaves the stacking one
+    on the host, its body a graph; `unrolled` makes the whole program one graph with both loops
+    inside. On this CPU `loop_jit` passes XLA no option at all. The kernel accounting sees the
+    first loop's 5 trips."""
     code = """
 import json, sys, tempfile
 sys.path.insert(0, "bench")
 import gpu_target, hlo_cost
 dev = gpu_target.use("h200")
 import jax, jax.numpy as jnp
+from llm_jax.graphs import loop_jit
 def f(x, w, k):
     def body(x, i):
         y = jnp.tanh(x @ w) + jnp.sin(x) * i
         y = y + jax.lax.conv(y[None, None], k, (1, 1), "SAME")[0, 0]
         return y / (1 + jnp.abs(y).sum()), x
     x, xs = jax.lax.scan(body, x, jnp.arange(5.0))
-    return jax.lax.cond(x.sum() > 0, lambda x: x * 2, lambda x: jnp.cos(x) + 1, x), xs
-args = gpu_target.abstract((jax.ShapeDtypeStruct((64, 256), jnp.float32),
-                            jax.ShapeDtypeStruct((256, 256), jnp.float32),
-                            jax.ShapeDtypeStruct((1, 1, 3, 3), jnp.float32)), dev)
+    x, _ = jax.lax.scan(lambda c, _: (c * 1.01 + jnp.sin(c), None), x, None, length=7)
+    return x, xs
+shapes = (jax.ShapeDtypeStruct((64, 256), jnp.float32),
+          jax.ShapeDtypeStruct((256, 256), jnp.float32),
+          jax.ShapeDtypeStruct((1, 1, 3, 3), jnp.float32))
+args = gpu_target.abstract(shapes, dev)
 out = {}
-for name, opts in (("default", {}), ("loops", gpu_target.command_buffer_options())):
-    with tempfile.TemporaryDirectory() as d:
-        c = jax.jit(f).lower(*args).compile(dict(opts, xla_dump_to=d))
-        out[name] = gpu_target.thunk_summary(d)
+with gpu_target.as_gpu():
+    for name in ("default", "loops", "unrolled"):
+        with tempfile.TemporaryDirectory() as d:
+            c = loop_jit(f, name, compiler_options={"xla_dump_to": d}).lower(*args).compile()
+            out[name] = gpu_target.thunk_summary(d)
 out["loops_hlo"] = hlo_cost.loops(hlo_cost.parse(c.as_text()))
+out["cpu_options"] = loop_jit(f, "unrolled").lower(*shapes)._lowering._compiler_options_kvs
 print(json.dumps(out))
 """
     env = subprocess_env()
@@ -260,12 +269,51 @@ print(json.dumps(out))
                        text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
-    assert out["default"]["while_host"] == 1
-    assert out["loops"]["top_level"] == 1 and out["loops"]["while_in_graph"] == 1
-    assert out["loops"]["while_host"] == 0 and out["loops"]["launches_outside"] == 0
-    (loop,) = out["loops_hlo"]
-    assert loop["trip_count"] == 5 and loop["by_kind"].get("gemm") == 1
-    assert loop["by_kind"].get("conv") == 1
+    assert out["default"]["while_host"] == 2 and out["default"]["while_in_graph"] == 0
+    assert out["loops"]["while_host"] == 1 and out["loops"]["while_in_graph"] == 1
+    assert out["loops"]["command_buffers"] >= 1 and out["loops"]["launches_outside"] <= 1
+    assert out["unrolled"]["top_level"] == 1 and out["unrolled"]["while_in_graph"] == 2
+    assert out["unrolled"]["while_host"] == 0 and out["unrolled"]["launches_outside"] == 0
+    assert out["cpu_options"] == []
+    stacked = [lp for lp in out["loops_hlo"] if lp["trip_count"] == 5]
+    assert len(stacked) == 1 and stacked[0]["by_kind"].get("gemm") == 1
+    assert stacked[0]["by_kind"].get("conv") == 1
+
+
+def test_graph_settings_and_the_plan_line():
+    """The three settings' XLA options (hand-written here), a bad one refused on every backend,
+    `--cuda-graphs` parsed into a run's config, and the plan's line from a thunk summary."""
+    import plan
+
+    from fused.commands.train import load_config
+    from llm_jax.graphs import compiler_options, loop_jit
+
+    captured = ("FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONVOLUTION,WHILE,CONDITIONAL,"
+                "DYNAMIC_SLICE_FUSION")
+    assert compiler_options("default") == {}
+    assert compiler_options("loops") == {"xla_gpu_enable_command_buffer": captured,
+                                         "xla_gpu_graph_min_graph_size": 1,
+                                         "xla_gpu_command_buffer_unroll_loops": False}
+    assert compiler_options("unrolled")["xla_gpu_command_buffer_unroll_loops"] is True
+    with pytest.raises(ValueError, match="cuda graphs 'all': one of loops, unrolled, default"):
+        loop_jit(lambda x: x, "all")
+    assert load_config(["smoke"])[0].cuda_graphs == "loops"
+    assert load_config(["smoke", "--cuda-graphs", "unrolled"])[0].cuda_graphs == "unrolled"
+    t = {"command_buffers": 13, "launches_outside": 5, "while_host": 5, "while_in_graph": 32,
+         "conditional_host": 1, "conditional_in_graph": 3, "top_level": 2}
+    env = dict(os.environ)
+    try:
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+        assert plan.graphs_line("loops", t) == (
+            "  CUDA graphs (--cuda-graphs loops): 13 graphs, 32 loops inside them, 5 from the "
+            "host, 5 launches alone (the prediction assumes XLA's default launching, as the runs "
+            "fitted)")
+        os.environ["XLA_FLAGS"] = "--xla_backend_optimization_level=0"
+        assert "not read (XLA_FLAGS' --xla_backend_optimization_level=0 skips" in (
+            plan.graphs_line("loops", t))
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
 
 
 @PLUGIN
@@ -282,6 +330,8 @@ def test_train_plan_prints_a_predicted_plan(tmp_path):
     out = p.stdout
     assert "plan for one NVIDIA H200 (h200)" in out and ": fits in the 75%" in out
     assert "a rollout step with its resets" in out and "an update epoch" in out
+    # (the suite's flags skip the passes that form the graphs)
+    assert "  CUDA graphs (--cuda-graphs loops): not read (XLA_FLAGS' " in out
     assert "env steps/s" in out and re.search(r"\(predicted, not measured: a kernel-time model "
                                                r"fitted on \d+ H200 runs; each, left out", out)
     assert not runs.exists()

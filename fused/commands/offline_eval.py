@@ -30,7 +30,9 @@ from fused.runs.blocks import run_blocks
 from fused.runs.config_io import from_json
 from fused.runs.files import atomic_write_json, require_writable
 from fused.runs.metrics import save_figure
+from fused.runs.settings import CudaGraphs
 from fused.video import DEFAULT_GAMMA, check_video_gamma, write_videos
+from llm_jax.graphs import loop_jit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +74,7 @@ class EvalConfig:
     """With an LLM-augmented policy, put the text its LLM saw beside each frame."""
     out: str | None = None
     """Write the results here instead of RUN/eval.json."""
+    cuda_graphs: CudaGraphs = "loops"
 
 
 def check_llm_matches_labels(run_dir: Path, pol: TrainedPolicy) -> None:
@@ -136,7 +139,8 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None,
     t0 = time.time()
     state = on_device(jax.jit(ev.init)(jax.random.PRNGKey(c.seed), frozen,
                                        on_device(pol.inputs_state)))
-    job = EvalBlocks(jax.jit(ev.block, donate_argnums=0), state, params, frozen, watch, c)
+    job = EvalBlocks(loop_jit(ev.block, c.cuda_graphs, donate_argnums=0), state, params, frozen,
+                     watch, c)
     run_blocks(job, console)
     out = figures(job.host, c, pol, env, run_dir, time.time() - t0)
     atomic_write_json(path, out)

@@ -42,6 +42,7 @@ from fused.runs.settings import RESUME_FIXED as RUN_FIXED
 from fused.runs.settings import RunSettings, WandbConfig, validate_run_settings
 from fused.runs.invocation import command
 from llm_jax import memory
+from llm_jax.graphs import loop_jit
 from llm_jax.memory import GB
 
 
@@ -272,7 +273,7 @@ def train(off: Offline, run: RunDir, console) -> Path:
     labels = f", labels {cfg.labels!r} (H={d.hidden_size})" if cfg.labels else ""
     streamed = (f", streamed in windows of {cfg.device_rows:,} rows" if off.stream is not None
                 else "")
-    chunk = jax.jit(off.trainer.chunk, donate_argnums=0)
+    chunk = loop_jit(off.trainer.chunk, cfg.cuda_graphs, donate_argnums=0)
 
     def step(state, update: int, first: bool) -> Chunk:
         tc = time.time()

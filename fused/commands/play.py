@@ -48,6 +48,7 @@ from fused.runs.blocks import run_blocks
 from fused.runs.files import atomic_write_json, require_writable
 from fused.runs.interrupts import exit_now
 from fused.runs.run_dir import default_name
+from fused.runs.settings import CudaGraphs
 from fused.video import check_video_gamma
 
 DESCRIPTION = ("An LLM plays N whole Craftax episodes from fixed seeds; eval.json as offline.py "
@@ -56,7 +57,7 @@ HUMAN = ("You play Craftax on a local web page (or from a --script of keys); eve
          "recorded into a label.py dataset.")
 # Flags that change no result: a resumed play may give them anew (not --video: its frames are
 # drawn in the play's own blocks).
-RESUME_FREE = ("plot", "resume")
+RESUME_FREE = ("plot", "resume", "cuda_graphs")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +109,7 @@ class PlayConfig(PlayerSettings):
     what was recorded. They are part of the prompt's constant prefix (encoded once)."""
     plot: bool = True
     """Write eval_achievements.png beside eval.json."""
+    cuda_graphs: CudaGraphs = "loops"
 
 
 def resume_command(run: Path) -> str:

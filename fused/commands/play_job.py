@@ -27,6 +27,7 @@ from fused.runs import config_io
 from fused.runs.checkpoint import state_digest
 from fused.runs.files import atomic_path, atomic_write_json
 from fused.video import DEFAULT_GAMMA, FrameWatch, write_videos
+from llm_jax.graphs import loop_jit
 
 REPLIES_KEPT = 20  # per episode, in replies.json
 
@@ -104,7 +105,7 @@ class PlayJob:
                                 record=spec(c.env.name) if c.record else None, watch=self.watch)
         self.state = on_device(jax.jit(self.ev.init)(jax.random.PRNGKey(c.seed), None))
         self.params = on_device(player.params)  # (the loop's inputs all on one device)
-        self.block = jax.jit(self.ev.block, donate_argnums=0)
+        self.block = loop_jit(self.ev.block, c.cuda_graphs, donate_argnums=0)
         self.saved = run / "progress" / "state.npz"
         self.records_dir, self.frames_dir = run / "progress" / "records", run / "progress" / "frames"
         if c.resume and self.saved.is_file():

@@ -35,6 +35,7 @@ from fused.runs.run_dir import RunDir, default_name
 from fused.runs.settings import RESUME_FIXED as RUN_FIXED
 from fused.runs.settings import RunSettings, WandbConfig, validate_run_settings
 from fused.runs.invocation import command
+from llm_jax.graphs import loop_jit
 
 DEFAULT_PRESET = "cpu"
 DESCRIPTION = ("Train PPO on Craftax with the whole rollout and update compiled. `--plan CARD` "
@@ -313,7 +314,7 @@ def train(online: Online, run: RunDir, console: Console) -> Path:
     from fused.runs.metrics import chunk_rows
 
     cfg, trainer, inputs = online.cfg, online.trainer, online.agent.inputs
-    chunk = jax.jit(trainer.chunk, donate_argnums=0)
+    chunk = loop_jit(trainer.chunk, cfg.cuda_graphs, donate_argnums=0)
     profiled = False
 
     def step(state, update: int, first: bool) -> Chunk:

@@ -12,6 +12,7 @@ from fused.errors import ConfigError
 from fused.llm.config import ImagineConfig, LLMConfig, validate_imagine
 from fused.llm.encoders import validate_llm
 from fused.rl.config import EnvSettings, validate_env
+from fused.runs.settings import CudaGraphs
 from fused.envspec import EnvName
 
 
@@ -54,6 +55,7 @@ class GenerateConfig:
     resume_seconds: float = 30.0
     """Save a resume point (device carry and the rows still waiting) at most this often: a
     killed run redoes at most this much work (0: after every block)."""
+    cuda_graphs: CudaGraphs = "loops"
 
     @property
     def envs_per_stream(self) -> int:

@@ -46,6 +46,7 @@ from fused.runs.cluster import part_done
 from fused.runs.config_io import to_dict
 from fused.runs.interrupts import interrupt_requested, stop_if_interrupted
 from fused.runs.progress import JobProgress
+from llm_jax.graphs import loop_jit
 
 # Fields that do not change the data (a rerun may differ in them).
 OPERATIONAL = ("out", "num_devices", "resume_seconds", "part")
@@ -166,7 +167,7 @@ class StreamWriter:
         if n > 1:
             init, block = shard_collector(init, block, mesh, behaviour.inputs)
         self.init = jax.jit(init)
-        self.block = jax.jit(block, donate_argnums=0)
+        self.block = loop_jit(block, c.cuda_graphs, donate_argnums=0)
         self.sharded = n > 1  # (then the collector places the state on the devices itself)
         # parameters and LLM arrays on this process's devices: committed to the one device
         # (`on_device`), or replicated over several (a checkpoint restores onto one device)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Literal
+from typing import Annotated, Literal
+
+import tyro
 
 from fused.errors import ConfigError
 
@@ -35,6 +37,16 @@ class WandbConfig:
     """wandb entity (team or user)."""
 
 
+# A command's setting for how its loop programs launch their kernels on a GPU (llm_jax/graphs.py;
+# the same three values as llm_jax.graphs.GRAPHS): one field of each command's config.
+CudaGraphs = Annotated[Literal["loops", "unrolled", "default"], tyro.conf.arg(help=(
+    "On a GPU, the loop programs' kernels launched as CUDA graphs: loops (loops and "
+    "conditionals inside the graphs; a loop that slices at its counter runs from the host), "
+    "unrolled (such loops unrolled too: the whole program one graph, far larger), default "
+    "(XLA's own: each loop iteration from the host). Each runs the same kernels; nothing changes "
+    "on a CPU or TPU."))]
+
+
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
     seed: int = 0
@@ -58,6 +70,7 @@ class RunSettings:
     """Write a learning-curve PNG into the run folder at each log."""
     wandb: WandbConfig = WandbConfig()
     """Weights & Biases logging."""
+    cuda_graphs: CudaGraphs = "loops"
 
 
 # On resume these cannot change: they name the run.
