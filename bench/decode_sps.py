@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import tyro
@@ -51,6 +52,8 @@ from llm_encode import MODELS, build, run_rows  # noqa: E402
 
 @dataclasses.dataclass(frozen=True)
 class Args:
+    graphs: Literal["loops", "unrolled", "default"] = "loops"
+    """Our decode's CUDA graphs setting on a GPU (llm_jax/graphs.py; the commands' default)."""
     models: tuple[str, ...] = ("tiny-h64", "qwen3-134m")
     """Random-weight models (bench/llm_encode.py's MODELS)."""
     batches: tuple[int, ...] = (1, 8, 64)
@@ -135,14 +138,15 @@ def bound_row(args: Args, name: str, batch: int = 1) -> dict:
                 bound_steps_per_s=args.bandwidth / b["bytes_per_step"])
 
 
-def our_fn(cfg, n_new, steps_per_check: int = 1):
+def our_fn(cfg, n_new, steps_per_check: int = 1, graphs: str = "loops"):
     import jax
 
     from llm_jax.decode import GenerateSpec, generate
+    from llm_jax.graphs import loop_jit
 
     spec = GenerateSpec(max_new_tokens=n_new, pad_id=0, steps_per_check=steps_per_check)
-    return jax.jit(lambda p, c, t, n: generate(p, cfg, spec, t, n, key=jax.random.PRNGKey(0),
-                                               prefix=c).tokens)
+    return loop_jit(lambda p, c, t, n: generate(p, cfg, spec, t, n, key=jax.random.PRNGKey(0),
+                                                prefix=c).tokens, graphs)
 
 
 def decode_rate(b: int, n: int, t1: float, tn: float) -> float | None:
@@ -179,7 +183,7 @@ def cpu_rows(args: Args, emit) -> None:
         prefix = rng.integers(0, 150_000, args.prefix_len).astype(np.int32)
         cache = jax.block_until_ready(jax.jit(lambda p, x: prefill(p, cfg, x))(
             params, jnp.asarray(prefix)))
-        fns = {k: our_fn(cfg, k) for k in (1, n)}
+        fns = {k: our_fn(cfg, k, graphs=args.graphs) for k in (1, n)}
         cases = []
         for b in args.batches:
             prompts = rng.integers(0, 150_000, (b, args.prompt_len)).astype(np.int32)
@@ -289,7 +293,7 @@ def shape_rows(args: Args, emit) -> None:
     n = args.new_tokens
     copy = copy_bandwidth(args.copy_gb)
     emit({"name": "machine", "devices": str(jax.devices()), "copy_bytes_per_s": copy,
-          "jax": jax.__version__})
+          "jax": jax.__version__, "graphs": args.graphs})
     for name in args.shapes:
         cfg = Qwen3Config.shape(name)
         params = jax.jit(lambda k: init_params(cfg, k, jnp.bfloat16, per_layer=True))(
@@ -298,7 +302,8 @@ def shape_rows(args: Args, emit) -> None:
         cache = jax.jit(lambda p, x: prefill(p, cfg, x))(params, prefix)
         fns_by = {}  # (tokens, steps_per_check) -> jitted: the trace reuses a timed one
         for k_check in args.steps_per_check:
-            fns = {k: fns_by.setdefault((k, k_check), our_fn(cfg, k, k_check)) for k in (1, n)}
+            fns = {k: fns_by.setdefault((k, k_check), our_fn(cfg, k, k_check, args.graphs))
+                   for k in (1, n)}
             for batch in args.batches:
                 prompts = rng.integers(0, 150_000, (batch, args.prompt_len)).astype(np.int32)
                 lengths = np.full(batch, args.prompt_len, np.int32)
@@ -340,7 +345,7 @@ def write_trace(args: Args, cfg, name: str, params, cache, rng, emit, fns_by=Non
 
     batch = args.batches[0]
     key = (args.trace_tokens, args.steps_per_check[0])
-    fn = (fns_by or {}).get(key) or our_fn(cfg, *key)
+    fn = (fns_by or {}).get(key) or our_fn(cfg, *key, args.graphs)
     prompts = rng.integers(0, 150_000, (batch, args.prompt_len)).astype(np.int32)
     lengths = np.full(batch, args.prompt_len, np.int32)
     jax.block_until_ready(fn(params, cache, prompts, lengths))
@@ -383,7 +388,7 @@ def target_rows(args: Args, emit) -> None:
             for k_check in args.steps_per_check:
                 for batch in args.batches:
                     t0 = time.perf_counter()
-                    compiled = our_fn(cfg, n, k_check).lower(
+                    compiled = our_fn(cfg, n, k_check, args.graphs).lower(
                         params, cache, put(jax.ShapeDtypeStruct((batch, args.prompt_len),
                                                                 jnp.int32)),
                         put(jax.ShapeDtypeStruct((batch,), jnp.int32))).compile()
@@ -410,7 +415,7 @@ def run(args: Args, emit) -> None:
     import jax
 
     emit({"name": "machine", "cpus": os.cpu_count(), "load_average_at_start": os.getloadavg(),
-          "backend": jax.default_backend()})
+          "backend": jax.default_backend(), "graphs": args.graphs})
     emit(dict(bound_row(args, args.bound_shape),
               measured=None if args.shapes else "not measured (no GPU in this run)"))
     if args.shapes:

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Literal
 
 import tyro
 
@@ -85,6 +86,8 @@ class Args:
     """Attention forms of the fused rows, each timed in turn (--llm.attention): auto (what
     training uses: row on CPU, the Pallas kernel on an NVIDIA GPU in bf16) or one of row /
     blocked / cudnn / pallas."""
+    graphs: Literal["loops", "unrolled", "default"] = "loops"
+    """The chunks' CUDA graphs setting on a GPU (`--cuda-graphs`, llm_jax/graphs.py)."""
     trace: str | None = None
     """Write a profiler trace (Chrome trace JSON, gzipped) of one more chunk of the first fused
     row with LLM calls here, after its timed chunks (`bench/trace_report.py` groups its device
@@ -107,7 +110,8 @@ def train_cfg(a: Args, llm=None):
                        ppo=PPOConfig(num_steps=a.num_steps, num_minibatches=4, update_epochs=2),
                        policy=PolicyConfig(layer_width=a.width),
                        llm=llm or LLMConfig(), total_timesteps=a.num_envs * a.num_steps * 1000,
-                       updates_per_chunk=a.updates, wandb=WandbConfig(mode="disabled"), plot=False)
+                       updates_per_chunk=a.updates, wandb=WandbConfig(mode="disabled"), plot=False,
+                       cuda_graphs=a.graphs)
 
 
 class Timed:
@@ -117,8 +121,8 @@ class Timed:
     def __init__(self, cfg):
         import jax
 
-        from fused.commands.train import validate
-        from fused.commands.train import build
+        from fused.commands.train import build, validate
+        from llm_jax.graphs import loop_jit
 
         validate(cfg)
         self.cfg, self.online = cfg, build(cfg)
@@ -126,7 +130,8 @@ class Timed:
         self.llm = getattr(self.online.agent.inputs, "encoder", None)
         self.state = jax.block_until_ready(jax.jit(tr.init)(jax.random.PRNGKey(0), frozen))
         t = time.perf_counter()
-        self.compiled = jax.jit(tr.chunk).lower(self.state, frozen).compile()
+        # (as train.py compiles it, its CUDA graphs setting included)
+        self.compiled = loop_jit(tr.chunk, cfg.cuda_graphs).lower(self.state, frozen).compile()
         self.compile_s = time.perf_counter() - t
         self.state, _ = jax.block_until_ready(self.compiled(self.state, frozen))  # warm-up
         self.host0 = self.host_seconds()
@@ -353,7 +358,8 @@ def main(a: Args) -> list[dict]:
                 print(json.dumps(row), flush=True)
         finally:
             os.killpg(proc.pid, 15)
-    rows.append({"name": "machine", "matmul_flops_per_s": peak, "matmul_dtype": a.dtype,
+    rows.append({"name": "machine", "graphs": a.graphs, "matmul_flops_per_s": peak,
+                 "matmul_dtype": a.dtype,
                  "devices": str(jax.devices()),
                  "cpu_count": os.cpu_count(), "prefix_tokens": len(parts.prefix),
                  "tail_tokens": len(parts.tail), "model": qcfg.__dict__})
