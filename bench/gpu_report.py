@@ -188,7 +188,7 @@ def decode_spec(what: str, shape: str, batch: int, per_check: int = 8, prefix: i
                 jax.random.PRNGKey(0)))
             cache = put(jax.eval_shape(lambda p, x: prefill(p, cfg, x), params,
                                        jax.ShapeDtypeStruct((prefix,), jnp.int32)))
-            return our_fn(cfg, new, per_check).lower(
+            return our_fn(cfg, new, per_check, "default").lower(  # (the rows: XLA's own)
                 params, cache, put(jax.ShapeDtypeStruct((batch, prompt), jnp.int32)),
                 put(jax.ShapeDtypeStruct((batch,), jnp.int32))).compile(opts or None), {}
 
