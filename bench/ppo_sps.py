@@ -216,7 +216,8 @@ def ppo_rows(args: Args):
         dt = statistics.median(times)
         rows.append({"name": "ppo" if variant == "mlp" else f"ppo_{variant}", "env": args.env,
                      "num_envs": n, "variant": variant, "impl": impl, "graphs": graphs,
-                     "state_sha256": digest(state), "num_steps": args.num_steps, "update_epochs": args.update_epochs,
+                     "state_sha256": digest(state), "num_steps": args.num_steps,
+                     "update_epochs": args.update_epochs,
                      "num_minibatches": args.num_minibatches, "width": args.width,
                      "steps_per_s": args.ppo_updates * cfg.steps_per_update / dt,
                      "compile_s": compile_s, "init_s": init_s, **memory})

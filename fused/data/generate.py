@@ -49,7 +49,7 @@ from fused.runs.progress import JobProgress
 from llm_jax.graphs import loop_jit
 
 # Fields that do not change the data (a rerun may differ in them).
-OPERATIONAL = ("out", "num_devices", "resume_seconds", "part")
+OPERATIONAL = ("out", "num_devices", "resume_seconds", "part", "cuda_graphs")
 
 
 def repo_commit() -> str:
