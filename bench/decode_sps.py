@@ -37,7 +37,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import tyro
@@ -48,11 +47,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from llm_encode import MODELS, build, run_rows  # noqa: E402
+from llm_jax.graphs import Graphs  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
 class Args:
-    graphs: Literal["loops", "unrolled", "default"] = "loops"
+    graphs: Graphs = "loops"
     """Our decode's CUDA graphs setting on a GPU (llm_jax/graphs.py; the commands' default)."""
     models: tuple[str, ...] = ("tiny-h64", "qwen3-134m")
     """Random-weight models (bench/llm_encode.py's MODELS)."""
@@ -138,7 +138,7 @@ def bound_row(args: Args, name: str, batch: int = 1) -> dict:
                 bound_steps_per_s=args.bandwidth / b["bytes_per_step"])
 
 
-def our_fn(cfg, n_new, steps_per_check: int = 1, graphs: str = "loops"):
+def our_fn(cfg, n_new, steps_per_check: int = 1, *, graphs: str):
     import jax
 
     from llm_jax.decode import GenerateSpec, generate
@@ -302,7 +302,7 @@ def shape_rows(args: Args, emit) -> None:
         cache = jax.jit(lambda p, x: prefill(p, cfg, x))(params, prefix)
         fns_by = {}  # (tokens, steps_per_check) -> jitted: the trace reuses a timed one
         for k_check in args.steps_per_check:
-            fns = {k: fns_by.setdefault((k, k_check), our_fn(cfg, k, k_check, args.graphs))
+            fns = {k: fns_by.setdefault((k, k_check), our_fn(cfg, k, k_check, graphs=args.graphs))
                    for k in (1, n)}
             for batch in args.batches:
                 prompts = rng.integers(0, 150_000, (batch, args.prompt_len)).astype(np.int32)
@@ -345,7 +345,7 @@ def write_trace(args: Args, cfg, name: str, params, cache, rng, emit, fns_by=Non
 
     batch = args.batches[0]
     key = (args.trace_tokens, args.steps_per_check[0])
-    fn = (fns_by or {}).get(key) or our_fn(cfg, *key, args.graphs)
+    fn = (fns_by or {}).get(key) or our_fn(cfg, *key, graphs=args.graphs)
     prompts = rng.integers(0, 150_000, (batch, args.prompt_len)).astype(np.int32)
     lengths = np.full(batch, args.prompt_len, np.int32)
     jax.block_until_ready(fn(params, cache, prompts, lengths))
@@ -388,7 +388,7 @@ def target_rows(args: Args, emit) -> None:
             for k_check in args.steps_per_check:
                 for batch in args.batches:
                     t0 = time.perf_counter()
-                    compiled = our_fn(cfg, n, k_check, args.graphs).lower(
+                    compiled = our_fn(cfg, n, k_check, graphs=args.graphs).lower(
                         params, cache, put(jax.ShapeDtypeStruct((batch, args.prompt_len),
                                                                 jnp.int32)),
                         put(jax.ShapeDtypeStruct((batch,), jnp.int32))).compile()
@@ -399,7 +399,7 @@ def target_rows(args: Args, emit) -> None:
                     steps = [r for r in loops if k_check == 1 or r["trip_count"] == k_check]
                     step = max(steps, key=lambda r: r["kernels"], default={})
                     emit(dict(bound_row(args, name, batch), name="jax_gpu_compiled",
-                              steps_per_check=k_check,
+                              steps_per_check=k_check, graphs=args.graphs,
                               compile_s=time.perf_counter() - t0,
                               kernels_per_decode_step=step.get("kernels"),
                               kernels_by_op=step.get("by_op"),

@@ -21,7 +21,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Literal
 
 import tyro
 
@@ -30,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from fused.commands.process import setup_compilation_cache  # noqa: E402
+from llm_jax.graphs import Graphs  # noqa: E402
 from fused.runs.files import atomic_write_json  # noqa: E402
 from llm_jax.model import resolve_form  # noqa: E402
 
@@ -86,7 +86,7 @@ class Args:
     """Attention forms of the fused rows, each timed in turn (--llm.attention): auto (what
     training uses: row on CPU, the Pallas kernel on an NVIDIA GPU in bf16) or one of row /
     blocked / cudnn / pallas."""
-    graphs: Literal["loops", "unrolled", "default"] = "loops"
+    graphs: Graphs = "loops"
     """The chunks' CUDA graphs setting on a GPU (`--cuda-graphs`, llm_jax/graphs.py)."""
     trace: str | None = None
     """Write a profiler trace (Chrome trace JSON, gzipped) of one more chunk of the first fused

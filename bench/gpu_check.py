@@ -125,17 +125,19 @@ STEPS = (
     Step("ppo_ours_1024", 3,
          Run(PPO + ("--ppo-env-counts", "1024"), 160),
          Run(PPO + PPO_TINY + ("--env", "Craftax-Classic-Symbolic-v1", "--ppo-env-counts", "8",
-                               "--num-steps", "8", "--graphs", "default", "loops"), 120)),
+                               "--num-steps", "8"), 120)),
     # (../shared/peers/public_ppo.py's run, through bench/peer_ppo.py: its jax aliases)
     Step("ppo_public_1024", 3,
          Run(("bench/peer_ppo.py", "Craftax-Symbolic-v1", "1024"), 200),
          Run(("bench/peer_ppo.py", "Craftax-Symbolic-v1", "8", "--num-steps", "8", "--width",
               "64") + PEER_TINY, 200), **PUBLIC),
-    # our PPO launched as XLA does by default, with its loops in CUDA graphs (the commands'
-    # setting) and unrolled into one graph: steps/s, and the state after the same chunks equal
+    # our PPO with its loops in CUDA graphs (the commands' setting), launched as XLA does by
+    # default, and unrolled into one graph: steps/s, the state after the same chunks equal to
+    # the first setting's, and the first setting's run again (is the program deterministic?)
     Step("ppo_graphs_1024", 3,
-         Run(PPO + ("--ppo-env-counts", "1024", "--graphs", "default", "loops", "unrolled"), 300),
-         None),
+         Run(PPO + ("--ppo-env-counts", "1024", "--graphs", "loops", "default", "unrolled"), 420),
+         Run(PPO + PPO_TINY + ("--env", "Craftax-Classic-Symbolic-v1", "--ppo-env-counts", "8",
+                               "--num-steps", "8", "--graphs", "loops", "default"), 120)),
     Step("decode_4b_b64", 3, Run(DECODE + ("--shapes", "qwen3-4b", "--batches", "64"), 150),
          None),
     # frames: the public pixel PPO's sizes (CNN 512, 64 steps, 4 x 8) on Craftax-Pixels

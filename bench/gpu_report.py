@@ -52,7 +52,8 @@ class Spec:
 
 def compile_train(cfg, device, options=None):
     """A training config's chunk (rollout and update of `cfg.updates_per_chunk` updates)
-    compiled for `device` as train.py compiles it (its CUDA graphs setting), from shapes only
+    compiled for `device` as train.py compiles it, with `cfg.cuda_graphs`' options (the report's
+    configs: `default`; `options` are added to them, never take them away), from shapes only
     (an LLM's weights are made on this CPU by its host setup, then passed as shapes)."""
     import jax
 
@@ -188,7 +189,7 @@ def decode_spec(what: str, shape: str, batch: int, per_check: int = 8, prefix: i
                 jax.random.PRNGKey(0)))
             cache = put(jax.eval_shape(lambda p, x: prefill(p, cfg, x), params,
                                        jax.ShapeDtypeStruct((prefix,), jnp.int32)))
-            return our_fn(cfg, new, per_check, "default").lower(  # (the rows: XLA's own)
+            return our_fn(cfg, new, per_check, graphs="default").lower(  # (the rows: XLA's own)
                 params, cache, put(jax.ShapeDtypeStruct((batch, prompt), jnp.int32)),
                 put(jax.ShapeDtypeStruct((batch,), jnp.int32))).compile(opts or None), {}
 

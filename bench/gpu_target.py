@@ -151,16 +151,6 @@ def memory(compiled, target: str | None = None) -> dict:
     return row
 
 
-def command_buffer_options() -> dict:
-    """XLA options that put whole loops and conditionals in CUDA graphs (command buffers), the
-    loops that slice at their counters unrolled into them: llm_jax/graphs.py's `unrolled`
-    setting (the setting our commands take: `loops`; `compiler_options`). For a GPU compile
-    only."""
-    from llm_jax.graphs import compiler_options
-
-    return compiler_options("unrolled")
-
-
 def thunk_summary(dump_dir: str) -> dict:
     """How XLA:GPU runs a compiled program, from its thunk sequence after the thunk passes
     (compiled with `xla_dump_to=dump_dir`; the biggest module there; XLA_FLAGS'

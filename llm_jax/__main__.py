@@ -17,6 +17,7 @@ import numpy as np
 import tyro
 
 from llm_jax.cli_images import as_flags, run_encode_images, run_generate_images
+from llm_jax.graphs import Graphs
 from llm_jax.sampling import SamplingFlags
 
 
@@ -101,9 +102,9 @@ class Generate(SamplingFlags):
     Qwen3), float32 or bfloat16; logits are float32 either way."""
     attention: Literal["auto", "cudnn", "blocked", "row", "pallas"] = "auto"
     """Attention form of the prompt pass (decode steps use plain jnp)."""
-    cuda_graphs: Literal["loops", "unrolled", "default"] = "loops"
-    """On a GPU, the decode loop's kernels as CUDA graphs (llm_jax/graphs.py): each setting runs
-    the same kernels; nothing changes elsewhere."""
+    cuda_graphs: Graphs = "loops"
+    """On an NVIDIA GPU, the decode loop's kernels as CUDA graphs (llm_jax/graphs.py): only the
+    launching differs; nothing changes elsewhere."""
     image: tyro.conf.UseAppendAction[tuple[str, ...]] = ()
     """Images (one size) before the prompt's text (with --prompt): the weights must be a
     Qwen3-VL folder."""

@@ -1,8 +1,8 @@
 """CUDA graphs for the programs built around loops (a PPO or AWR chunk's rollout and updates, an
 evaluation's or a dataset's blocks of env steps, a decode loop): `loop_jit` is `jax.jit` with
-XLA:GPU's command buffers set for the program when the backend is a GPU, and `jax.jit` unchanged
-anywhere else (a CPU, a TPU). Here rather than in `fused` because the decode loop, the lowest
-program that needs it, lives in llm_jax.
+XLA:GPU's command buffers set for the program when the backend is an NVIDIA GPU, and `jax.jit`
+unchanged anywhere else (a CPU, a TPU, an AMD GPU). Here rather than in `fused` because the
+decode loop, the lowest program that needs it, lives in llm_jax.
 
 XLA:GPU forms command buffers (CUDA graphs: a sequence of kernels launched as one) by default,
 but only of straight-line sequences of 5 kernels or more: each loop iteration and each branch of
@@ -13,11 +13,13 @@ Craftax step vmapped over the envs) is launched kernel by kernel, graph by graph
             sequences of any length; a loop whose body reads or writes at its counter (a scan's
             stacked inputs and outputs: dynamic slices) stays a loop run from the host, its body
             graphs launched once an iteration. A graph holds at most the program's own kernels.
-  unrolled  as `loops`, and such a loop unrolled into the graph, so the whole program is one
-            graph; a graph then holds each iteration's kernels (trip count x body): far larger.
+  unrolled  as `loops`, and such a loop unrolled into the graph (the PPO chunk and the decode
+            are one graph each; collectives and host callbacks still split a program); a graph
+            then holds each iteration's kernels (trip count x body): far larger.
   default   XLA's own choice.
 
-Only the launching changes: each setting runs the program's own kernels. What a setting forms
+Only the launching changes: each setting compiles the program's own kernels (tests/test_plan.py
+compares them on a small program). What a setting forms
 can be read without a GPU from XLA's thunk sequence (`bench/gpu_target.py`'s `thunk_summary` of
 a program compiled for an H200 here, as `train.py --plan` prints it); how fast each runs, and
 that the numbers are equal bit for bit, only on a GPU (`bench/ppo_sps.py --graphs`, a step of
@@ -25,12 +27,12 @@ the prepared GPU check; docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import jax
 
 Graphs = Literal["loops", "unrolled", "default"]
-GRAPHS: tuple[str, ...] = ("loops", "unrolled", "default")
+GRAPHS: tuple[str, ...] = get_args(Graphs)
 
 # The library calls and kernels XLA captures by default, with cuDNN's convolutions (Craftax's
 # step has some) and its dynamic-slice copies, loops and conditionals; a graph of any length
@@ -51,11 +53,21 @@ def compiler_options(graphs: Graphs) -> dict:
 
 
 def loop_jit(fn, graphs: Graphs = "loops", **jit_kwargs):
-    """`jax.jit(fn, **jit_kwargs)`, with `graphs`' options when the default backend is a GPU
-    (asked when called: a command calls it after its devices are known)."""
+    """`jax.jit(fn, **jit_kwargs)`, with `graphs`' options when the default backend is an
+    NVIDIA GPU (asked when called: a command calls it after its devices are known; an AMD GPU
+    gets `jax.jit` unchanged, as these options are not tried there)."""
     compiler_options(graphs)  # (a bad setting is an error on every backend)
-    if jax.default_backend() in ("gpu", "cuda", "rocm"):
+    if jax.default_backend() in ("gpu", "cuda") and not _rocm():
         opts = compiler_options(graphs)
         if opts:
             jit_kwargs["compiler_options"] = {**opts, **jit_kwargs.get("compiler_options", {})}
     return jax.jit(fn, **jit_kwargs)
+
+
+def _rocm() -> bool:
+    import jax.extend
+
+    try:
+        return "rocm" in jax.extend.backend.get_backend().platform_version.lower()
+    except Exception:  # (no backend to ask: as on a compile-only device)
+        return False

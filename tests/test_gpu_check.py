@@ -109,7 +109,8 @@ def test_gpu_check_cpu_smoke_runs_every_step(tmp_path):
         assert status.pop(public) in ("ok", "skipped"), status
     assert set(status.values()) == {"ok"}, status
     assert {"decode_4b", "fused_0.6b_1024", "moe_30b_encode", "moe_30b_decode", "kernel",
-            "ppo_ours_1024", "ppo_pixels_ours_1024", "vl_4b_1024"} <= set(status)
+            "ppo_ours_1024", "ppo_graphs_1024", "ppo_pixels_ours_1024", "vl_4b_1024"
+            } <= set(status)
     by = {}
     for r in rows:
         by.setdefault((r.get("step"), r["name"]), []).append(r)
@@ -126,9 +127,10 @@ def test_gpu_check_cpu_smoke_runs_every_step(tmp_path):
     parity = by[("moe_30b_encode", "parity")][0]
     assert parity["max_rel_diff_tiled"] < 0.02 and parity["max_rel_diff_ragged"] < 0.02
     assert all(r["rel_err"] < 0.02 and r["finite"] for r in by[("kernel", "kernel")])
-    ours = by[("ppo_ours_1024", "ppo")]  # (on a CPU both settings are the same program)
-    assert [r["graphs"] for r in ours] == ["default", "loops"] and ours[0]["steps_per_s"] > 0
-    assert ours[1]["equal_to_default"] is True and ours[1]["vs_graphs_default"] > 0
+    assert by[("ppo_ours_1024", "ppo")][0]["steps_per_s"] > 0
+    graphs = by[("ppo_graphs_1024", "ppo")]  # (on a CPU both settings are the same program)
+    assert [r["graphs"] for r in graphs] == ["loops", "default"]
+    assert graphs[1]["equal_to_loops"] is True and graphs[1]["loops_repeatable"] is True
     assert by[("ppo_pixels_ours_1024", "ppo_cnn")][0]["steps_per_s"] > 0
     vl = by[("vl_4b_1024", "vl_gpu")][0]
     assert vl["finite"] and vl["frames_per_s"] > 0 and 0 < vl["mfu"] < 1

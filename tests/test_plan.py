@@ -3,7 +3,6 @@ FLOPs on HLO written by hand, gpu_target's reading of XLA's thunk sequence (CUDA
 bench/gpu_predict.py's fit on rows made from known figures, and `train.py --plan`."""
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -232,8 +231,9 @@ def test_loops_go_into_cuda_graphs_when_asked():
     here for an H200 through `loop_jit`, as our commands compile their loops: XLA's default runs
     both loops from the host; `loops` puts the second inside a graph and leaves the stacking one
     on the host, its body a graph; `unrolled` makes the whole program one graph with both loops
-    inside. On this CPU `loop_jit` passes XLA no option at all. The kernel accounting sees the
-    first loop's 5 trips."""
+    inside. Each setting compiles the same kernels (its loops' kernels by kind). On this CPU
+    `loop_jit` passes XLA no option at all. The kernel accounting sees the first loop's 5
+    trips."""
     code = """
 import json, sys, tempfile
 sys.path.insert(0, "bench")
@@ -259,6 +259,8 @@ with gpu_target.as_gpu():
         with tempfile.TemporaryDirectory() as d:
             c = loop_jit(f, name, compiler_options={"xla_dump_to": d}).lower(*args).compile()
             out[name] = gpu_target.thunk_summary(d)
+            out["kernels_" + name] = [(lp["trip_count"], lp["by_kind"])
+                                      for lp in hlo_cost.loops(hlo_cost.parse(c.as_text()))]
 out["loops_hlo"] = hlo_cost.loops(hlo_cost.parse(c.as_text()))
 out["cpu_options"] = loop_jit(f, "unrolled").lower(*shapes)._lowering._compiler_options_kvs
 print(json.dumps(out))
@@ -275,18 +277,23 @@ print(json.dumps(out))
     assert out["unrolled"]["top_level"] == 1 and out["unrolled"]["while_in_graph"] == 2
     assert out["unrolled"]["while_host"] == 0 and out["unrolled"]["launches_outside"] == 0
     assert out["cpu_options"] == []
+    assert out["kernels_default"] == out["kernels_loops"] == out["kernels_unrolled"]
     stacked = [lp for lp in out["loops_hlo"] if lp["trip_count"] == 5]
     assert len(stacked) == 1 and stacked[0]["by_kind"].get("gemm") == 1
     assert stacked[0]["by_kind"].get("conv") == 1
 
 
-def test_graph_settings_and_the_plan_line():
+def test_graph_settings_and_the_plan_line(monkeypatch):
     """The three settings' XLA options (hand-written here), a bad one refused on every backend,
-    `--cuda-graphs` parsed into a run's config, and the plan's line from a thunk summary."""
+    `--cuda-graphs` parsed into a run's config (the same three names as llm_jax's), and the
+    plan's line from a thunk summary."""
+    import typing
+
     import plan
 
     from fused.commands.train import load_config
-    from llm_jax.graphs import compiler_options, loop_jit
+    from fused.runs.settings import CudaGraphs
+    from llm_jax.graphs import GRAPHS, compiler_options, loop_jit
 
     captured = ("FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONVOLUTION,WHILE,CONDITIONAL,"
                 "DYNAMIC_SLICE_FUSION")
@@ -297,23 +304,19 @@ def test_graph_settings_and_the_plan_line():
     assert compiler_options("unrolled")["xla_gpu_command_buffer_unroll_loops"] is True
     with pytest.raises(ValueError, match="cuda graphs 'all': one of loops, unrolled, default"):
         loop_jit(lambda x: x, "all")
+    assert typing.get_args(typing.get_args(CudaGraphs)[0]) == GRAPHS
     assert load_config(["smoke"])[0].cuda_graphs == "loops"
     assert load_config(["smoke", "--cuda-graphs", "unrolled"])[0].cuda_graphs == "unrolled"
     t = {"command_buffers": 13, "launches_outside": 5, "while_host": 5, "while_in_graph": 32,
          "conditional_host": 1, "conditional_in_graph": 3, "top_level": 2}
-    env = dict(os.environ)
-    try:
-        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
-        assert plan.graphs_line("loops", t) == (
-            "  CUDA graphs (--cuda-graphs loops): 13 graphs, 32 loops inside them, 5 from the "
-            "host, 5 launches alone (the prediction assumes XLA's default launching, as the runs "
-            "fitted)")
-        os.environ["XLA_FLAGS"] = "--xla_backend_optimization_level=0"
-        assert "not read (XLA_FLAGS' --xla_backend_optimization_level=0 skips" in (
-            plan.graphs_line("loops", t))
-    finally:
-        os.environ.clear()
-        os.environ.update(env)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    assert plan.graphs_line("loops", t) == (
+        "  CUDA graphs (--cuda-graphs loops): 13 graphs, 32 loops inside them, 5 from the "
+        "host, 5 launches alone (the prediction assumes XLA's default launching, as the runs "
+        "fitted)")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")
+    assert "not read (XLA_FLAGS' --xla_backend_optimization_level=0 skips" in (
+        plan.graphs_line("loops", t))
 
 
 @PLUGIN

@@ -42,9 +42,9 @@ class WandbConfig:
 CudaGraphs = Annotated[Literal["loops", "unrolled", "default"], tyro.conf.arg(help=(
     "On a GPU, the loop programs' kernels launched as CUDA graphs: loops (loops and "
     "conditionals inside the graphs; a loop that slices at its counter runs from the host), "
-    "unrolled (such loops unrolled too: the whole program one graph, far larger), default "
-    "(XLA's own: each loop iteration from the host). Each runs the same kernels; nothing changes "
-    "on a CPU or TPU."))]
+    "unrolled (such loops unrolled too: fewer, far larger graphs), default (XLA's own: each "
+    "loop iteration from the host). Only the launching differs; nothing changes off an NVIDIA "
+    "GPU."))]
 
 
 @dataclasses.dataclass(frozen=True)
