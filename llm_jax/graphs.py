@@ -19,11 +19,11 @@ Craftax step vmapped over the envs) is launched kernel by kernel, graph by graph
   default   XLA's own choice.
 
 Only the launching changes: each setting compiles the program's own kernels (tests/test_plan.py
-compares them on a small program). What a setting forms
-can be read without a GPU from XLA's thunk sequence (`bench/gpu_target.py`'s `thunk_summary` of
-a program compiled for an H200 here, as `train.py --plan` prints it); how fast each runs, and
-that the numbers are equal bit for bit, only on a GPU (`bench/ppo_sps.py --graphs`, a step of
-the prepared GPU check; docs/BENCHMARKS.md)."""
+compares them on a small program). What a setting forms can be read without a GPU from XLA's
+thunk sequence (`bench/gpu_target.py`'s `thunk_summary` of a program compiled for an H200 here,
+as `train.py --plan` prints it); how fast each runs, and whether the numbers are equal bit for
+bit, only on a GPU (`bench/ppo_sps.py --graphs`, a step of the prepared GPU check;
+docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
 
