@@ -69,11 +69,11 @@ class Args:
     graphs: tuple[Graphs, ...] = ("loops",)
     """PPO rows: the CUDA graphs settings each is timed with (`--cuda-graphs`: loops, unrolled,
     default; llm_jax/graphs.py; on a CPU the same program each). Rows after the first setting
-    carry their ratio to it (`vs_graphs_<first>`), whether their state after the same chunks
-    (warm-up and repeats, from the same start) equals its bit for bit (`equal_to_<first>`), and
-    whether the first setting run once more from that start equals itself
-    (`<first>_repeatable`: where it does not, the program is not deterministic on that device
-    and `equal_to_<first>` tells nothing)."""
+    carry their ratio to it (`vs_graphs_<first>`) and whether their state after the same chunks
+    (warm-up and repeats, from the same start) equals its bit for bit (`equal_to_<first>`); the
+    first setting's row says whether it, run once more from that start, equals itself
+    (`repeatable`: where it does not, the program is not deterministic on that device and
+    `equal_to_<first>` tells nothing)."""
     reference: bool = True
     """Also time the prior system's PPO structure (bench/reference_ppo.py) for a same-run ratio."""
     skip_env: bool = False
@@ -165,7 +165,6 @@ def ppo_rows(args: Args):
         raise SystemExit(f"--graphs {' '.join(args.graphs)}: each one of {', '.join(GRAPHS)}, "
                          "once")
     rows = []
-    controls = {}  # (envs, variant, impl) -> the first setting run again (then: equal to itself)
     for n, variant, impl, graphs in [(n, v, i, g) for n in args.ppo_env_counts
                                      for v in args.variants for i in args.impls
                                      for g in args.graphs]:
@@ -227,23 +226,18 @@ def ppo_rows(args: Args):
                      "num_minibatches": args.num_minibatches, "width": args.width,
                      "steps_per_s": args.ppo_updates * cfg.steps_per_update / dt,
                      "compile_s": compile_s, "init_s": init_s, **memory})
-        if len(args.graphs) > 1 and graphs == args.graphs[0]:
-            def again(compiled=compiled, tr=tr) -> str:  # the same chunks from the same start
-                s = jax.jit(tr.init)(jax.random.PRNGKey(0), None)
-                for _ in range(1 + args.repeats):
-                    s, _ = compiled(s, None)
-                return digest(jax.block_until_ready(s))
-            controls[(n, variant, impl)] = again
+        if len(args.graphs) > 1 and graphs == args.graphs[0]:  # the control: the same chunks
+            again = jax.jit(tr.init)(jax.random.PRNGKey(0), None)  # from the same start
+            for _ in range(1 + args.repeats):
+                again, _ = compiled(again, None)
+            rows[-1]["repeatable"] = digest(jax.block_until_ready(again)) == rows[-1][
+                "state_sha256"]
         if graphs != args.graphs[0]:  # (the same program but for its launching)
             same = next(r for r in rows if r["num_envs"] == n and r.get("variant") == variant
                         and r.get("impl") == impl and r.get("graphs") == args.graphs[0])
             first = same["graphs"]
             rows[-1][f"vs_graphs_{first}"] = rows[-1]["steps_per_s"] / same["steps_per_s"]
             rows[-1][f"equal_to_{first}"] = rows[-1]["state_sha256"] == same["state_sha256"]
-            control = controls[(n, variant, impl)]
-            if callable(control):  # (once for the later settings)
-                control = controls[(n, variant, impl)] = control() == same["state_sha256"]
-            rows[-1][f"{first}_repeatable"] = control
             print(json.dumps(rows[-1]), flush=True)
             continue
         first = next(r for r in rows if r["num_envs"] == n and r.get("variant")

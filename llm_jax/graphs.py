@@ -5,25 +5,25 @@ unchanged anywhere else (a CPU, a TPU, an AMD GPU). Here rather than in `fused` 
 decode loop, the lowest program that needs it, lives in llm_jax.
 
 XLA:GPU forms command buffers (CUDA graphs: a sequence of kernels launched as one) by default,
-but only of straight-line sequences of 5 kernels or more: each loop iteration and each branch of
-a conditional is then a round trip to the host, and a loop's body of some 1,500 kernels (a
-Craftax step vmapped over the envs) is launched kernel by kernel, graph by graph. The settings:
+but only of straight-line sequences of several kernels: each loop iteration and each branch of a
+conditional is then a round trip to the host, and a loop's body (a Craftax step vmapped over the
+envs: docs/BENCHMARKS.md counts its kernels) is launched graph by graph, kernel by kernel. The
+settings:
 
   loops     loops and conditionals inside the graphs too (XLA's WHILE and CONDITIONAL commands),
             sequences of any length; a loop whose body reads or writes at its counter (a scan's
             stacked inputs and outputs: dynamic slices) stays a loop run from the host, its body
             graphs launched once an iteration. A graph holds at most the program's own kernels.
-  unrolled  as `loops`, and such a loop unrolled into the graph (the PPO chunk and the decode
-            are one graph each; collectives and host callbacks still split a program); a graph
-            then holds each iteration's kernels (trip count x body): far larger.
+  unrolled  as `loops`, and such a loop unrolled into the graph (collectives and host callbacks
+            still split a program); a graph then holds each iteration's kernels (trip count x
+            body): far larger.
   default   XLA's own choice.
 
 Only the launching changes: each setting compiles the program's own kernels (tests/test_plan.py
 compares them on a small program). What a setting forms can be read without a GPU from XLA's
-thunk sequence (`bench/gpu_target.py`'s `thunk_summary` of a program compiled for an H200 here,
-as `train.py --plan` prints it); how fast each runs, and whether the numbers are equal bit for
-bit, only on a GPU (`bench/ppo_sps.py --graphs`, a step of the prepared GPU check;
-docs/BENCHMARKS.md)."""
+thunk sequence (`bench/gpu_target.py`'s `thunk_summary` of a program compiled for a GPU on a
+CPU, as `train.py --plan` prints it); how fast each runs, and whether the numbers are equal bit
+for bit, only on a GPU (`bench/ppo_sps.py --graphs`)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ GRAPHS: tuple[str, ...] = get_args(Graphs)
 
 # The library calls and kernels XLA captures by default, with cuDNN's convolutions (Craftax's
 # step has some) and its dynamic-slice copies, loops and conditionals; a graph of any length
-# (XLA's default minimum, 5, leaves short bodies with no graph at all).
+# (XLA's default minimum leaves short bodies with no graph at all).
 _CAPTURED = ("FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONVOLUTION,WHILE,CONDITIONAL,"
              "DYNAMIC_SLICE_FUSION")
 
