@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 import numpy as np
 import tyro
 
+from llm_jax.cli import closest, help_paragraphs, typos_in_one_line
 from llm_jax.cli_images import as_flags, run_encode_images, run_generate_images
 from llm_jax.graphs import Graphs
 from llm_jax.sampling import SamplingFlags
@@ -353,12 +354,24 @@ def run_truncate(a: Truncate) -> Path:
 
 
 def parse(argv=None) -> "Encode | Generate | Truncate":
-    """The subcommand's settings from the command line (tyro; --help prints and exits)."""
-    return tyro.cli(
-        Annotated[Encode, tyro.conf.subcommand("encode", description=ENCODE)]
-        | Annotated[Generate, tyro.conf.subcommand("generate", description=GENERATE)]
-        | Annotated[Truncate, tyro.conf.subcommand("truncate", description=TRUNCATE)],
-        args=argv, prog="python -m llm_jax")
+    """The subcommand's settings from the command line (tyro; --help prints and exits; a typo
+    is one line naming the closest flags or values)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    kinds = {"encode": Encode, "generate": Generate, "truncate": Truncate}
+    more = "(python -m llm_jax --help lists them)"
+    if argv and not argv[0].startswith("-") and argv[0] not in kinds:
+        raise SystemExit(f"error: no subcommand {argv[0]!r}; did you mean "
+                         f"{closest(argv[0], kinds)}? {more}")
+    if not argv or argv[0] not in kinds and not {"-h", "--help"} & set(argv):
+        raise SystemExit(f"error: name a subcommand first: encode, generate or truncate {more}")
+    cls = kinds.get(argv[0], Encode)
+    prog = "python -m llm_jax" + (f" {argv[0]}" if argv[0] in kinds else "")
+    with help_paragraphs(), typos_in_one_line(cls, prog):
+        return tyro.cli(
+            Annotated[Encode, tyro.conf.subcommand("encode", description=ENCODE)]
+            | Annotated[Generate, tyro.conf.subcommand("generate", description=GENERATE)]
+            | Annotated[Truncate, tyro.conf.subcommand("truncate", description=TRUNCATE)],
+            args=argv, prog="python -m llm_jax")
 
 
 def main(argv=None):

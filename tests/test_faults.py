@@ -482,6 +482,30 @@ def test_typos_are_one_line_naming_the_closest_values(module, argv, named, neare
     assert named in msg and f"did you mean {nearest}" in msg, msg
 
 
+@pytest.mark.parametrize("argv, named, nearest", [
+    (["generate", "--weights", "w", "--attention", "blocky"], "--attention 'blocky'",
+     "'blocked'"),
+    (["generate", "--weights", "w", "--cuda-graphs", "loop"], "--cuda-graphs 'loop'", "'loops'"),
+    (["generate", "--promt", "hi"], "no flag --promt", "'--prompt'"),
+    (["encode", "--pool", "last", "--post-norms"], "no flag --post-norms", "'--post-norm'"),
+    (["generat", "--weights", "w"], "no subcommand 'generat'", "'generate'"),
+])
+def test_llm_jax_typos_are_one_line_too(argv, named, nearest, capsys):
+    """`python -m llm_jax`'s subcommands, flags and choices mistyped: the same one line."""
+    from llm_jax.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == "", out
+    msg = str(e.value.code)
+    assert msg.startswith("error: ") and "\n" not in msg, msg
+    assert named in msg and f"did you mean {nearest}" in msg, msg
+    with pytest.raises(SystemExit) as e:  # no subcommand at all
+        main(argv[1:])
+    assert str(e.value.code).startswith("error: name a subcommand first"), e.value.code
+
+
 def test_eval_of_a_run_that_is_not_there_leaves_nothing(tmp_path, monkeypatch):
     """`offline.py eval --run runs/does-not-exist`: one line, and no empty folder made."""
     from fused.commands.offline import main
