@@ -12,7 +12,10 @@ command's XLA_FLAGS, its device count included, apply as in a new process; Craft
 when imported, so each command imports it itself): tests/test_command_runner.py checks it. Anything
 else runs through `subprocess.run` unchanged: other programs, a command given input or other
 streams, or an environment whose JAX_* settings (read when jax is imported), PYTHONPATH or
-LD_PRELOAD differ from the server's. Tests that signal a command start it with Popen."""
+LD_PRELOAD differ from the server's. Tests that signal a command start it with Popen.
+
+With $FUSED_TEST_COMMAND_LOG set to a file, the server appends a JSON line for each command it
+ran: its argv, working directory, CPU seconds (its own and its children's) and wall seconds."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -122,8 +126,15 @@ def serve() -> None:
             answers.close()
             command(**request)
         answers.write(json.dumps({"pid": pid}) + "\n")
-        _, status = os.waitpid(pid, 0)
+        started = time.perf_counter()
+        _, status, usage = os.wait4(pid, 0)
         answers.write(json.dumps({"status": os.waitstatus_to_exitcode(status)}) + "\n")
+        if request["env"].get("FUSED_TEST_COMMAND_LOG"):  # where the suite's time goes
+            with open(request["env"]["FUSED_TEST_COMMAND_LOG"], "a") as log:
+                log.write(json.dumps({
+                    "argv": request["argv"], "cwd": request["cwd"],
+                    "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+                    "wall_s": round(time.perf_counter() - started, 2)}) + "\n")
 
 
 def command(argv: list[str], env: dict, cwd: str, out: str, err: str) -> None:
