@@ -15,7 +15,9 @@ streams, or an environment whose JAX_* settings (read when jax is imported), PYT
 LD_PRELOAD differ from the server's. Tests that signal a command start it with Popen.
 
 With $FUSED_TEST_COMMAND_LOG set to a file, the server appends a JSON line for each command it
-ran: its argv, working directory, CPU seconds (its own and its children's) and wall seconds."""
+ran: its argv, working directory, CPU seconds (its own and its children's) and wall seconds;
+every Python process the tests start (tests/startup/sitecustomize.py) appends its seconds of
+tracing, lowering, compiling and reading the compilation cache."""
 
 from __future__ import annotations
 
