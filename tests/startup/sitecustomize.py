@@ -8,13 +8,15 @@ import gc
 # (700) the collector's passes were ~5% of a `train.py smoke` on a fresh cache.
 gc.set_threshold(100_000, 10, 10)  # (700, 10, 10) by default
 
-# With $FUSED_TEST_COMMAND_LOG set (tests/command_runner.py), each process also appends its time
-# in tracing, lowering and compiling (JAX's own duration events, top-level programs and nested
-# ones alike) and its CPU seconds at exit: where the suite's time goes, by command.
+# With $FUSED_TEST_COMMAND_LOG set (tests/command_runner.py), each process also appends at exit
+# its seconds of tracing, lowering, compiling and reading the compilation cache (JAX's duration
+# events, top-level programs and nested ones alike), its CPU seconds, and its compile seconds by
+# program and, in a test worker, by test: where the suite's time goes.
 import os  # noqa: E402
 
 if os.environ.get("FUSED_TEST_COMMAND_LOG"):
     import atexit
+    import collections
     import json
     import resource
     import sys
@@ -22,13 +24,20 @@ if os.environ.get("FUSED_TEST_COMMAND_LOG"):
 
     import jax.monitoring
 
-    _spent: dict = {}
+    _spent: dict = collections.Counter()
+    _programs: dict = collections.Counter()  # compile seconds by program name
+    _tests: dict = collections.defaultdict(collections.Counter)  # ... by test, by event
     _started = time.perf_counter()
 
-    def _count(event: str, seconds: float, **_) -> None:
+    def _count(event: str, seconds: float, fun_name: str = "", **_) -> None:
         if event.startswith(("/jax/core/compile/", "/jax/compilation_cache/")):
             key = event.rsplit("/", 1)[-1]
-            _spent[key] = _spent.get(key, 0.0) + seconds
+            _spent[key] += seconds
+            if key == "backend_compile_duration":
+                _programs[fun_name] += seconds
+            test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
+            if test:
+                _tests[test][key] += seconds
 
     jax.monitoring.register_event_duration_secs_listener(_count)
 
@@ -36,12 +45,13 @@ if os.environ.get("FUSED_TEST_COMMAND_LOG"):
         if not _spent:  # (the command server; processes that compiled nothing)
             return
         usage = resource.getrusage(resource.RUSAGE_SELF)
+        r2 = lambda d: {k: round(v, 2) for k, v in d.items()}  # noqa: E731
         with open(os.environ["FUSED_TEST_COMMAND_LOG"], "a") as log:
             log.write(json.dumps({
                 "process": [os.path.basename(sys.argv[0]), *sys.argv[1:3]], "pid": os.getpid(),
-                "test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0],
                 "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
-                "wall_s": round(time.perf_counter() - _started, 2),
-                **{k: round(v, 2) for k, v in _spent.items()}}) + "\n")
+                "wall_s": round(time.perf_counter() - _started, 2), **r2(_spent),
+                "programs": r2(dict(_programs.most_common(8))),
+                "tests": {t: r2(v) for t, v in _tests.items()}}) + "\n")
 
     atexit.register(_log)
