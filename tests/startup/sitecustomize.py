@@ -14,15 +14,20 @@ gc.set_threshold(100_000, 10, 10)  # (700, 10, 10) by default
 # program and, in a test worker, by test: where the suite's time goes.
 import os  # noqa: E402
 
+_monitoring = None
 if os.environ.get("FUSED_TEST_COMMAND_LOG"):
+    try:  # (not in a process without JAX: the vLLM server's venv)
+        import jax.monitoring as _monitoring
+    except ImportError:
+        pass
+
+if _monitoring is not None:
     import atexit
     import collections
     import json
     import resource
     import sys
     import time
-
-    import jax.monitoring
 
     _spent: dict = collections.Counter()
     _programs: dict = collections.Counter()  # compile seconds by program name
@@ -39,7 +44,7 @@ if os.environ.get("FUSED_TEST_COMMAND_LOG"):
             if test:
                 _tests[test][key] += seconds
 
-    jax.monitoring.register_event_duration_secs_listener(_count)
+    _monitoring.register_event_duration_secs_listener(_count)
 
     def _log() -> None:
         if not _spent:  # (the command server; processes that compiled nothing)
