@@ -307,6 +307,19 @@ def test_graph_settings_and_the_plan_line(monkeypatch):
     assert typing.get_args(typing.get_args(CudaGraphs)[0]) == GRAPHS
     assert load_config(["smoke"])[0].cuda_graphs == "loops"
     assert load_config(["smoke", "--cuda-graphs", "unrolled"])[0].cuda_graphs == "unrolled"
+    # label.py label's batches (an imagination's decode loop inside) compile through loop_jit
+    import types
+
+    import fused.data.labelling as labelling
+    from fused.commands.label import parse
+
+    _, lc = parse(["label", "--data", "d", "--cuda-graphs", "unrolled"])
+    asked = []
+    monkeypatch.setattr(labelling, "loop_jit", lambda fn, graphs: asked.append(graphs) or fn)
+    fake = types.SimpleNamespace(tokenizer=None, frozen=None, batching=lambda n: types.
+                                 SimpleNamespace(microbatch=n))
+    labelling.BatchEncoder(fake, lc, num_devices=1)
+    assert asked == ["unrolled"]
     t = {"command_buffers": 13, "launches_outside": 5, "while_host": 5, "while_in_graph": 32,
          "conditional_host": 1, "conditional_in_graph": 3, "top_level": 2}
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")

@@ -105,6 +105,7 @@ class LabelConfig:
     part: str | None = None
     """`I/N`: label only shards I, I + N, ... and stop (SLURM job arrays); then the same command
     without --part labels what is missing and writes the manifest."""
+    cuda_graphs: CudaGraphs = "loops"
 
     @property
     def model(self) -> LLMConfig:

@@ -38,6 +38,7 @@ from fused.runs.cluster import barrier, part_done
 from fused.runs.config_io import from_dict, to_dict
 from fused.runs.blocks import run_blocks
 from fused.runs.progress import JobProgress
+from llm_jax.graphs import loop_jit
 
 STORAGE = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 
@@ -267,7 +268,7 @@ class BatchEncoder:
                                in_specs=(P("rows"), P("rows"), P()),
                                out_specs=(P("rows"), P(), P("rows"), P("rows")),
                                check_vma=False)
-        self.fn = jax.jit(fn)
+        self.fn = loop_jit(fn, c.cuda_graphs)  # (an imagination's decode loop inside)
 
     def __call__(self, obs: np.ndarray, keys: np.ndarray):
         out, gen, num, tokens = [], [], [], 0
