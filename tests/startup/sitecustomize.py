@@ -10,8 +10,9 @@ gc.set_threshold(100_000, 10, 10)  # (700, 10, 10) by default
 
 # With $FUSED_TEST_COMMAND_LOG set (tests/command_runner.py), each process also appends at exit
 # its seconds of tracing, lowering, compiling and reading the compilation cache (JAX's duration
-# events, top-level programs and nested ones alike), its CPU seconds, and its compile seconds by
-# program and, in a test worker, by test: where the suite's time goes.
+# events, top-level programs and nested ones alike), its CPU seconds, its compile seconds by
+# program, and those seconds by the test that ran it ($PYTEST_CURRENT_TEST): where the suite's
+# time goes.
 import os  # noqa: E402
 
 _monitoring = None
