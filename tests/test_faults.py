@@ -456,6 +456,18 @@ def test_regenerated_shard_with_other_bytes_marks_derived_sets_stale(dataset, tm
     assert run("label.py", "verify", "--data", str(d)).returncode == 0
 
 
+def assert_one_typo_line(main, argv, named, nearest, capsys) -> None:
+    """`main(argv)` exits with one line naming `named` and suggesting `nearest`, printing
+    nothing else."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == "", out
+    msg = str(e.value.code)
+    assert msg.startswith("error: ") and "\n" not in msg, msg
+    assert named in msg and f"did you mean {nearest}" in msg, msg
+
+
 @pytest.mark.parametrize("module, argv, named, nearest", [
     ("train", ["--env.name", "Craftax-Clasic-Symbolic-v1"], "--env.name",
      "'Craftax-Classic-Symbolic-v1'"),
@@ -473,13 +485,7 @@ def test_typos_are_one_line_naming_the_closest_values(module, argv, named, neare
     import importlib
 
     main = importlib.import_module(f"fused.commands.{module}").main
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    out = capsys.readouterr()
-    assert out.out == "" and out.err == "", out
-    msg = str(e.value.code)
-    assert msg.startswith("error: ") and "\n" not in msg, msg
-    assert named in msg and f"did you mean {nearest}" in msg, msg
+    assert_one_typo_line(main, argv, named, nearest, capsys)
 
 
 @pytest.mark.parametrize("argv, named, nearest", [
@@ -494,13 +500,7 @@ def test_llm_jax_typos_are_one_line_too(argv, named, nearest, capsys):
     """`python -m llm_jax`'s subcommands, flags and choices mistyped: the same one line."""
     from llm_jax.__main__ import main
 
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    out = capsys.readouterr()
-    assert out.out == "" and out.err == "", out
-    msg = str(e.value.code)
-    assert msg.startswith("error: ") and "\n" not in msg, msg
-    assert named in msg and f"did you mean {nearest}" in msg, msg
+    assert_one_typo_line(main, argv, named, nearest, capsys)
     with pytest.raises(SystemExit) as e:  # no subcommand at all
         main(argv[1:])
     assert str(e.value.code).startswith("error: name a subcommand first"), e.value.code
