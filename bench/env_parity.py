@@ -3,14 +3,14 @@ differing field named (fused/envs/parity.py's run, in chunks).
 
     python bench/env_parity.py --env Craftax-Classic-Symbolic-v1 --transitions 10_000_000
 
-Chunks of `--num-envs` x `--chunk-steps` transitions take the settings in turn, each compiled
-once: uniform random play, and DO-heavy random play with every env's state edited by hand at the
-start of each 25-step block (`fused.envs.curated`: night, sleep, mobs close, arrows in flight, the
-map's edge, low health); with `--policy RUN`, a trained run's policy playing (its actions sampled
-from the reference's observations: the states a learning agent reaches). Ended episodes restart
-on worlds Craftax's reset made. Each chunk has its own seed. Prints a line a chunk; `--out`
-gets one JSON row (written again after each chunk, atomically: a run cut short keeps what it
-compared)."""
+Chunks of `--num-envs` x `--chunk-steps` transitions take the settings in turn (one program,
+the setting an argument of it, compiled once): uniform random play, and DO-heavy random play
+with every env's state edited by hand at the start of each 25-step block (`fused.envs.curated`:
+night, sleep, mobs close, arrows in flight, the map's edge, low health); with `--policy RUN`,
+a trained run's policy playing (its actions sampled from the reference's observations: the
+states a learning agent reaches). Ended episodes restart on worlds Craftax's reset made. Each
+chunk has its own seed. Prints a line a chunk; `--out` gets one JSON row (written again after
+each chunk, atomically: a run cut short keeps what it compared)."""
 
 from __future__ import annotations
 
@@ -86,29 +86,36 @@ def trained(a: Args):
 
 
 def runs(a: Args, policy=None):
-    """[(setting, run(key), transitions a chunk, leaf names)]: uniform, edited and (with
-    `policy`, `trained`'s) the trained run's play."""
+    """(run(key, setting, weights), the settings' names, transitions a chunk, leaf names): one
+    program for every setting (uniform, edited and, with `policy`, `trained`'s run playing), the
+    setting's index and the policy's weights arguments of it."""
     ref, new = make_craftax_env(a.env, "craftax"), make_craftax_env(a.env, "fast")
     params = ref.default_params
+    # (Classic's the only fast step so far: its edits and action weights)
+    draws = [random_policy(ref.num_actions), random_policy(ref.num_actions, CLASSIC_WEIGHTS)]
+    settings = ["uniform", "edited"] + (["policy"] if policy is not None else [])
 
-    def parity_run(act, edit=None):
+    def parity_run(act, edit):
         return make_parity_run(
             lambda k, s, x: ref.step_env(k, s, x, params),
             lambda k, s, x: new.step_env(k, s, x, params),
             lambda k: ref.reset_env(k, params), ref.get_obs, a.num_envs, a.chunk_steps,
             act, pool=64, pool_every=25, edit=edit)
 
-    out = []  # (Classic's the only fast step so far: its edits and action weights)
-    for name, edit, w in (("uniform", None, None), ("edited", classic_edit, CLASSIC_WEIGHTS)):
-        run, total, names = parity_run(random_policy(ref.num_actions, w), edit)
-        out.append((name, jax.jit(run), total, names))
-    if policy is not None:
-        act, weights, _ = policy
-        # the weights an argument, not constants of the program (transitions and leaf names:
-        # the other settings')
-        run = jax.jit(lambda key, w: parity_run(act(w))[0](key))
-        out.append(("policy", lambda key: run(key, weights), total, names))
-    return out
+    def run(key, setting, weights):
+        def act(k, obs, state):
+            acts = [lambda d=d: d(k, obs, state) for d in draws]
+            if policy is not None:
+                acts.append(lambda: policy[0](weights)(k, obs, state))
+            return jax.lax.switch(setting, acts)
+
+        def edit(k, state):  # (the uniform and policy settings' states unedited)
+            return jax.lax.cond(setting == 1, classic_edit, lambda _, s: s, k, state)
+
+        return parity_run(act, edit)[0](key)
+
+    _, total, names = parity_run(draws[0], None)
+    return jax.jit(run), settings, total, names
 
 
 def main(a: Args) -> int:
@@ -120,15 +127,16 @@ def main(a: Args) -> int:
         policy = trained(a) if a.policy else None
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
-    settings = runs(a, policy)
-    names = settings[0][3]
+    run, settings, total, names = runs(a, policy)
+    weights = policy[1] if policy else None
     diff, first = np.zeros(len(names), np.int64), np.full(len(names), -1, np.int64)
     done, ends, chunk, t0 = 0, 0, 0, time.perf_counter()
     row: dict = {}
     try:
         while done < a.transitions:
-            setting, run, total, _ = settings[chunk % len(settings)]
-            d, f, e = jax.device_get(run(jax.random.PRNGKey(a.seed * 1_000_003 + chunk)))
+            setting = chunk % len(settings)
+            d, f, e = jax.device_get(run(jax.random.PRNGKey(a.seed * 1_000_003 + chunk),
+                                         np.int32(setting), weights))
             f = np.where(f >= 0, f + done // a.num_envs, -1)  # steps counted over the whole run
             first = np.where(first >= 0, first, f)
             diff += d
@@ -139,7 +147,7 @@ def main(a: Args) -> int:
                    "equal": report.first() is None, "first_difference": report.first(),
                    "seconds": time.perf_counter() - t0, "jax": jax.__version__,
                    **(policy[2] if policy else {})}
-            print(f"{done:>12,} transitions ({setting}), {ends:,} episodes ended: "
+            print(f"{done:>12,} transitions ({settings[setting]}), {ends:,} episodes ended: "
                   f"{'equal' if row['equal'] else report.first()}", flush=True)
             if a.out:
                 atomic_write_json(a.out, row)
