@@ -26,6 +26,13 @@ JEMALLOC = next(iter(sorted(glob.glob("/usr/lib/*-linux-gnu/libjemalloc.so.2")))
 if JEMALLOC and "malloc" not in os.environ.get("LD_PRELOAD", ""):  # (none preloaded already)
     os.environ["LD_PRELOAD"] = " ".join(
         p for p in (os.environ.get("LD_PRELOAD"), JEMALLOC) if p)
+# One thread for OpenBLAS (numpy's, and scipy's, which jaxlib's CPU LAPACK calls: the orthogonal
+# initialiser's QR) and for torch's OpenMP (the HF references), in every process started from
+# here on: their idle threads spin after each call, on cores the other test worker and the
+# commands are waiting for (a cached `train.py smoke`: ~1 of its ~8 CPU s; the fast lane's CPU
+# seconds: -6% with both, docs/BENCHMARKS.md).
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 CACHE = os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".jax_cache"))
 TWO_DEVICES = "--xla_force_host_platform_device_count=2"
 # The suite is compile-bound (an empty cache in CI): LLVM's optimisation of the CPU code costs
