@@ -30,7 +30,7 @@ if JEMALLOC and "malloc" not in os.environ.get("LD_PRELOAD", ""):  # (none prelo
 # initialiser's QR) and for torch's OpenMP (the HF references), in every process started from
 # here on: their idle threads spin after each call, on cores the other test worker and the
 # commands are waiting for (a cached `train.py smoke`: ~1 of its ~8 CPU s; the fast lane's CPU
-# seconds: -6% with both, docs/BENCHMARKS.md).
+# seconds: -6% with both, commit fdb0ac8).
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 CACHE = os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".jax_cache"))
