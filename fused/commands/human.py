@@ -20,8 +20,6 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import sys
-import threading
-import time
 from pathlib import Path
 
 from rich.console import Console
@@ -36,6 +34,7 @@ from fused.human.server import Server
 from fused.human.session import Session
 from fused.rl.config import GameSettings
 from fused.runs import config_io
+from fused.runs.blocks import run_blocks
 from fused.runs.files import require_writable
 from fused.runs.interrupts import Flag, exit_now, on_signals, say
 
@@ -138,47 +137,84 @@ def run(c: HumanConfig, command: str, console: Console) -> dict:
     console.print(f"[bold]craftax-fused play human[/] {c.env.name}: {how}; "
                   f"{rec.t:,} rows recorded in {rec.ds.root}")
     session = Session(game, rec, Path(c.examples).expanduser() if c.examples else None, say)
+    play = Play(session, script, server)
     try:
-        if script is not None:
-            steps = 0
-            for k in script:  # a stop asked for ends the script between keys
-                if STOP.is_set():
-                    break
-                steps += session.press(k)
-            console.print(f"played {len(script)} keys ({steps} steps)")
-        else:
+        if server is not None:
             server.session = session
             session.view()  # compile the display and a step before the first visit
             game.warm()
             if not STOP.is_set():
                 console.print(f"open {server.url()} (Ctrl-C stops; everything played is kept)")
                 sys.stdout.flush()
-                serving = threading.Thread(target=server.serve_forever, name="page",
-                                           kwargs={"poll_interval": 0.2}, daemon=True)
-                serving.start()
-                while not STOP.is_set():
-                    time.sleep(0.2)
-                server.shutdown()  # (requests already taken may still be under way)
+        if STOP.is_set():  # (while compiling: Ctrl-C ends the session as it would the page)
+            with session.lock:
+                console.print("\n" + play.stopped())
+            exit_now(0)
+        # a stop commits what was played, says so in one line and exits 0 (it is how a person
+        # ends a session)
+        run_blocks(play, console, stop=STOP, status=0)
     finally:
-        if STOP.is_set():
-            console.print("\nstopping")
+        play.close()
+    if script is not None:
+        console.print(f"played {len(script)} keys ({play.steps} steps)")
+    console.print(play.summary())
+    return rec.ds.card()["counts"]
+
+
+class Play:
+    """A session as a block job (`fused.runs.blocks`): a block is one key of the script, or a
+    wait of at most 0.2 s for the page's next request (answered in a thread of its own). Every
+    step is committed as it is taken (`Recorder.step`); a stop waits for the step under way (the
+    session's lock), then stops serving and commits the journal."""
+
+    def __init__(self, session: Session, script: list[str] | None, server: Server | None):
+        self.session, self.server = session, server
+        self.keys = None if script is None else iter(script)
+        self.left = script is not None and len(script) > 0
+        self.lock = session.lock
+        self.steps = 0
         if server is not None:
-            server.server_close()
-        with session.lock:  # a request still under way finds recording stopped
-            session.broken = "the server is stopping: nothing more is recorded"
-            rec.close()
-    counts = rec.ds.card()["counts"]
-    console.print(f"{counts['rows']:,} rows, {counts.get('episodes', 0)} episodes in "
-                  f"{rec.ds.root}" + (f"; golden examples in {session.examples}"
-                                      if session.examples else ""))
-    if STOP.is_set():  # Ctrl-C / SIGTERM: everything is committed; exit at once (XLA may
-        # still be compiling in another thread)
-        exit_now(0)
-    return counts
+            server.timeout = 0.2  # (handle_request waits this long for a request)
+
+    def pending(self) -> bool:
+        return self.server is not None or self.left
+
+    def run_block(self) -> None:
+        if self.server is not None:
+            self.server.handle_request()
+            return
+        key = next(self.keys, None)
+        if key is None:
+            self.left = False
+        else:
+            self.steps += self.session.press(key)
+
+    def close(self) -> None:
+        """Stops serving; what waits in the journal committed; the dataset released."""
+        with self.session.lock:  # (a step under way is taken first)
+            self._end()
+
+    def _end(self) -> None:
+        if self.server is not None:
+            self.server.server_close()
+        self.session.broken = "the server is stopping: nothing more is recorded"  # (a request
+        # still under way is refused)
+        self.session.recorder.close()
+
+    def summary(self) -> str:
+        rec, examples = self.session.recorder, self.session.examples
+        counts = rec.ds.card()["counts"]
+        return (f"{counts['rows']:,} rows, {counts.get('episodes', 0)} episodes in {rec.ds.root}"
+                + (f"; golden examples in {examples}" if examples else ""))
+
+    def stopped(self) -> str:
+        """(Called under the session's lock.)"""
+        self._end()
+        return "stopping: " + self.summary()
 
 
-# Ctrl-C and SIGTERM set STOP (checked between the steps of starting, between script keys, and
-# by the main thread while the page is served in another), rather than raising wherever the
+# Ctrl-C and SIGTERM set STOP (checked between the steps of starting, then by `run_blocks`
+# while the session runs), rather than raising wherever the
 # signal lands: a KeyboardInterrupt raised inside a library's import or texture loading was
 # swallowed there, and the server went on serving.
 STOP = Flag()

@@ -5,11 +5,13 @@ next begins, so a job that stops, however it stops, resumes from what was commit
 `run_blocks` runs the blocks in a worker thread while the main thread waits for the end or for
 Ctrl-C / SIGTERM: then the block under way is dropped (a block whose results are being committed
 finishes committing first: the job's `lock`), the job writes what the blocks done give and says
-so in one line, and the process exits 130 at once.
+so in one line, and the process exits 130 at once (`play.py human`, whose Ctrl-C is how a
+person ends a session, exits 0).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Protocol
 
@@ -34,10 +36,11 @@ class Blocks(Protocol):
         results); the line that says what was kept and how to go on."""
 
 
-def run_blocks(job: Blocks, console) -> None:
+def run_blocks(job: Blocks, console, stop: Flag | None = None, status: int = 130) -> None:
     """`job.run_block()` until none is pending; Ctrl-C / SIGTERM: `job.stopped()`, its line,
-    exit 130. An exception in a block is raised here."""
-    stop = Flag()
+    exit `status`. An exception in a block is raised here. `stop`: the flag of a command that
+    installed its own handlers (`on_signals`) for a start that a signal may end as well; none:
+    SIGINT and SIGTERM set one while the blocks run."""
     failure: list[BaseException] = []
 
     def work() -> None:
@@ -49,7 +52,9 @@ def run_blocks(job: Blocks, console) -> None:
         except BaseException as e:  # handed to the main thread
             failure.append(e)
 
-    with on_signals(lambda signum: stop.set()):
+    own = stop is None
+    stop = Flag() if own else stop
+    with on_signals(lambda signum: stop.set()) if own else contextlib.nullcontext():
         worker = threading.Thread(target=work, name="blocks", daemon=True)
         worker.start()
         while worker.is_alive():
@@ -58,6 +63,6 @@ def run_blocks(job: Blocks, console) -> None:
                 with job.lock:  # (a commit under way finishes first)
                     line = job.stopped()
                 console.print("\n" + line)
-                exit_now(130)  # (a block may be computing in the worker thread)
+                exit_now(status)  # (a block may be computing in the worker thread)
     if failure:
         raise failure[0]
