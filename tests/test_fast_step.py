@@ -188,9 +188,10 @@ def test_classic_step_equals_craftax(tmp_path, smoke_run):
     run's policy (`--policy`: the session's smoke run), through resets. A policy trained on
     another game is refused in one line."""
     out = tmp_path / "parity.json"
-    # the one command of the suite whose running outweighs its compiling: LLVM's O1 rather than
-    # the suite's O0 (conftest.FAST_COMPILE; alone, with the suite's flags and an empty cache:
-    # 84 s, 115 CPU s at O0; 59 s, 83 CPU s at O1; commit a2ff72a)
+    # the one command of the suite whose running outweighs its compiling: LLVM's O1 and XLA's
+    # fusion emitters rather than the suite's O0 without them (conftest.FAST_COMPILE; alone, an
+    # empty cache: 84 s, 115 CPU s as the suite compiles; 59 s, 83 CPU s so; O1 without the
+    # emitters 75 s, 84 CPU s; commit a2ff72a)
     env = subprocess_env()
     env["XLA_FLAGS"] = " ".join(
         "--xla_backend_optimization_level=1" if f.startswith("--xla_backend_optimization_level")

@@ -163,9 +163,10 @@ def run(c: HumanConfig, command: str, console: Console) -> dict:
 
 class Play:
     """A session as a block job (`fused.runs.blocks`): a block is one key of the script, or a
-    wait of at most 0.2 s for the page's next request (answered in a thread of its own). Every
-    step is committed as it is taken (`Recorder.step`); a stop waits for the step under way (the
-    session's lock), then stops serving and commits the journal."""
+    wait of at most 0.2 s for the page's next request (answered in a thread of its own, which
+    steps under the session's lock, the job's). Each step's row is journaled whole as it is
+    taken (`Recorder.step`); a stop waits for the step under way, then stops serving and
+    commits the journal into the dataset."""
 
     def __init__(self, session: Session, script: list[str] | None, server: Server | None):
         self.session, self.server = session, server
@@ -173,6 +174,7 @@ class Play:
         self.left = script is not None and len(script) > 0
         self.lock = session.lock
         self.steps = 0
+        self.script = script
         if server is not None:
             server.timeout = 0.2  # (handle_request waits this long for a request)
 
@@ -195,6 +197,8 @@ class Play:
             self._end()
 
     def _end(self) -> None:
+        # (called under the session's lock: closing joins no handler thread waiting for it, as
+        # the server's are daemon threads)
         if self.server is not None:
             self.server.server_close()
         self.session.broken = "the server is stopping: nothing more is recorded"  # (a request
@@ -210,7 +214,9 @@ class Play:
     def stopped(self) -> str:
         """(Called under the session's lock.)"""
         self._end()
-        return "stopping: " + self.summary()
+        played = ("" if self.script is None else
+                  f"{self.steps:,} steps played from the script's keys; ")
+        return "stopping: " + played + self.summary()
 
 
 # Ctrl-C and SIGTERM set STOP (checked between the steps of starting, then by `run_blocks`
