@@ -1,11 +1,12 @@
 """The commands (train, label, offline, play). Importing this package sets what XLA's CPU
-compiler must not do in a command's process, before any backend starts (Craftax makes arrays as
-it is imported): XLA's YNNPACK reduce fusions, on by default in jax 0.10, are off
-(`--xla_cpu_experimental_ynn_fusion_type=-reduce`; matmuls keep theirs). Under vmap they summed
-rows wrongly past the eighth of a batch: Craftax-Classic's terrain noise came out wrong for
-every env after the eighth of a vmapped reset (a world unlike Craftax's own; tests/test_envs.py
-checks the worlds against one env's reset and the noise against numpy), and a reset of 1,024
-envs took ~100x longer (docs/BENCHMARKS.md). XLA_FLAGS that name the option keep theirs."""
+compiler must not do, for every backend not yet started (in a command's process: all of them,
+as this package is imported before Craftax, which makes arrays as it is imported): XLA's
+YNNPACK reduce fusions, on by default in jax 0.10, are off
+(`--xla_cpu_experimental_ynn_fusion_type=-reduce`; matmuls keep theirs). In Craftax-Classic's
+terrain noise they summed wrongly past the eighth row of a vmapped batch: every env after the
+eighth of a vmapped reset got a world unlike Craftax's own (tests/test_envs.py checks the
+worlds against one env's reset and the noise against numpy), and slowly (docs/BENCHMARKS.md,
+"Worlds on a CPU"). XLA_FLAGS that name the option keep theirs."""
 
 import os
 
