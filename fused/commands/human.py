@@ -220,9 +220,9 @@ class Play:
 
 
 # Ctrl-C and SIGTERM set STOP (checked between the steps of starting, then by `run_blocks`
-# while the session runs), rather than raising wherever the
-# signal lands: a KeyboardInterrupt raised inside a library's import or texture loading was
-# swallowed there, and the server went on serving.
+# while the session runs), rather than raising wherever the signal lands: a KeyboardInterrupt
+# raised inside a library's import or texture loading was swallowed there, and the server went
+# on serving.
 STOP = Flag()
 
 
