@@ -149,6 +149,9 @@ def command(argv: list[str], env: dict, cwd: str, out: str, err: str) -> None:
 
     os.environ.clear()
     os.environ.update(env)
+    import sitecustomize  # (tests/startup/, on the server's PYTHONPATH)
+
+    sitecustomize.optimised_for(argv)
     os.chdir(cwd)
     for fd, path, flags in ((0, os.devnull, os.O_RDONLY),
                             (1, out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),

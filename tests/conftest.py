@@ -40,9 +40,14 @@ TWO_DEVICES = "--xla_force_host_platform_device_count=2"
 # child processes too; every comparison in the tests is within one setting or to a tolerance.
 # XLA's newer CPU fusion emitters compile these programs about 2x slower than the classic ones
 # (an LLM-augmented `train.py smoke`: 69 s vs 41 s on one core, its chunk 28 s vs 13 s), and
-# code generation split into parallel parts costs 5-8% more on a core already busy.
+# code generation split into parallel parts costs 5-8% more on a core already busy. XLA checks
+# its own passes' output with its HLO verifier after each pass that changed the program; that
+# check, not needed to compile, was ~10% of a compile here (a `train.py smoke` on one core:
+# 10.3-10.9 s -> 9.5-10.1 s of compiling, two runs each); the optimised program is the same
+# (a vmapped Craftax-Classic reset and step: the same HLO text).
 FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false",
-                "--xla_cpu_parallel_codegen_split_count=1")
+                "--xla_cpu_parallel_codegen_split_count=1",
+                "--xla_disable_hlo_passes=hlo-verifier")
 # Programs that compile in under a second go into the persistent cache too (the commands'
 # default keeps only longer ones): a suite run compiled ~10,000 of them, 440 s in all, 157 s of
 # it the same program again (in another process, or by a new jit wrapper in the same one); the

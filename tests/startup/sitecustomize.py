@@ -8,13 +8,33 @@ import gc
 # (700) the collector's passes were ~5% of a `train.py smoke` on a fresh cache.
 gc.set_threshold(100_000, 10, 10)  # (700, 10, 10) by default
 
+import os  # noqa: E402
+import sys  # noqa: E402
+
+
+def optimised_for(argv: list[str]) -> None:
+    """`label.py label` (or `craftax-label label`) runs at LLVM's O1 where the suite's O0 is set
+    (tests/conftest.py's FAST_COMPILE): it runs an LLM over a dataset, and at O0 running it, not
+    compiling, was most of its time (`tests/test_faults.py`'s SIGTERM test: its two labellings
+    28.7 + 12.7 CPU s -> 9.2 + 4.5 s; the whole test 82 s -> 52 s). Every label set a test
+    compares with another comes from this command too, or is compared to a tolerance. Called
+    here, at start-up, and by tests/command_runner.py for the commands it forks."""
+    name = os.path.basename(argv[0]) if argv else ""
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    if name in ("label.py", "craftax-label") and argv[1:2] == ["label"] and (
+            "--xla_backend_optimization_level=0" in flags):
+        os.environ["XLA_FLAGS"] = " ".join(
+            "--xla_backend_optimization_level=1" if f == "--xla_backend_optimization_level=0"
+            else f for f in flags)
+
+
+optimised_for(sys.argv)
+
 # With $FUSED_TEST_COMMAND_LOG set (tests/command_runner.py), each process also appends at exit
 # its seconds of tracing, lowering, compiling and reading the compilation cache (JAX's duration
 # events, top-level programs and nested ones alike), its CPU seconds, its compile seconds by
 # program, and those seconds by the test that ran it ($PYTEST_CURRENT_TEST): where the suite's
 # time goes.
-import os  # noqa: E402
-
 _monitoring = None
 if os.environ.get("FUSED_TEST_COMMAND_LOG"):
     try:  # (not in a process without JAX: the vLLM server's venv)
@@ -27,7 +47,6 @@ if _monitoring is not None:
     import collections
     import json
     import resource
-    import sys
     import time
 
     _spent: dict = collections.Counter()
