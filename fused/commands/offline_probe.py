@@ -279,6 +279,7 @@ def hidden_inputs(pol, obs: dict, seed: int, garbage: bool = True) -> Callable:
                                pol.cfg.env.name, pol.cfg.seed, like=enc)
         enc_garbage = jax.jit(lambda f, o: garbage.encode(f, o, mb).hidden)
     raw = {n: enc_real(enc.frozen, o) for n, o in obs.items()}
+    garbled: dict = {}  # each state's garbage-prompt states, encoded once (asked for twice)
     norm = pol.inputs_state.norm if pol.inputs_state is not None else None
     perm = jax.random.permutation(jax.random.PRNGKey(seed), next(iter(obs.values())).shape[0])
 
@@ -293,7 +294,9 @@ def hidden_inputs(pol, obs: dict, seed: int, garbage: bool = True) -> Callable:
         if variant == "shuffle":
             return view(raw[name][perm])
         if variant == "garbage":
-            return view(enc_garbage(garbage.frozen, obs[name]))
+            if name not in garbled:
+                garbled[name] = enc_garbage(garbage.frozen, obs[name])
+            return view(garbled[name])
         return view(raw[name])  # counterfactual: the edited state's text, the base's obs
 
     return get
