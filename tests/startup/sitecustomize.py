@@ -1,6 +1,7 @@
 """Imported at start-up by the Python processes the tests start (tests/conftest.py puts this
-folder on PYTHONPATH): the same garbage-collector threshold as the test processes. It hides a
-system Python's own sitecustomize (Debian's and Ubuntu's install a crash reporter) in them."""
+folder on PYTHONPATH): the same garbage-collector threshold as the test processes, and
+`label.py label`'s optimisation level (`optimised_for`). It hides a system Python's own
+sitecustomize (Debian's and Ubuntu's install a crash reporter) in them."""
 
 import gc
 
@@ -15,10 +16,11 @@ import sys  # noqa: E402
 def optimised_for(argv: list[str]) -> None:
     """`label.py label` (or `craftax-label label`) runs at LLVM's O1 where the suite's O0 is set
     (tests/conftest.py's FAST_COMPILE): it runs an LLM over a dataset, and at O0 running it, not
-    compiling, was most of its time (`tests/test_faults.py`'s SIGTERM test: its two labellings
-    28.7 + 12.7 CPU s -> 9.2 + 4.5 s; the whole test 82 s -> 52 s). Every label set a test
-    compares with another comes from this command too, or is compared to a tolerance. Called
-    here, at start-up, and by tests/command_runner.py for the commands it forks."""
+    compiling, was most of its time (`tests/test_faults.py`'s SIGTERM test, the whole test run
+    at O0 and at O1: its two labellings 28.7 + 12.7 CPU s -> 9.2 + 4.5 s; in a suite run the
+    command's 14 runs 151 -> 95 CPU s). Every label set a test compares with another comes from
+    this command too, or is compared to a tolerance. Called here, at start-up, and by
+    tests/command_runner.py for the commands it forks."""
     name = os.path.basename(argv[0]) if argv else ""
     flags = os.environ.get("XLA_FLAGS", "").split()
     if name in ("label.py", "craftax-label") and argv[1:2] == ["label"] and (
