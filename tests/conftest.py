@@ -42,9 +42,10 @@ TWO_DEVICES = "--xla_force_host_platform_device_count=2"
 # (an LLM-augmented `train.py smoke`: 69 s vs 41 s on one core, its chunk 28 s vs 13 s), and
 # code generation split into parallel parts costs 5-8% more on a core already busy. XLA checks
 # its own passes' output with its HLO verifier after each pass that changed the program; that
-# check, not needed to compile, was ~10% of a compile here (a `train.py smoke` on one core:
-# 10.3-10.9 s -> 9.5-10.1 s of compiling, in paired runs); the optimised program is the same
-# (a vmapped Craftax-Classic reset and step: the same HLO text).
+# check, not needed to compile, was 5-12% of compiling here, in runs paired on the two cores (a
+# `train.py smoke`: 10.3-10.9 s -> 9.5-10.1 s; the README walkthrough test's commands: 104.3 ->
+# 99.5 s and 107.4 -> 101.5 s, the test 5 s shorter); the optimised program is the same (a
+# vmapped Craftax-Classic reset and step: the same HLO text).
 FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false",
                 "--xla_cpu_parallel_codegen_split_count=1",
                 "--xla_disable_hlo_passes=hlo-verifier")
