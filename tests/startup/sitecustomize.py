@@ -16,11 +16,11 @@ import sys  # noqa: E402
 def optimised_for(argv: list[str]) -> None:
     """`label.py label` (or `craftax-label label`) runs at LLVM's O1 where the suite's O0 is set
     (tests/conftest.py's FAST_COMPILE): it runs an LLM over a dataset, and at O0 running it, not
-    compiling, was most of its time (`tests/test_faults.py`'s SIGTERM test, the whole test run
-    at O0 and at O1: its two labellings 28.7 + 12.7 CPU s -> 9.2 + 4.5 s; in a suite run the
-    command's 14 runs 151 -> 95 CPU s). Every label set a test compares with another comes from
-    this command too, or is compared to a tolerance. Called here, at start-up, and by
-    tests/command_runner.py for the commands it forks."""
+    compiling, was most of its time (`tests/test_faults.py`'s SIGTERM test, run beside itself
+    with the labelling at O0: its two labellings 26.9 + 12.2 -> 8.9 + 4.5 CPU s, the test 76 s
+    -> 45 s; in a suite run the command's 14 runs 151 -> 95 CPU s). Every label set a test
+    compares with another comes from this command too, or is compared to a tolerance. Called
+    here, at start-up, and by tests/command_runner.py for the commands it forks."""
     name = os.path.basename(argv[0]) if argv else ""
     flags = os.environ.get("XLA_FLAGS", "").split()
     if name in ("label.py", "craftax-label") and argv[1:2] == ["label"] and (
