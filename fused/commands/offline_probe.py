@@ -274,12 +274,13 @@ def hidden_inputs(pol, obs: dict, seed: int, garbage: bool = True) -> Callable:
     enc = pol.agent.inputs.encoder
     mb = pol.agent.inputs.microbatch
     enc_real = jax.jit(lambda f, o: enc.encode(f, o, mb).hidden)
-    if garbage:
-        garbage = make_encoder(dataclasses.replace(pol.cfg.llm, hidden="garbage-prompt"),
-                               pol.cfg.env.name, pol.cfg.seed, like=enc)
-        enc_garbage = jax.jit(lambda f, o: garbage.encode(f, o, mb).hidden)
     raw = {n: enc_real(enc.frozen, o) for n, o in obs.items()}
-    garbled: dict = {}  # each state's garbage-prompt states, encoded once (asked for twice)
+    garbled = {}  # each state's garbage-prompt states (the edits and the ablations read them)
+    if garbage:
+        other = make_encoder(dataclasses.replace(pol.cfg.llm, hidden="garbage-prompt"),
+                             pol.cfg.env.name, pol.cfg.seed, like=enc)
+        enc_garbage = jax.jit(lambda f, o: other.encode(f, o, mb).hidden)
+        garbled = {n: enc_garbage(other.frozen, o) for n, o in obs.items()}
     norm = pol.inputs_state.norm if pol.inputs_state is not None else None
     perm = jax.random.permutation(jax.random.PRNGKey(seed), next(iter(obs.values())).shape[0])
 
@@ -294,8 +295,6 @@ def hidden_inputs(pol, obs: dict, seed: int, garbage: bool = True) -> Callable:
         if variant == "shuffle":
             return view(raw[name][perm])
         if variant == "garbage":
-            if name not in garbled:
-                garbled[name] = enc_garbage(garbage.frozen, obs[name])
             return view(garbled[name])
         return view(raw[name])  # counterfactual: the edited state's text, the base's obs
 
