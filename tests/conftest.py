@@ -226,9 +226,11 @@ def smoke_run(tmp_path_factory) -> Path:
 LENGTHS = ("--llm.encode-lengths", "512")
 ENCODE_LENGTHS = (512,)  # the same, for an LLMConfig built here
 
-# The LLM-augmented smoke run of test_fused_llm's CLI test and test_label's hidden states
+# The LLM-augmented smoke run of test_fused_llm's CLI test and test_label's hidden states: two
+# updates (one chunk) rather than the preset's six; at O0 its running, the LLM's encodes, was
+# about half of its CPU seconds
 LLM_SMOKE = ["smoke", "--llm.backend", "jax", "--llm.skip-n", "3", "--llm.projection", "layernorm",
-             *LENGTHS]
+             "--total-timesteps", "128", *LENGTHS]
 
 
 @pytest.fixture(scope="session")

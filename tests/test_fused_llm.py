@@ -278,7 +278,7 @@ def test_cli_llm_smoke(llm_smoke_run):
     model is announced, the LLM is called every third step, each update logs its states."""
     assert "RANDOM Qwen3 (tiny" in (llm_smoke_run.parent / "r.stdout").read_text()
     rows = [json.loads(x) for x in (llm_smoke_run / "metrics.jsonl").read_text().splitlines()]
-    assert sum(r["llm/calls"] for r in rows) == 384 // 8 // 3  # steps 3, 6, ..., 48
+    assert sum(r["llm/calls"] for r in rows) == 128 // 8 // 3  # steps 3, 6, ..., 15
     assert all("hidden/norm" in r and "llm/tokens_per_encode" in r for r in rows)
 
 
