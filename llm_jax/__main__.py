@@ -385,11 +385,18 @@ def main(argv=None):
     except BrokenPipeError:  # `--help | head`: end quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
+    from llm_jax.graphs import refused
+
     run = {Encode: run_encode, Generate: run_generate, Truncate: run_truncate}[type(cmd)]
     try:
         return run(cmd)
     except (Qwen3ConfigError, WeightsError, TokenizerError, VisionConfigError) as e:
         sys.exit(f"error: {e}")
+    except Exception as e:  # (a driver refusing --cuda-graphs' graph: one line)
+        line = refused(e)
+        if line is None:
+            raise
+        sys.exit(f"error: {line}")
 
 
 if __name__ == "__main__":

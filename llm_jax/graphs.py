@@ -64,6 +64,19 @@ def loop_jit(fn, graphs: Graphs = "loops", **jit_kwargs):
     return jax.jit(fn, **jit_kwargs)
 
 
+def refused(error: BaseException) -> str | None:
+    """The one line a command ends in where a GPU's driver refused a CUDA graph XLA built for a
+    setting (a driver refused `unrolled`'s graph of a PPO chunk:
+    `CUDA_ERROR_NOT_SUPPORTED: Failed to create a child graph node`); None for any other error.
+    """
+    text = str(error)
+    if "CUDA_ERROR_NOT_SUPPORTED" not in text or "graph" not in text.lower():
+        return None
+    said = " ".join(text.split())[:240]
+    return (f"the GPU's driver refused a CUDA graph of this program ({said}); run it with "
+            "--cuda-graphs loops or --cuda-graphs default")
+
+
 def _rocm() -> bool:
     import jax.extend
 

@@ -332,6 +332,42 @@ def test_graph_settings_and_the_plan_line(monkeypatch):
         plan.graphs_line("loops", t))
 
 
+def test_a_refused_graph_is_one_line(monkeypatch):
+    """A GPU's driver refusing the CUDA graph a `--cuda-graphs` setting asked for (as one
+    refused `unrolled`'s, at the program's first call) ends every command in one line naming the
+    settings to use; any other error keeps its traceback."""
+    import jax
+
+    import llm_jax.__main__ as llm_cli
+    from fused.commands import label, offline, play, process, train
+
+    said = ("INTERNAL: Failed to create a child graph node: CUDA_ERROR_NOT_SUPPORTED: "
+            "operation not supported\n(in jit_chunk)")
+
+    def fails(error):
+        def main():
+            raise error
+        return main
+
+    with pytest.raises(SystemExit) as e:
+        process.ends_in_one_line(fails(jax.errors.JaxRuntimeError(said)))()
+    line = str(e.value.code)
+    assert line.count("\n") == 0 and line.startswith("error: the GPU's driver refused a CUDA "
+                                                    "graph of this program (INTERNAL: Failed")
+    assert line.endswith("; run it with --cuda-graphs loops or --cuda-graphs default")
+    other = jax.errors.JaxRuntimeError("INTERNAL: CUDA_ERROR_OUT_OF_MEMORY: out of memory")
+    with pytest.raises(jax.errors.JaxRuntimeError, match="OUT_OF_MEMORY"):
+        process.ends_in_one_line(fails(other))()
+    wrapped = process.ends_in_one_line(fails(other)).__code__
+    assert all(m.main.__code__ is wrapped for m in (train, label, offline, play))
+    monkeypatch.setattr(llm_cli, "run_generate", lambda cmd: fails(
+        jax.errors.JaxRuntimeError(said))())  # (python -m llm_jax: its decode loop's graphs)
+    with pytest.raises(SystemExit) as e:
+        llm_cli.main(["generate", "--weights", "w", "--prompt", "hi", "--max-new-tokens", "2",
+                      "--out", "g.json"])
+    assert str(e.value.code) == line
+
+
 @PLUGIN
 @pytest.mark.slow
 def test_train_plan_prints_a_predicted_plan(tmp_path):

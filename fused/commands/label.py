@@ -66,7 +66,7 @@ def parse(argv: list[str]):
     return cmd, config_io.cli(cls, rest, DESCRIPTIONS[cmd], f"{prog} {cmd}")
 
 
-@process.quiet_broken_pipe
+@process.ends_in_one_line
 def main(argv: list[str] | None = None):
     console = Console(soft_wrap=True)
     argv = sys.argv[1:] if argv is None else argv

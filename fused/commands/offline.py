@@ -78,7 +78,7 @@ def evaluation(cmd: str, rest: list[str], prog: str, console):
         exit_now(130)  # a compilation may still run in another thread
 
 
-@process.quiet_broken_pipe
+@process.ends_in_one_line
 def main(argv: list[str] | None = None):
     argv = sys.argv[1:] if argv is None else argv
     console = Console(soft_wrap=True)

@@ -199,7 +199,7 @@ def resume_config(argv: list[str]) -> PlayConfig:
     return dataclasses.replace(c, resume=str(run))
 
 
-@process.quiet_broken_pipe
+@process.ends_in_one_line
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     console = Console(soft_wrap=True)

@@ -19,9 +19,11 @@ from rich.console import Console
 from fused.runs.files import DEFAULT_CACHE
 
 
-def quiet_broken_pipe(main):
+def ends_in_one_line(main):
     """A command's `main` that ends quietly (exit 1) when its reader goes away, as in
-    `craftax-label generate --help | head`, instead of a traceback."""
+    `craftax-label generate --help | head`, and in one line where a GPU's driver refuses the
+    CUDA graph a `--cuda-graphs` setting asked for (`llm_jax.graphs.refused`), instead of a
+    traceback."""
     @functools.wraps(main)
     def run(*args, **kwargs):
         try:
@@ -29,6 +31,13 @@ def quiet_broken_pipe(main):
         except BrokenPipeError:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error
             sys.exit(1)                                                       # at exit's flush
+        except Exception as e:
+            from llm_jax.graphs import refused
+
+            line = refused(e)
+            if line is None:
+                raise
+            sys.exit(f"error: {line}")
     return run
 
 

@@ -269,7 +269,7 @@ def plan(argv: list[str]) -> None:
     module.main(argv)
 
 
-@process.quiet_broken_pipe
+@process.ends_in_one_line
 def main(argv: list[str] | None = None) -> Path:
     process.one_line_warnings()
     argv = sys.argv[1:] if argv is None else argv
