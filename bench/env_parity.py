@@ -4,13 +4,14 @@ differing field named (fused/envs/parity.py's run, in chunks).
     python bench/env_parity.py --env Craftax-Classic-Symbolic-v1 --transitions 10_000_000
 
 Chunks of `--num-envs` x `--chunk-steps` transitions take the settings in turn (one program,
-the setting an argument of it, compiled once): uniform random play, and DO-heavy random play
-with every env's state edited by hand at the start of each 25-step block (`fused.envs.curated`:
-night, sleep, mobs close, arrows in flight, the map's edge, low health); with `--policy RUN`,
-a trained run's policy playing (its actions sampled from the reference's observations: the
-states a learning agent reaches). Ended episodes restart on worlds Craftax's reset made. Each
-chunk has its own seed. Prints a line a chunk; `--out` gets one JSON row (written again after
-each chunk, atomically: a run cut short keeps what it compared)."""
+the setting an argument of it, compiled once; the chunk's worlds made by another): uniform
+random play, and DO-heavy random play with every env's state edited by hand at the start of
+each 25-step block (`fused.envs.curated`: night, sleep, mobs close, arrows in flight, the map's
+edge, low health); with `--policy RUN`, a trained run's policy playing (its actions sampled
+from the reference's observations: the states a learning agent reaches). Ended episodes restart
+on worlds Craftax's reset made. Each chunk has its own seed. Prints a line a chunk; `--out`
+gets one JSON row (written again after each chunk, atomically: a run cut short keeps what it
+compared)."""
 
 from __future__ import annotations
 
@@ -87,9 +88,11 @@ def trained(a: Args):
 
 
 def runs(a: Args, policy=None):
-    """(run(key, setting, weights), the settings' names, transitions a chunk, leaf names): one
-    program for every setting (uniform, edited and, with `policy`, `trained`'s run playing), the
-    setting's index and the policy's weights arguments of it."""
+    """(worlds(key), run(key, worlds, setting, weights), the settings' names, transitions a
+    chunk, leaf names), both jitted: `worlds` makes the chunk's starting and pool worlds
+    (Craftax's reset), `run` steps them; one program for every setting (uniform, edited and,
+    with `policy`, `trained`'s run playing), the setting's index and the policy's weights
+    arguments of it."""
     ref, new = make_craftax_env(a.env, "craftax"), make_craftax_env(a.env, "fast")
     params = ref.default_params
     # (Classic's the only fast step so far: its edits and action weights)
@@ -103,7 +106,7 @@ def runs(a: Args, policy=None):
             lambda k: ref.reset_env(k, params), ref.get_obs, a.num_envs, a.chunk_steps,
             act, pool=64, pool_every=25, edit=edit)
 
-    def run(key, setting, weights):
+    def run(key, worlds, setting, weights):
         def act(k, obs, state):
             acts = [lambda d=d: d(k, obs, state) for d in draws]
             if policy is not None:
@@ -113,10 +116,10 @@ def runs(a: Args, policy=None):
         def edit(k, state):  # (the uniform and policy settings' states unedited)
             return jax.lax.cond(setting == 1, classic_edit, lambda _, s: s, k, state)
 
-        return parity_run(act, edit)[0](key)
+        return parity_run(act, edit)[1](key, worlds)
 
-    _, total, names = parity_run(draws[0], None)
-    return jax.jit(run), settings, total, names
+    worlds, _, total, names = parity_run(draws[0], None)
+    return jax.jit(worlds), jax.jit(run), settings, total, names
 
 
 def main(a: Args) -> int:
@@ -128,7 +131,7 @@ def main(a: Args) -> int:
         policy = trained(a) if a.policy else None
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
-    run, settings, total, names = runs(a, policy)
+    worlds, run, settings, total, names = runs(a, policy)
     weights = policy[1] if policy else None
     diff, first = np.zeros(len(names), np.int64), np.full(len(names), -1, np.int64)
     done, ends, chunk, t0 = 0, 0, 0, time.perf_counter()
@@ -136,8 +139,8 @@ def main(a: Args) -> int:
     try:
         while done < a.transitions:
             setting = chunk % len(settings)
-            d, f, e = jax.device_get(run(jax.random.PRNGKey(a.seed * 1_000_003 + chunk),
-                                         np.int32(setting), weights))
+            key = jax.random.PRNGKey(a.seed * 1_000_003 + chunk)
+            d, f, e = jax.device_get(run(key, worlds(key), np.int32(setting), weights))
             f = np.where(f >= 0, f + done // a.num_envs, -1)  # steps counted over the whole run
             first = np.where(first >= 0, first, f)
             diff += d

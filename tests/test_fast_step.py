@@ -35,11 +35,12 @@ def parity(name, num_envs, steps, seed=0, edit=None, weights=None, candidate=Non
     ref = make_craftax_env(name, "craftax")
     new = candidate or make_craftax_env(name, "fast")
     params = ref.default_params
-    run, total, names = make_parity_run(
+    worlds, run, total, names = make_parity_run(
         lambda k, s, a: ref.step_env(k, s, a, params), lambda k, s, a: new.step_env(k, s, a, params),
         lambda k: ref.reset_env(k, params), ref.get_obs, num_envs, steps,
         random_policy(ref.num_actions, weights), pool=8, pool_every=25, edit=edit)
-    diff, first, ends = jax.jit(run)(jax.random.PRNGKey(seed))
+    key = jax.random.PRNGKey(seed)
+    diff, first, ends = jax.jit(run)(key, jax.jit(worlds)(key))
     return ParityReport(np.asarray(diff), np.asarray(first), total, int(ends), names)
 
 

@@ -122,15 +122,19 @@ def random_policy(num_actions: int, weights=None):
 def make_parity_run(reference: Step, candidate: Step, reset: Callable, observe: Callable,
                     num_envs: int, steps: int, policy: Callable, pool: int = 64,
                     pool_every: int = 50, edit: Callable | None = None):
-    """-> (run, transitions, names): `run(key) -> (differing [L], first_step [L], ends)` (jit
-    it), the env steps it compares and its leaves' names. `steps` is rounded up to whole blocks
-    of `pool_every` (a pool of `pool` fresh worlds each); `edit(key, state)` (one env's)
-    rewrites every state at the start of each block, `observe(state)` renders it."""
+    """-> (worlds, run, transitions, names): `worlds(key)` is the reference's reset of every
+    world the run starts from (the envs', and a pool of `pool` for each block), `run(key,
+    worlds) -> (differing [L], first_step [L], ends)` with the same key. Jit each on its own:
+    world generation is much of Craftax's program, and apart from the two steps the two programs
+    compile in less time than the one did. Also the env steps `run` compares and its leaves'
+    names. `steps` is rounded up to whole blocks of `pool_every` steps, ended episodes
+    restarting on the block's pool; `edit(key, state)` (one env's) rewrites every state at the
+    start of each block, `observe(state)` renders it."""
     blocks = -(-steps // pool_every)
     step_ref, step_new = jax.vmap(reference), jax.vmap(candidate)
 
-    def body(carry, k):
-        obs, state, t, pool_obs, pool_state, diff, first, ends = carry
+    def body(carry, k, pool_obs, pool_state):
+        obs, state, t, diff, first, ends = carry
         k_act, k_step, k_pick = jax.random.split(k, 3)
         action = policy(k_act, obs, state)
         keys = jax.random.split(k_step, num_envs)
@@ -148,19 +152,27 @@ def make_parity_run(reference: Step, candidate: Step, reset: Callable, observe: 
 
         state = jax.tree.map(restart, pool_state, ref.state)
         obs = restart(pool_obs, ref.obs)
-        return (obs, state, t + 1, pool_obs, pool_state, diff + d, first,
-                ends + done.sum()), None
+        return (obs, state, t + 1, diff + d, first, ends + done.sum()), None
 
-    def block(carry, k):
-        obs, state, t, _, _, diff, first, ends = carry
-        k_pool, k_edit, k_steps = jax.random.split(k, 3)
-        pool_obs, pool_state = _strong(jax.vmap(reset)(jax.random.split(k_pool, pool)))
+    def block(carry, xs):
+        k, (pool_obs, pool_state) = xs
+        obs, state, t, diff, first, ends = carry
+        _, k_edit, k_steps = jax.random.split(k, 3)  # (the first: the block's pool, `worlds`')
         if edit is not None:
             state = _strong(jax.vmap(edit)(jax.random.split(k_edit, num_envs), state))
             obs = jax.vmap(observe)(state)
-        carry = (obs, state, t, pool_obs, pool_state, diff, first, ends)
-        carry, _ = jax.lax.scan(body, carry, jax.random.split(k_steps, pool_every))
+        carry = (obs, state, t, diff, first, ends)
+        carry, _ = jax.lax.scan(lambda c, kk: body(c, kk, pool_obs, pool_state), carry,
+                                jax.random.split(k_steps, pool_every))
         return carry, None
+
+    def worlds(key):
+        k_reset, k_blocks = jax.random.split(key)
+        envs = _strong(jax.vmap(reset)(jax.random.split(k_reset, num_envs)))
+        pools = jax.lax.map(  # (a block at a time: a vmapped reset's bits follow its batch)
+            lambda k: _strong(jax.vmap(reset)(jax.random.split(jax.random.split(k, 3)[0], pool))),
+            jax.random.split(k_blocks, blocks))
+        return envs, pools
 
     def shapes(key):
         obs, state = _strong(jax.vmap(reset)(jax.random.split(key, num_envs)))
@@ -169,15 +181,14 @@ def make_parity_run(reference: Step, candidate: Step, reset: Callable, observe: 
 
     names = leaf_names(jax.eval_shape(shapes, jax.random.PRNGKey(0)))
 
-    def run(key):
-        k_reset, k_blocks = jax.random.split(key)
-        obs, state = _strong(jax.vmap(reset)(jax.random.split(k_reset, num_envs)))
-        pool_obs, pool_state = _strong(jax.vmap(reset)(jax.random.split(k_reset, pool)))
+    def run(key, worlds):
+        (obs, state), pools = worlds
         n = len(names)
-        carry = (obs, state, jnp.int32(0), pool_obs, pool_state, jnp.zeros((n,), jnp.int32),
+        carry = (obs, state, jnp.int32(0), jnp.zeros((n,), jnp.int32),
                  jnp.full((n,), -1, jnp.int32), jnp.int32(0))
-        carry, _ = jax.lax.scan(block, carry, jax.random.split(k_blocks, blocks))
-        _, _, _, _, _, diff, first, ends = carry
+        carry, _ = jax.lax.scan(block, carry, (jax.random.split(jax.random.split(key)[1], blocks),
+                                               pools))
+        _, _, _, diff, first, ends = carry
         return diff, first, ends
 
-    return run, blocks * pool_every * num_envs, names
+    return worlds, run, blocks * pool_every * num_envs, names
