@@ -263,56 +263,9 @@ def test_frames_are_stored_as_bytes():
         -(-sym.map_size // 8), sym.dim - sym.map_size]
 
 
-@pytest.mark.slow
-def test_a_dataset_of_frames_through_offline(tmp_path):
-    """label.py generate on Craftax-Classic-Pixels writes frames as uint8 in compressed chunks;
-    verify and returns take it as any dataset; offline.py bc trains the CNN on it, streamed in
-    windows; a text label set of frames is refused in one line. (AWR on frames, streamed, and
-    its evaluation: the README's walkthrough, tests/test_readme.py.)"""
-    import zarr
-    from PIL import Image
-
-    env = subprocess_env()
-    data = tmp_path / "px"
-
-    def run(script, *args, ok=True):
-        p = run_command([sys.executable, str(ROOT / script), *args], env=env,
-                        capture_output=True, text=True, timeout=600)
-        assert (p.returncode == 0) == ok, p.stdout[-1500:] + p.stderr[-3000:]
-        return p
-
-    run("label.py", "generate", "--out", str(data), "--policy", "random", "--env.name",
-        "Craftax-Classic-Pixels-v1", "--env.reset-pool", "2", "--num-envs", "4", "--steps", "48",
-        "--env.max-episode-steps", "12", "--block-steps", "12", "--shard-rows", "64")
-    manifest = json.loads((data / "manifest.json").read_text())
-    rows = sum(s["rows"] for s in manifest["shards"])
-    assert rows == 4 * 48 and len(manifest["shards"]) == 3
-    shard = data / "shards" / manifest["shards"][0]["name"]
-    frame = zarr.open_group(str(shard), mode="r")["frame"]
-    assert frame.dtype == np.uint8 and frame.shape == (64, 63, 63, 3)  # pictures, as stored
-    stored = sum(f.stat().st_size for f in (shard / "frame").rglob("*") if f.is_file())
-    assert stored < frame.nbytes / 2  # compressed: frames repeat their textures
-    x = np.asarray(frame[:])
-    assert x.std() > 10 and (x[1:] != x[:-1]).any(axis=(1, 2, 3)).mean() > 0.5  # they move
-    assert Image.fromarray(x[0]).size == (63, 63)  # an image to Pillow as it comes
-    card = json.loads((data / "card.json").read_text())
-    assert card["format"] == "craftax-fused/trajectories/v2"
-    assert card["observation"] == {"frame": {"shape": [63, 63, 3], "dtype": "uint8",
-                                             "layout": "HWC RGB, round(255 x)"}}
-    run("label.py", "verify", "--data", str(data))
-    run("label.py", "returns", "--data", str(data))
-    run("offline.py", "bc", "smoke", "--data", str(data), "--out-dir", str(tmp_path),
-        "--run-name", "bc", "--num-updates", "4", "--updates-per-chunk", "2",
-        "--checkpoint-every-updates", "2", "--device-rows", "128")
-    cfg = json.loads((tmp_path / "bc" / "config.json").read_text())
-    assert cfg["agent"]["env"]["name"] == "Craftax-Classic-Pixels-v1"
-    metrics = [json.loads(x) for x in
-               (tmp_path / "bc" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["update"] for m in metrics] == [1, 2, 3, 4]
-    assert all(np.isfinite(m["loss/actor"]) for m in metrics)
-    p = run("label.py", "label", "--data", str(data), "--name", "t", "--llm.random-model",
-            "tiny", ok=False)
-    assert "no text observation" in p.stderr and "Traceback" not in p.stderr
+# label.py generate on frames, verify, returns, offline.py bc and the label refusal:
+# tests/test_readme_pixels.py::test_a_dataset_of_frames_through_offline, on the README
+# walkthrough's dataset of frames
 
 
 def test_a_missing_observation_column_is_one_line(tmp_path):

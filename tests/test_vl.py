@@ -25,10 +25,14 @@ def classic_frames(n: int) -> np.ndarray:
 def _classic_worlds() -> np.ndarray:
     from craftax.craftax_env import make_craftax_env_from_name
 
-    env = make_craftax_env_from_name("Craftax-Classic-Pixels-v1", auto_reset=True)
-    # (one program, the reset: a random walk compiled the step's renderer too, ~6 s more)
-    obs, _ = jax.jit(jax.vmap(env.reset, (0, None)))(jax.random.split(jax.random.PRNGKey(0), 4),
-                                                    env.default_params)
+    env = make_craftax_env_from_name("Craftax-Classic-Pixels-v1", auto_reset=False)
+    # (one program, the reset of one world, run for each key: a random walk compiled the step's
+    # renderer too, ~6 s more; the same frames as a vmapped reset, bit for bit, and the program
+    # tests/test_pixels.py::test_pixel_specs_are_craftax_frames_flattened compiles, so the
+    # persistent compilation cache serves whichever of the two comes second)
+    reset = jax.jit(env.reset_env)
+    obs = [reset(key, env.default_params)[0]
+           for key in jax.random.split(jax.random.PRNGKey(0), 4)]
     return np.round(np.clip(np.asarray(obs), 0, 1) * 255).astype(np.uint8)
 
 
@@ -504,32 +508,76 @@ def test_frames_prompt_continues_its_prefix_cache_and_pools_as_hf(tmp_path):
     assert int(num[0]) == len(new) and list(np.asarray(tokens)[0, :len(new)]) == list(new)
 
 
-@pytest.mark.slow
-def test_label_py_labels_frames_with_a_vl_model_as_hf_computes(tmp_path):
-    """`label.py label --llm.weights VL_DIR` on a dataset of frames: each labelled row's state
-    equals HF's Qwen3-VL on that frame (the uint8 stored, HF's processor, the chat template with
-    the image, then the instruction), after layer 2, every 8th image token mean-pooled; rows
-    between calls carry the label before them; offline.py awr trains on the set, and
-    offline.py eval plays that policy online (the VL model reading its frames, as built now
-    checked against the set's card)."""
-    import json
+def run(*args, ok=True):
+    """A repository command (`train.py ...`, `label.py ...`) as a user runs it, from the
+    repository's root; whether it succeeds checked (`ok`), its output given back."""
     import sys
 
     from conftest import ROOT, subprocess_env
+
+    p = run_command([sys.executable, *args], cwd=ROOT, env=subprocess_env(),
+                    capture_output=True, text=True, timeout=600)
+    assert (p.returncode == 0) == ok, p.stdout[-1500:] + p.stderr[-3000:]
+    return p
+
+
+def vl_flags(weights) -> tuple[str, ...]:
+    return ("--llm.backend", "jax", "--llm.weights", str(weights), "--llm.layer", "2",
+            "--llm.pool", "image-mean")
+
+
+@pytest.fixture(scope="module")
+def vl_ppo(tmp_path_factory):
+    """Once for the module (each step below compiles its own programs, ~25-40 CPU s each):
+    `train.py cpu-pixels --llm.weights VL_DIR`, PPO whose fused loop reads each env's frame
+    with a tiny Qwen3-VL (the MoE variant: the dense text pass is the labels'; every step:
+    --llm.skip-n 1), and `label.py generate` from that run (4 envs x 8 steps, one shard of 32
+    rows, episodes of 6 steps: whole episodes for the returns AWR trains on; the `behaviour`
+    label set holds the states the policy acted on).
+    test_ppo_on_frames_with_a_vl_model_acts_on_hf_states checks both; the two labelling tests
+    label copies of the dataset (frames of that policy's play) with dense models of their own,
+    instead of each generating a random-play dataset of its own (~16 CPU s each)."""
+    from types import SimpleNamespace
+
+    root = tmp_path_factory.mktemp("vl-ppo")
+    model = build_tiny_qwen3_vl(root / "vl", vocab=151_680, seed=7, experts=4, top_k=2,
+                                router_scale=4.0)
+    run("train.py", "cpu-pixels", *vl_flags(root / "vl"), "--llm.skip-n", "1",
+        "--total-timesteps", "128", "--env.num-envs", "4", "--ppo.num-steps", "16",
+        "--ppo.update-epochs", "1", "--ppo.num-minibatches", "2", "--out-dir", str(root),
+        "--run-name", "px")
+    run("label.py", "generate", "--out", str(root / "data"), "--policy", str(root / "px"),
+        "--env.name", "Craftax-Classic-Pixels-v1", "--env.reset-pool", "2", "--num-envs", "4",
+        "--steps", "8", "--env.max-episode-steps", "6", "--block-steps", "8", "--shard-rows",
+        "32")
+    return SimpleNamespace(model=model, weights=root / "vl", run=root / "px",
+                           data=root / "data")
+
+
+def frames_dataset(vl_ppo, folder):
+    """A copy of the module's dataset of frames (`vl_ppo`: 4 envs x 8 steps of the VL policy's
+    play in episodes of 6 steps, one 32-row shard) for a test that writes label and returns sets into it."""
+    import shutil
+
+    shutil.copytree(vl_ppo.data, folder)
+    return folder
+
+
+@pytest.mark.slow
+def test_label_py_labels_frames_with_a_vl_model_as_hf_computes(tmp_path, vl_ppo):
+    """`label.py label --llm.weights VL_DIR` on a dataset of frames (a copy of `vl_ppo`'s,
+    recorded by `label.py generate`): each labelled row's state equals HF's Qwen3-VL on that
+    frame (the uint8 stored, HF's processor, the chat template with the image, then the
+    instruction), after layer 2, every 8th image token mean-pooled; rows between calls carry
+    the label before them; offline.py awr trains on the set, and offline.py eval plays that
+    policy online (the VL model reading its frames, as built now checked against the set's
+    card)."""
+    import json
+
     from fused.data.store import Dataset
 
     model = build_tiny_qwen3_vl(tmp_path / "vl", vocab=151_680, seed=5)
-    data = tmp_path / "data"
-
-    def run(*args, ok=True):
-        p = run_command([sys.executable, *args], cwd=ROOT, env=subprocess_env(),
-                        capture_output=True, text=True, timeout=600)
-        assert (p.returncode == 0) == ok, p.stdout[-1500:] + p.stderr[-3000:]
-        return p
-
-    run("label.py", "generate", "--out", str(data), "--policy", "random", "--env.name",
-        "Craftax-Classic-Pixels-v1", "--env.reset-pool", "2", "--num-envs", "2", "--steps",
-        "12", "--env.max-episode-steps", "6", "--block-steps", "6", "--shard-rows", "16")
+    data = frames_dataset(vl_ppo, tmp_path / "data")
     run("label.py", "label", "--data", str(data), "--name", "vl", "--llm.weights",
         str(tmp_path / "vl"), "--llm.pool", "every:8", "--llm.layer", "2", "--llm.skip-n", "4",
         "--batch", "4")
@@ -561,44 +609,26 @@ def test_label_py_labels_frames_with_a_vl_model_as_hf_computes(tmp_path):
 
 
 @pytest.mark.slow
-def test_ppo_on_frames_with_a_vl_model_acts_on_hf_states(tmp_path):
-    """train.py cpu-pixels --llm.weights VL_DIR: the fused loop reads each env's frame with the
-    Qwen3-VL (here the MoE variant; every step: --llm.skip-n 1) and trains; `label.py generate`
-    from the run records the states the policy acted on, each equal to HF's Qwen3-VL on that
-    row's frame (the mean of the image tokens after layer 2); offline.py eval plays it (the
-    ablations zero / shuffle act on the states after encoding, whatever made them:
-    tests/test_fused_llm.py) and `offline.py probe` reads it; a VL model on a symbolic env,
-    with a garbage prompt, on the vllm backend or playing (play.py llm): one line each."""
+def test_ppo_on_frames_with_a_vl_model_acts_on_hf_states(vl_ppo):
+    """train.py cpu-pixels --llm.weights VL_DIR (`vl_ppo`'s run): the fused loop reads each
+    env's frame with the Qwen3-VL (here the MoE variant; every step: --llm.skip-n 1) and
+    trains; `label.py generate` from the run (`vl_ppo`'s dataset) records the states the policy
+    acted on, each equal to HF's Qwen3-VL on that row's frame (the mean of the image tokens
+    after layer 2); offline.py eval plays it (the ablations zero / shuffle act on the states
+    after encoding, whatever made them: tests/test_fused_llm.py) and `offline.py probe` reads
+    it; a VL model on a symbolic env, with a garbage prompt, on the vllm backend or playing
+    (play.py llm): one line each."""
     import json
-    import sys
 
-    from conftest import ROOT, subprocess_env
     from fused.data.store import Dataset
 
-    model = build_tiny_qwen3_vl(tmp_path / "vl", vocab=151_680, seed=7, experts=4, top_k=2,
-                                router_scale=4.0)  # (a MoE: the dense text pass is the labels')
-    vl = ("--llm.backend", "jax", "--llm.weights", str(tmp_path / "vl"), "--llm.layer", "2",
-          "--llm.pool", "image-mean")
-
-    def run(*args, ok=True):
-        p = run_command([sys.executable, *args], cwd=ROOT, env=subprocess_env(),
-                        capture_output=True, text=True, timeout=600)
-        assert (p.returncode == 0) == ok, p.stdout[-1500:] + p.stderr[-3000:]
-        return p
-
-    run("train.py", "cpu-pixels", *vl, "--llm.skip-n", "1", "--total-timesteps", "128",
-        "--env.num-envs", "4", "--ppo.num-steps", "16", "--ppo.update-epochs", "1",
-        "--ppo.num-minibatches", "2", "--out-dir", str(tmp_path), "--run-name", "px")
-    metrics = [json.loads(x) for x in (tmp_path / "px" / "metrics.jsonl").read_text().splitlines()]
+    model, px = vl_ppo.model, vl_ppo.run
+    metrics = [json.loads(x) for x in (px / "metrics.jsonl").read_text().splitlines()]
     assert metrics and all(np.isfinite(m["loss/total"]) for m in metrics if "loss/total" in m)
     last = metrics[-1]
     # every step encodes every env's frame: 4 envs x 16 steps x the prompt's tokens a step
     assert last["llm/calls"] == 16 and last["llm/tokens"] % (4 * 16) == 0, last
-    data = tmp_path / "data"
-    run("label.py", "generate", "--out", str(data), "--policy", str(tmp_path / "px"),
-        "--env.name", "Craftax-Classic-Pixels-v1", "--num-envs", "4", "--steps", "8",
-        "--block-steps", "8", "--shard-rows", "32")
-    ds = Dataset(data)
+    ds = Dataset(vl_ppo.data)
     name = ds.shard_names()[0]
     frames = ds.read(name, ["frame"])["frame"]
     hidden = ds.read_labels("behaviour", name)["hidden"]
@@ -607,25 +637,25 @@ def test_ppo_on_frames_with_a_vl_model_acts_on_hf_states(tmp_path):
         ref = hf_image_states(model, frames[r].reshape(63, 63, 3), 2).mean(0)
         np.testing.assert_allclose(hidden[r].astype(np.float32), ref, rtol=2 ** -8,
                                    atol=1e-5)  # stored bf16
-    run("offline.py", "eval", "--run", str(tmp_path / "px"), "--episodes", "2", "--max-steps",
-        "6", "--video", "1", "--video-max-steps", "3")
-    ev = json.loads((tmp_path / "px" / "eval.json").read_text())
+    run("offline.py", "eval", "--run", str(px), "--episodes", "2", "--max-steps", "6",
+        "--video", "1", "--video-max-steps", "3")
+    ev = json.loads((px / "eval.json").read_text())
     assert ev["length_mean"] == 6 and len(ev["videos"]) == 1  # (frames alone: no text twin)
     # the probe: edits rendered as frames, read by the VL model; no garbage-prompt variant
-    run("offline.py", "probe", "--run", str(tmp_path / "px"), "--states", "3", "--warmup", "2",
+    run("offline.py", "probe", "--run", str(px), "--states", "3", "--warmup", "2",
         "--eval-episodes", "0")
-    probe = json.loads((tmp_path / "px" / "probe.json").read_text())
+    probe = json.loads((px / "probe.json").read_text())
     assert set(probe["edits"]["food_low"]) == {"real", "zero", "shuffle"}
     assert set(probe["ablations"]["zombie_adjacent"]) == {"zero", "shuffle", "counterfactual"}
     assert np.isfinite([v["kl"] for a in probe["ablations"].values() for v in a.values()]).all()
     for bad, says in ((("--env.name", "Craftax-Classic-Symbolic-v1"), "reads frames"),
                       (("--llm.hidden", "garbage-prompt"), "garbage-prompt"),
                       (("--llm.backend", "vllm"), "vLLM")):
-        p = run("train.py", "cpu-pixels", *vl, *bad, "--total-timesteps", "128",
-                "--env.num-envs", "4", "--ppo.num-steps", "16", ok=False)
+        p = run("train.py", "cpu-pixels", *vl_flags(vl_ppo.weights), *bad, "--total-timesteps",
+                "128", "--env.num-envs", "4", "--ppo.num-steps", "16", ok=False)
         assert says in p.stderr and p.stderr.count("\n") == 1, p.stderr
-    p = run("play.py", "llm", "--llm.weights", str(tmp_path / "vl"), "--env.name",
-            "Craftax-Classic-Pixels-v1", "--out-dir", str(tmp_path), ok=False)
+    p = run("play.py", "llm", "--llm.weights", str(vl_ppo.weights), "--env.name",
+            "Craftax-Classic-Pixels-v1", "--out-dir", str(px.parent), ok=False)
     assert "not built yet" in p.stderr and p.stderr.count("\n") == 1, p.stderr
 
 
@@ -664,30 +694,20 @@ def test_vision_flops_equal_xlas_count_of_the_tower():
 
 
 @pytest.mark.slow
-def test_imagination_with_frames_is_hf_generation_states_pooled(tmp_path):
-    """`label.py label --llm.weights VL_DIR --imagine.tokens N` on frames: each labelled row's
-    tokens equal HF `generate`'s greedy ones after that frame's prompt, its text the tokens'
-    text, and its state the mean of every 2nd generated token's state after layer 2 as HF
-    computes them; the same imagination runs in the fused PPO loop (its tokens counted)."""
+def test_imagination_with_frames_is_hf_generation_states_pooled(tmp_path, vl_ppo):
+    """`label.py label --llm.weights VL_DIR --imagine.tokens N` on frames (a copy of `vl_ppo`'s
+    dataset): each labelled row's tokens equal HF `generate`'s greedy ones after that frame's
+    prompt, its text the tokens' text, and its state the mean of every 2nd generated token's
+    state after layer 2 as HF computes them; the same imagination runs in the fused PPO loop
+    (its tokens counted)."""
     import json
-    import sys
 
-    from conftest import ROOT, subprocess_env
     from fused.data.labelling import imagined_texts
     from fused.data.store import Dataset
     from llm_jax.tokenizer import load_tokenizer, stop_ids
 
     model = build_tiny_qwen3_vl(tmp_path / "vl", vocab=151_680, seed=11)
-    data = tmp_path / "data"
-
-    def run(*args):
-        p = run_command([sys.executable, *args], cwd=ROOT, env=subprocess_env(),
-                        capture_output=True, text=True, timeout=600)
-        assert p.returncode == 0, p.stdout[-1500:] + p.stderr[-3000:]
-
-    run("label.py", "generate", "--out", str(data), "--policy", "random", "--env.name",
-        "Craftax-Classic-Pixels-v1", "--num-envs", "2", "--steps", "4", "--block-steps", "4",
-        "--shard-rows", "8")
+    data = frames_dataset(vl_ppo, tmp_path / "data")
     run("label.py", "label", "--data", str(data), "--name", "im", "--llm.weights",
         str(tmp_path / "vl"), "--llm.layer", "2", "--llm.skip-n", "4", "--batch", "2",
         "--imagine.tokens", "5", "--imagine.pool", "every:2", "--imagine.greedy",
@@ -696,12 +716,19 @@ def test_imagination_with_frames_is_hf_generation_states_pooled(tmp_path):
     entry = ds.card()["labels"]["im"]
     assert entry["pool"] == "imagine:every:2" and entry["imagine"]["tokens"] == 5
     name = ds.shard_names()[0]
-    frames = ds.read(name, ["frame"])["frame"]
+    cols = ds.read(name, ["frame", "t", "step"])
+    frames = cols["frame"]
     lab = ds.read_labels("im", name)
     texts = imagined_texts(lab)
     tok = load_tokenizer(tmp_path / "vl")
     stop = list(stop_ids(tmp_path / "vl", tok, 151_680, chat=True))
-    assert lab["label_row"].tolist() == [0] * 4 + [1] * 4  # each env's first step's frame
+    # the rows episode by episode (each env's first 6 steps, then its second episode's 2):
+    # steps 0 and 4 of each first episode imagined (skip 4) and the first step of each second
+    # one, the rows after each carrying its label
+    assert cols["t"].tolist() == list(range(6)) * 4 + [6, 7] * 4
+    assert cols["step"].tolist() == list(range(6)) * 4 + [0, 1] * 4
+    assert lab["label_row"].tolist() == [2 * e + i for e in range(4) for i in (0, 0, 0, 0, 1, 1)
+                                         ] + [8, 8, 9, 9, 10, 10, 11, 11]
     for j, r in ((0, 0), (1, 4)):
         new, states = hf_imagined(model, frames[r].reshape(63, 63, 3), 2, 5, stop)
         assert lab["imagined_len"][j] == len(new) and len(new) >= 2
