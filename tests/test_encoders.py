@@ -21,6 +21,7 @@ from fused.llm.config import LLMConfig
 from fused.llm.encoder import Encoded, OnDevice
 from fused.llm.encoders import KINDS, Kind, kind_of, register, validate_llm
 from fused.runs.config_io import to_dict
+from shared_data import small_data  # noqa: F401 (a fixture: the session's small dataset)
 
 ENV = "Craftax-Classic-Symbolic-v1"
 WIDTH = 16
@@ -89,7 +90,9 @@ def test_auto_picks_each_built_in_kind_by_the_settings(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_registered_encoder_trains_labels_and_evaluates(projection, tmp_path):
+def test_a_registered_encoder_trains_labels_and_evaluates(projection, small_data, tmp_path):
+    import shutil
+
     from fused.commands import label, offline, train
     from fused.data.store import Dataset
     from fused.rl.obs_codec import ObsCodec
@@ -102,7 +105,7 @@ def test_a_registered_encoder_trains_labels_and_evaluates(projection, tmp_path):
     assert json.loads((run / "config.json").read_text())["llm"]["encoder"] == "toy-projection"
 
     data = tmp_path / "d"
-    label.main(["generate", "smoke", "--out", str(data), "--steps", "16"])
+    shutil.copytree(small_data, data)  # (the session's `label.py generate smoke`, 16 steps)
     label.main(["label", "--data", str(data), "--name", "toy", *flags, "--llm.skip-n", "1",
                 "--dtype", "float16"])
     ds = Dataset(data)

@@ -4,6 +4,7 @@ state; the CLI end to end."""
 
 import dataclasses
 import json
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +44,7 @@ def llm():
 def test_encoder_equals_full_prompt_from_scratch(llm, obs):
     """Device render + tail + prefix cache + length buckets + sorted microbatches must give the
     hidden state of the last token of tokenizer.encode(full prompt text), encoded without cache."""
-    got, tokens = jax.jit(lambda o: llm.encode(llm.frozen, o, 4)[:2])(obs)
+    got, tokens = jax.jit(lambda f, o: llm.encode(f, o, 4)[:2])(llm.frozen, obs)
     layout = get_layout(ENV)
     texts = [full_prompt(llm.tokenizer, ENV, render_text(layout, o)) for o in obs]
     ids = [llm.tokenizer.encode(t) for t in texts]
@@ -62,8 +63,9 @@ def test_encoder_equals_full_prompt_from_scratch(llm, obs):
 def test_refresh_on_reset_and_skip(llm, obs):
     """Refresh calls of 2 rows (the fixture's refresh_batch), refresh_wait 4, skip_n 3."""
     n = obs.shape[0]
-    step = jax.jit(lambda s, d, t: llm_step(llm, llm.frozen, s, jnp.asarray(obs), d, t,
-                                            jax.random.PRNGKey(0), 4, 2))
+    jitted = jax.jit(lambda f, s, d, t: llm_step(llm, f, s, jnp.asarray(obs), d, t,
+                                                 jax.random.PRNGKey(0), 4, 2))
+    step = partial(jitted, llm.frozen)  # (frozen as an argument: see `policy_view`)
     s0, m = step(init_llm_state(llm.hidden_size, n), jnp.zeros(n, bool),
                  jnp.int32(0))  # 0 % 3: full call
     assert float(m["llm/calls"]) == 1 and int(s0.age.max()) == 0
@@ -95,14 +97,16 @@ def test_refresh_on_reset_and_skip(llm, obs):
 
 
 @pytest.mark.slow
-def test_no_refresh_keeps_stale_hidden(obs):
+def test_no_refresh_keeps_stale_hidden(obs, real_view):
     llm = make_encoder(LLMConfig(backend="jax", skip_n=3, refresh_on_reset=False,
-                                 encode_lengths=ENCODE_LENGTHS), ENV)
+                                 encode_lengths=ENCODE_LENGTHS), ENV,
+                       like=real_view[0])  # (the same random model: its weights, prefix cache)
     n = obs.shape[0]
     s = init_llm_state(llm.hidden_size, n).replace(hidden=jnp.ones((n, llm.hidden_size)),
                                        age=jnp.zeros(n, jnp.int32))
-    s1, m = jax.jit(lambda s: llm_step(llm, llm.frozen, s, jnp.asarray(obs), jnp.ones(n, bool),
-                                       jnp.int32(1), jax.random.PRNGKey(0), 4, 2))(s)
+    s1, m = jax.jit(lambda f, s: llm_step(llm, f, s, jnp.asarray(obs), jnp.ones(n, bool),
+                                          jnp.int32(1), jax.random.PRNGKey(0), 4, 2))(
+        llm.frozen, s)
     assert float(m["llm/refreshed"]) == 0 and np.all(np.asarray(s1.hidden) == 1.0)
 
 
@@ -163,12 +167,21 @@ def test_resume_from_checkpoint_is_exact(trained, tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def policy_view(cfg: LLMConfig, obs):
-    """(LLM, what the policy receives for `obs` after the full call of step 0, raw hidden)."""
-    llm = make_encoder(cfg, ENV)
+def policy_view(cfg: LLMConfig, obs, like=None):
+    """(LLM, what the policy receives for `obs` after the full call of step 0, raw hidden);
+    an ablation `like` the real encoder shares its weights (and prefix cache where the prefix
+    is the same), as offline.py's ablations do.
+
+    The encoder's frozen arrays go into the jitted call as an argument, as the trainer passes
+    them, not closed over: closed over, the weights are constants of the program (~160 MB of
+    HLO text for the tiny model), compiled into each one, so the real, shuffled and
+    garbage-prompt views compiled three programs; as an argument the three are one program
+    (`shuffle` is a flag among the frozen arrays: data), compiled once and read from the
+    persistent compilation cache after."""
+    llm = make_encoder(cfg, ENV, like=like)
     inputs = LLMInput(llm, 4, 2, obs.shape[0])
-    state, _ = jax.jit(lambda o: inputs.init(llm.frozen, o, jax.random.PRNGKey(1), None))(
-        jnp.asarray(obs))
+    state, _ = jax.jit(lambda f, o: inputs.init(f, o, jax.random.PRNGKey(1), None))(
+        llm.frozen, jnp.asarray(obs))
     return llm, np.asarray(inputs.view(state, jnp.asarray(obs))["hidden"]), state
 
 
@@ -206,7 +219,7 @@ def test_ablations_reach_the_policy(mode, obs, real_view):
     """What the policy receives under each ablation, not what the encoder returns."""
     llm_real, real, _ = real_view
     llm, got, state = policy_view(LLMConfig(backend="jax", hidden=mode,
-                                            encode_lengths=ENCODE_LENGTHS), obs)
+                                            encode_lengths=ENCODE_LENGTHS), obs, like=llm_real)
     if mode == "zero":
         assert np.all(got == 0)
         assert np.all(np.asarray(state.hidden) == 0)

@@ -13,14 +13,18 @@ torch = pytest.importorskip("torch")
 
 from fused.data.store import Dataset  # noqa: E402
 from qwen_fixtures import build_tiny_qwen3  # noqa: E402
+from shared_data import small_data  # noqa: E402, F401 (a fixture: the session's small dataset)
 
 N_NEW, LAYER = 12, 1
 
 
 @pytest.fixture(scope="module")
-def labelled(tmp_path_factory):
-    """A smoke dataset labelled by a tiny random checkpoint (real vocabulary) with greedy
-    imagination, every:2 pooling at layer 1, the text kept."""
+def labelled(tmp_path_factory, small_data):
+    """A smoke dataset (a copy of the session's `small_data`: 8 envs x 16 steps in two shards)
+    labelled by a tiny random checkpoint (real vocabulary) with greedy imagination, every:2
+    pooling at layer 1, the text kept."""
+    import shutil
+
     from fused.commands import label
 
     root = tmp_path_factory.mktemp("imagine")
@@ -28,8 +32,7 @@ def labelled(tmp_path_factory):
     model = build_tiny_qwen3(weights, tied=True, head_dim=64, hidden=128, heads=4, kv_heads=2,
                              layers=2, vocab=151_680, seed=5, tokenizer=True)
     data = root / "d"
-    label.main(["generate", "smoke", "--out", str(data), "--env.max-episode-steps", "20",
-                "--steps", "24"])
+    shutil.copytree(small_data, data)
     args = ["label", "--data", str(data), "--name", "im", "--llm.weights", str(weights),
             "--llm.layer", str(LAYER), "--llm.skip-n", "8", "--imagine.tokens", str(N_NEW),
             "--imagine.pool", "every:2", "--imagine.keep-text", "--batch", "8",
@@ -98,7 +101,7 @@ def test_the_set_is_exact_and_sampling_follows_its_seed(labelled):
     assert json.loads((data / "manifest.json").read_text())["labels"]["im"] == before
     # sampled over the whole vocabulary (151,680 Gumbel draws a token and row: most of the
     # time of a label pass on a CPU with XLA's backend optimisation off), so 3 tokens, not 12,
-    # and a row in 24 (one batch of 8 rows), not in 8
+    # and a row in 24 (over 16 steps: t = 0, one batch of 8 rows), not in 8
     sampled = ["--imagine.temperature", "1.0", "--imagine.tokens", "3", "--llm.skip-n", "24"]
 
     def digests(set_name, seed):

@@ -16,6 +16,7 @@ import pytest
 
 from command_runner import run_command
 from conftest import ENCODE_LENGTHS, LENGTHS, ROOT, serve, subprocess_env
+from shared_data import small_data  # noqa: F401 (a fixture: the session's small dataset)
 
 torch = pytest.importorskip("torch")
 
@@ -91,7 +92,7 @@ def test_cli_encode_generate_truncate(moe, tmp_path):
 
 
 @pytest.mark.slow
-def test_label_and_train_take_a_moe_checkpoint(moe, tmp_path):
+def test_label_and_train_take_a_moe_checkpoint(moe, small_data, tmp_path):
     """label.py label --llm.weights MOE --llm.post-norm: each labelled row is HF's post-norm
     last-token state of the full prompt text (float16 storage); train.py smoke --llm.weights
     MOE trains and reports the router load of every update that called the LLM."""
@@ -104,8 +105,7 @@ def test_label_and_train_take_a_moe_checkpoint(moe, tmp_path):
 
     folder, model = moe
     data = tmp_path / "d"
-    run([sys.executable, str(ROOT / "label.py"), "generate", "smoke", "--steps", "16", "--out",
-         str(data)])
+    shutil.copytree(small_data, data)  # (the session's `label.py generate smoke`, 16 steps)
     run([sys.executable, str(ROOT / "label.py"), "label", "--data", str(data), "--name", "moe",
          "--llm.weights", str(folder), "--llm.post-norm", "--llm.skip-n", "4", "--dtype",
          "float16", "--batch", "8", *LENGTHS])
@@ -145,10 +145,14 @@ def test_fused_expert_load_by_hand():
     llm = make_encoder(LLMConfig(backend="jax", random_model="tiny-moe", skip_n=3,
                                  encode_lengths=ENCODE_LENGTHS), ENV)
     assert llm.load_shape == (1, 8) and llm.qcfg.sparse_layers == (False, True)
-    obs = rollout_observations(ENV, 8, 3, 4)[::2]
-    _, m = jax.jit(lambda s, o: llm_step(llm, llm.frozen, s, o, jnp.zeros(o.shape[0], bool),
-                                         jnp.int32(0), jax.random.PRNGKey(0), 2, 2))(
-        init_llm_state(llm.hidden_size, obs.shape[0]), obs)
+    # 4 states of the rollout test_fused_llm's `obs` makes (16 envs, 4 steps): the same program,
+    # compiled once (the persistent compilation cache), not a second rollout of another size
+    obs = rollout_observations(ENV, 64, 3, 16)[::17]  # envs 0-3 at steps 0-3
+    # (the frozen arrays as an argument, as the trainer passes them: closed over, the weights
+    # would be constants of the program, slower to compile)
+    _, m = jax.jit(lambda f, s, o: llm_step(llm, f, s, o, jnp.zeros(o.shape[0], bool),
+                                            jnp.int32(0), jax.random.PRNGKey(0), 2, 2))(
+        llm.frozen, init_llm_state(llm.hidden_size, obs.shape[0]), obs)
     load = np.asarray(m[LOAD])
     assert load.shape == (1, 8) and load.sum() == 2 * float(m["llm/tokens"]) > 0
     hand = np.array([[0, 6, 2, 0], [5, 5, 5, 5], [0, 0, 0, 0]], np.float32)
