@@ -359,7 +359,8 @@ def test_offline_training_takes_a_v1_dataset_of_frames(tmp_path):
     frames = np.random.default_rng(0).integers(0, 256, (16, 63 * 63 * 3), np.uint8)
     ds = v1_frames_dataset(tmp_path / "d", frames)
     run = offline.main(["bc", "smoke", "--data", str(ds.root), "--out-dir", str(tmp_path),
-                        "--run-name", "bc", "--num-updates", "2", "--updates-per-chunk", "2"])
+                        "--run-name", "bc", "--num-updates", "2", "--updates-per-chunk", "2",
+                        "--batch-size", "16"])
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["update"] for m in metrics] == [1, 2]
     assert all(np.isfinite(m["loss/actor"]) for m in metrics)

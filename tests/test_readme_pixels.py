@@ -86,7 +86,7 @@ def test_a_dataset_of_frames_through_offline(walkthrough, tmp_path):
     run("label.py", "returns", "--data", str(data))  # (as the walkthrough's, gamma 0.99: kept)
     run("offline.py", "bc", "smoke", "--data", str(data), "--out-dir", str(tmp_path),
         "--run-name", "bc", "--num-updates", "4", "--updates-per-chunk", "2",
-        "--checkpoint-every-updates", "2", "--device-rows", "128")
+        "--checkpoint-every-updates", "2", "--device-rows", "128", "--batch-size", "16")
     cfg = json.loads((tmp_path / "bc" / "config.json").read_text())
     assert cfg["agent"]["env"]["name"] == "Craftax-Classic-Pixels-v1"
     metrics = [json.loads(x) for x in

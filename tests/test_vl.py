@@ -598,7 +598,7 @@ def test_label_py_labels_frames_with_a_vl_model_as_hf_computes(tmp_path, vl_ppo)
     assert card["pool"] == "every:8" and card["vision"]["image_tokens"] == 64
     run("label.py", "returns", "--data", str(data))
     run("offline.py", "awr", "smoke", "--data", str(data), "--labels", "vl", "--num-updates",
-        "4", "--out-dir", str(tmp_path), "--run-name", "awr")
+        "4", "--batch-size", "16", "--out-dir", str(tmp_path), "--run-name", "awr")
     metrics = [json.loads(x) for x in (tmp_path / "awr" / "metrics.jsonl").read_text().splitlines()]
     assert metrics and all(np.isfinite(m["loss/actor"]) for m in metrics)
     # the policy trained on the label set plays online, the VL model reading its frames
