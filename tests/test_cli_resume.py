@@ -32,6 +32,40 @@ def final_meta(run_dir: Path, step: int) -> dict:
     return json.loads((run_dir / "checkpoints" / str(step) / "meta" / "metadata").read_text())
 
 
+def two_device_env() -> dict:
+    """A command's environment with the suite's two CPU devices (subprocess_env drops them)."""
+    return dict(subprocess_env(), XLA_FLAGS=os.environ["XLA_FLAGS"])
+
+
+@pytest.fixture(scope="session")
+def two_device_smoke_run(tmp_path_factory) -> Path:
+    """`train.py smoke` in one process with two CPU devices, trained once for the session and
+    shared by the xdist workers as conftest's `shared_run` does (the first to ask trains it
+    under a file lock; the run is renamed into place whole). Read by
+    test_two_processes_train_as_one_process_with_two_devices (the one-process side of its
+    comparison) and by test_offline's eval test (the run it evaluates, copied first): one
+    training instead of two (the second was `train.main(["smoke"])` in the test's own process,
+    on the same two devices)."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # (each worker's is a folder of the session's)
+        base = base.parent
+    run, lock = base / "shared-smoke-2dev" / "r", base / "shared-smoke-2dev.lock"
+    with FileLock(str(lock)):
+        if not (run / "metrics.jsonl").is_file():
+            staging = base / "shared-smoke-2dev.staging"
+            shutil.rmtree(staging, ignore_errors=True)  # (an earlier try's, cut off)
+            p = run_command(train_cmd("smoke", "--out-dir", str(staging), "--run-name", "r"),
+                            env=two_device_env(), capture_output=True, text=True, timeout=900)
+            assert p.returncode == 0, p.stderr[-3000:]
+            run.parent.mkdir(exist_ok=True)
+            (run.parent / "r.stdout").write_text(p.stdout)
+            os.replace(staging / "r", run)
+            staging.rmdir()
+    return run
+
+
 def test_bad_value_is_one_line_error_before_compiling(tmp_path):
     t = time.time()
     p = run_command(train_cmd("smoke", "--ppo.num-minibatches", "3", "--out-dir", str(tmp_path)),
@@ -206,22 +240,22 @@ def test_profile_trace_offline_wandb_and_progress(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_processes_train_as_one_process_with_two_devices(tmp_path):
+def test_two_processes_train_as_one_process_with_two_devices(two_device_smoke_run, tmp_path):
     """train.py on 2 processes of 1 CPU device each (jax.distributed, gloo collectives) ends
-    bit-identical to 1 process with 2 devices: same checkpoint digest, same metrics."""
+    bit-identical to 1 process with 2 devices (`two_device_smoke_run`, `train.py smoke` with
+    the same flags): same checkpoint digest, same metrics."""
     env = subprocess_env()
-    args = ["smoke", "--out-dir", str(tmp_path)]
-    run_command(train_cmd(*args, "--run-name", "one"), check=True, timeout=600,
-                capture_output=True,
-                env=dict(env, XLA_FLAGS=os.environ["XLA_FLAGS"]))  # its 2 devices
-    procs = [subprocess.Popen(train_cmd(*args, "--run-name", "two"), env=dict(
-        env, JAX_COORDINATOR_ADDRESS="127.0.0.1:12431", JAX_NUM_PROCESSES="2",
-        JAX_PROCESS_ID=str(i)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for i in range(2)]
+    one = two_device_smoke_run
+    assert "on 2 cpu device(s)" in (one.parent / "r.stdout").read_text()
+    procs = [subprocess.Popen(train_cmd("smoke", "--out-dir", str(tmp_path), "--run-name", "two"),
+                              env=dict(env, JAX_COORDINATOR_ADDRESS="127.0.0.1:12431",
+                                       JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
     outs = [p.communicate(timeout=600)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs[0][-2000:] + outs[1][-2000:]
     assert "on 2 cpu device(s)" in outs[0]
-    assert final_meta(tmp_path / "two", 6)["digest"] == final_meta(tmp_path / "one", 6)["digest"]
+    assert final_meta(tmp_path / "two", 6)["digest"] == final_meta(one, 6)["digest"]
     strip = lambda run: [{k: v for k, v in json.loads(x).items() if k != "steps_per_s"}
-                         for x in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
-    assert strip("two") == strip("one")
+                         for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert strip(tmp_path / "two") == strip(one)

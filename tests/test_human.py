@@ -57,6 +57,9 @@ def craftax_reference(seed: int, actions) -> np.ndarray:
     Compare with `same_obs`: compiled whole, a float feature can round 1 ulp apart."""
     p, reset, step = craftax_env()
     obs, state = reset(jax.random.fold_in(jax.random.PRNGKey(seed), 0), p)
+    # (strongly typed, as the step's states come back: the reset's `player_direction` is weakly
+    # typed, which made the step a second program, ~2 s to compile)
+    state = jax.tree.map(lambda a: jnp.asarray(a, a.dtype), state)
     out = []
     for k, a in enumerate(actions):
         out.append(np.asarray(obs).reshape(-1))
@@ -407,10 +410,17 @@ def call(url: str, path: str, body: dict | None = None, **headers) -> tuple[int,
 
 
 @pytest.mark.slow
-def test_server_survives_sigkill_tabs_and_a_second_recorder(tmp_path):
+def test_server_survives_sigkill_tabs_a_second_recorder_and_restarts_on_its_port(tmp_path):
     """Steps acknowledged before a SIGKILL are all in the dataset after reopening, and the
     game goes on where it stood; a second tab takes the game over (the first is refused);
-    a second recorder on the same dataset and a port in use each end in one line."""
+    a second recorder on the same dataset and a port in use each end in one line. After
+    refused requests (the server closes those connections, leaving them in TIME_WAIT on its
+    port), clients that leave mid-answer and Ctrl-C, the same command starts again on the same
+    port at once; nothing on the console is a traceback; SIGTERM stops it with exit 0. (One
+    dataset's servers for both checks: started, SIGKILLed; reopened, refusing, left by clients,
+    Ctrl-C; started again on its port, SIGTERM. Formerly two tests, one server start fewer.)"""
+    import socket
+
     out = tmp_path / "data"
     p, url = start_server(out, "--seed", "3")
     try:
@@ -450,6 +460,7 @@ def test_server_survives_sigkill_tabs_and_a_second_recorder(tmp_path):
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
     p, url = start_server(out)
+    port = int(url.rsplit(":", 1)[1].strip("/"))
     try:
         _, v = call(url, "/claim", {})
         assert (v["rows"], v["step"], v["episode_id"], v["seed"]) == (5, 5, 0, 3)
@@ -460,6 +471,27 @@ def test_server_survives_sigkill_tabs_and_a_second_recorder(tmp_path):
         code, v = call(url, "/new", {"seed": 11, "tab": tab})
         assert code == 200 and (v["episode_id"], v["seed"], v["step"]) == (1, 11, 0)
         assert call(url, "/key", {"key": "d", "tab": tab})[1]["rows"] == 7
+        # refused requests (their connections closed by the server: TIME_WAIT on its port)
+        for _ in range(3):
+            assert call(url, "/state", Host=f"evil.example:{port}")[0] == 403
+            assert call(url, "/claim", {}, **{"Content-Type": "text/plain"})[0] == 415
+        for wait in (0.0, 0.05, 0.2):  # gone before, while and after the answer is made
+            c = socket.create_connection(("127.0.0.1", port))
+            c.sendall(f"GET /state HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+            time.sleep(wait)
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            c.close()  # a reset, as a tab closed mid-answer
+        assert call(url, "/state")[0] == 200
+        os.killpg(p.pid, signal.SIGINT)
+        said, _ = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 0, said
+    assert "Traceback" not in said and "Error" not in said, said
+    p, again = start_server(out, port=port)  # (failed with "Address already in use")
+    try:
+        assert again == url and call(again, "/state")[0] == 200
         os.killpg(p.pid, signal.SIGTERM)
         assert p.wait(timeout=60) == 0
     finally:
@@ -483,42 +515,6 @@ def test_server_survives_sigkill_tabs_and_a_second_recorder(tmp_path):
     assert card["human"]["episodes"] == {"0": 3, "1": 11}
     assert (card["counts"]["rows"], card["counts"]["episodes"]) == (7, 2)
     assert run("label.py", "verify", "--data", str(out)).returncode == 0
-
-
-@pytest.mark.slow
-def test_restarts_on_its_port_at_once_and_says_nothing_of_clients_that_left(tmp_path):
-    """After refused requests (the server closes those connections, leaving them in TIME_WAIT
-    on its port), clients that leave mid-answer and Ctrl-C, the same command starts again on
-    the same port at once; nothing on the console is a traceback."""
-    import socket
-
-    out = tmp_path / "data"
-    p, url = start_server(out, "--seed", "3")
-    port = int(url.rsplit(":", 1)[1].strip("/"))
-    try:
-        for _ in range(3):
-            assert call(url, "/state", Host=f"evil.example:{port}")[0] == 403
-            assert call(url, "/claim", {}, **{"Content-Type": "text/plain"})[0] == 415
-        for wait in (0.0, 0.05, 0.2):  # gone before, while and after the answer is made
-            c = socket.create_connection(("127.0.0.1", port))
-            c.sendall(f"GET /state HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
-            time.sleep(wait)
-            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            c.close()  # a reset, as a tab closed mid-answer
-        assert call(url, "/state")[0] == 200
-        os.killpg(p.pid, signal.SIGINT)
-        said, _ = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-    assert p.returncode == 0, said
-    assert "Traceback" not in said and "Error" not in said, said
-    p, again = start_server(out, port=port)  # (failed with "Address already in use")
-    try:
-        assert again == url and call(again, "/state")[0] == 200
-    finally:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
 
 
 def _have(kind: str) -> bool:
@@ -645,17 +641,22 @@ def test_golden_shots_are_turns_of_the_chat_template_token_for_token(played):
 @pytest.mark.slow
 def test_play_llm_with_golden_shots_records_them_and_refuses_bad_input(played, tmp_path):
     """`play.py llm --examples E --shots 3` on the pixel twin of the env the shots were
-    recorded on (the LLM reads the same text; the recording stores frames)."""
+    recorded on (the LLM reads the same text; the recording stores frames). It plays with
+    --thinking and replies of 4 tokens: every thought is cut, and cut thoughts are invalid
+    actions and counted (test_player's check of --thinking, on this play rather than one of
+    its own)."""
     from fused.data.store import Dataset
 
     run_ = tmp_path / "r"
     p = run("play.py", "llm", "--env.name", "Craftax-Classic-Pixels-v1", "--episodes", "2",
-            "--max-steps", "2", "--max-new-tokens", "4", "--examples", str(played / "golden"),
-            "--shots", "3", "--out-dir", str(tmp_path), "--run-name", "r", "--record",
-            str(tmp_path / "played"))
+            "--max-steps", "2", "--max-new-tokens", "4", "--thinking", "--examples",
+            str(played / "golden"), "--shots", "3", "--out-dir", str(tmp_path), "--run-name",
+            "r", "--record", str(tmp_path / "played"))
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads((run_ / "eval.json").read_text())
     assert out["llm"]["shots"] == 3 and out["episodes"] == 2
+    assert out["llm"]["thinking"]
+    assert out["unfinished_thought_rate"] == out["invalid_action_rate"] == 1.0
     ds = Dataset(tmp_path / "played")
     assert ds.read(ds.shard_names()[0], ["frame"])["frame"].shape == (4, 63, 63, 3)
     used = json.loads((run_ / "shots.json").read_text())

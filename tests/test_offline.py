@@ -28,6 +28,7 @@ from fused.rl.evaluate import make_evaluate, mean_ci95
 from fused.rl.acting import random_policy
 from fused.rl.policy_input import Identity
 from fused.rl.vec_env import VecEnv
+from test_cli_resume import two_device_smoke_run  # noqa: F401  (a session fixture: one run)
 
 QUIET = Console(quiet=True)
 ENV = "Craftax-Classic-Symbolic-v1"
@@ -235,7 +236,12 @@ def test_evaluation_is_unbiased_where_first_k_finished_is_not():
 
 
 @pytest.mark.slow
-def test_eval_cli_writes_eval_json_for_offline_and_online_runs(probe_data, tmp_path):
+def test_eval_cli_writes_eval_json_for_offline_and_online_runs(probe_data, two_device_smoke_run,
+                                                              tmp_path):
+    """offline.py eval of an offline run (BC on probe_data) and of an online run (`train.py
+    smoke` on the suite's two devices, test_cli_resume's shared `two_device_smoke_run`, copied):
+    eval.json's figures, the videos (the episodes evaluated, drawn as Craftax draws them), the
+    same episodes evaluated in a process with one device, Ctrl-C there one line and exit 130."""
     run = offline_main("bc", "smoke", "--data", str(probe_data), "--out-dir", str(tmp_path),
                        "--run-name", "bc", "--num-updates", "50")
     out = offline_main("eval", "--run", str(run), "--episodes", "64", "--seed", "3")
@@ -244,9 +250,8 @@ def test_eval_cli_writes_eval_json_for_offline_and_online_runs(probe_data, tmp_p
     lo, hi = saved["return_ci95"]
     assert lo <= saved["return_mean"] <= hi
     assert {"length_mean", "achievements", "censored"} <= set(saved)
-    from fused.commands import train
-
-    online = train.main(["smoke", "--out-dir", str(tmp_path), "--run-name", "ppo"])
+    online = tmp_path / "ppo"
+    shutil.copytree(two_device_smoke_run, online)  # `train.py smoke --run-name ppo`, 2 devices
     out = offline_main("eval", "--run", str(online), "--episodes", "8", "--max-steps", "50",
                        "--video", "2", "--video-max-steps", "5")
     saved = json.loads((online / "eval.json").read_text())
@@ -280,8 +285,9 @@ def test_eval_cli_writes_eval_json_for_offline_and_online_runs(probe_data, tmp_p
     assert all(0 <= v <= 1 for v in saved["achievements"].values())
     assert max(saved["lengths"]) <= 50
     assert (online / "eval_achievements.png").is_file()
-    # the run was trained here on the suite's two devices: a process with one evaluates it
-    # alike (its parameters restored onto that device), and Ctrl-C there is one line, exit 130
+    # the run was trained on the suite's two devices (and evaluated above in this process,
+    # which has them too): a process with one evaluates it alike (its parameters restored onto
+    # that device), and Ctrl-C there is one line, exit 130
     import signal
 
     def offline_cmd(*args):
@@ -371,6 +377,13 @@ def changed_cells(layout, before, after):
     return cells, aux
 
 
+# The probed states of this module's probe tests and of test_policy_variants' GRU probe test:
+# 8 states, seed 0, 20 warm-up steps (`offline.py probe --states 8`'s, the warm-up its default),
+# each built as the command builds them (`jax.jit(probe_states)`), so that these processes
+# (two devices) compile that program once and read it from the compilation cache after.
+PROBE_STATES = (8, 0, 20)
+
+
 @pytest.mark.slow
 def test_probe_edits_change_only_what_they_say():
     """Each edit of real Classic states changes the observation only at its own tile (or
@@ -380,7 +393,7 @@ def test_probe_edits_change_only_what_they_say():
 
     layout = spec(ENV).layout
     env = make_env(EnvConfig(name=ENV, num_envs=1))
-    states = probe_states(env, 8, 0, 10)
+    states = jax.jit(probe_states, static_argnums=(0, 1, 2, 3))(env, *PROBE_STATES)
     observe = jax.jit(jax.vmap(env.observe))
     base = np.asarray(observe(states))
     c = (layout.rows // 2, layout.cols // 2)  # the player
@@ -391,7 +404,7 @@ def test_probe_edits_change_only_what_they_say():
             "diamond_in_view": ((c[0], c[1] + 2), "diamond")}
     assert set(edits_for(ENV)) == set(want) | {"food_low", "drink_low", "energy_low"}
     for name in edits_for(ENV):
-        after = np.asarray(observe(jax.vmap(EDITS[name][0])(states)))
+        after = np.asarray(observe(jax.jit(jax.vmap(EDITS[name][0]))(states)))
         for b, a in zip(base, after):
             cells, aux = changed_cells(layout, b, a)
             if name in want:
@@ -412,7 +425,8 @@ def test_probe_edits_change_only_what_they_say():
 def test_probe_of_a_plain_online_run(smoke_run, tmp_path):
     run = tmp_path / "ppo"
     shutil.copytree(smoke_run, run)  # `train.py smoke --run-name ppo`
-    res = offline_main("probe", "--run", str(run), "--states", "8")
+    res = offline_main("probe", "--run", str(run), "--states", str(PROBE_STATES[0]),
+                       "--seed", str(PROBE_STATES[1]), "--warmup", str(PROBE_STATES[2]))
     assert set(res["edits"]) >= {"zombie_adjacent", "food_low"}
     assert all(set(v) == {"real"} for v in res["edits"].values())  # no hidden state to ablate
     # the figures for one edit, recomputed here from the network's outputs
@@ -421,9 +435,10 @@ def test_probe_of_a_plain_online_run(smoke_run, tmp_path):
     pol = load_policy(run, 8)
     env = make_env(EnvConfig(name=ENV, num_envs=1))
     net = pol.agent.network
-    base = probe_states(env, 8, 0, 20)
-    obs0 = jax.vmap(env.observe)(base)
-    obs1 = jax.vmap(env.observe)(jax.vmap(EDITS["zombie_adjacent"][0])(base))
+    base = jax.jit(probe_states, static_argnums=(0, 1, 2, 3))(env, *PROBE_STATES)
+    observe = jax.jit(jax.vmap(env.observe))
+    obs0 = observe(base)
+    obs1 = observe(jax.jit(jax.vmap(EDITS["zombie_adjacent"][0]))(base))
     v = [np.asarray(net.apply(pol.params, o, method=type(net).critic)) for o in (obs0, obs1)]
     p = [np.asarray(jax.nn.softmax(net.apply(pol.params, o, method=type(net).actor)))
          for o in (obs0, obs1)]

@@ -400,13 +400,18 @@ def test_probe_reads_a_gru_with_the_carry_of_the_states_history():
     from fused.rl.networks import init_network
     from fused.rl.policy_input import Identity
 
+    from test_offline import PROBE_STATES
+
     env = make_env(EnvConfig(name="Craftax-Classic-Symbolic-v1", num_envs=1))
     net = RecurrentActorCritic(env.num_actions, 32, 2)
     params = init_network(net, jax.random.PRNGKey(0), jnp.zeros((1, env.obs_dim)))
-    n, seed, warmup = 3, 5, 6
+    n, seed, warmup = PROBE_STATES  # (test_offline's probe tests' states: one compile of them)
     carry = jax.jit(lambda p: history_carry(env, network_policy(net), Identity(), p, None, None,
                                             n, seed, warmup))(params)
     obs, state = jax.vmap(env.reset)(episode_keys(jax.random.PRNGKey(seed), n))
+    # (the reset's state as the step's come back: strongly typed, as `player_direction` is not
+    # from an op-by-op reset; a weakly typed one made `step` a second program, ~3 s to compile)
+    state = jax.tree.map(lambda a: jnp.asarray(a, a.dtype), state)
     step = jax.jit(lambda k, s, a: jax.vmap(env.step)(jax.random.split(k, n), s, a))
     seen = [obs]
     for k in jax.random.split(jax.random.PRNGKey(seed + 1), warmup):

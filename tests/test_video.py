@@ -185,6 +185,9 @@ def test_eval_video_numbers_are_the_critics_and_label_returns(tmp_path, smoke_ru
     ev = make_evaluate(env, network_policy(pol.agent.network), pol.agent.inputs, 2, 64,
                        record=spec(name), watch=watch)
     state = jax.jit(ev.init)(jax.random.PRNGKey(0), None, pol.inputs_state)
+    # (committed to the device, as the blocks' states come back: init's state, made from no
+    # committed input, was not, which made the first block a program of its own, ~5 s to compile)
+    state = jax.device_put(state, jax.devices()[0])
     block = jax.jit(ev.block)
     records, live = [], []
     while not bool(np.asarray(state.done).all()):
