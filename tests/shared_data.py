@@ -6,10 +6,10 @@ the same kind of data.
 
 `label.py generate` in a process of its own, under a file lock, as conftest's `shared_run` makes
 a run: the xdist workers share it; a test that writes into it (a label set) copies it first.
-8 envs x 16 steps (one block), episodes cut at 20 steps, seed 5: the block program of
-test_label's `SMOKE` dataset, so one of the two compiles and the other reads the persistent
-compilation cache; 64-row shards, so the 128 rows make two shards (test_imagine redoes one of
-them)."""
+8 envs x 24 steps (two blocks of the preset's 16), episodes cut at 20 steps, seed 5: the block
+program of test_label's `SMOKE` dataset, so one of the two compiles and the other reads the
+persistent compilation cache. Its 192 rows make two shards (128 + 64: test_imagine redoes one of
+them), an episode running across the boundary; test_imagine generated these sizes itself."""
 
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-SMALL = ["smoke", "--env.max-episode-steps", "20", "--seed", "5", "--steps", "16",
-         "--shard-rows", "64"]
+SMALL = ["smoke", "--env.max-episode-steps", "20", "--seed", "5", "--steps", "24"]
 
 
 def shared_dataset(tmp_path_factory, name: str, args: list[str]) -> Path:
@@ -51,6 +50,6 @@ def shared_dataset(tmp_path_factory, name: str, args: list[str]) -> Path:
 
 @pytest.fixture(scope="session")
 def small_data(tmp_path_factory) -> Path:
-    """`label.py generate` + `SMALL` (128 rows in two shards), once for the session. Tests that
+    """`label.py generate` + `SMALL` (192 rows in two shards), once for the session. Tests that
     label it copy it (`shutil.copytree`)."""
     return shared_dataset(tmp_path_factory, "small", SMALL)

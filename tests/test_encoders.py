@@ -105,7 +105,7 @@ def test_a_registered_encoder_trains_labels_and_evaluates(projection, small_data
     assert json.loads((run / "config.json").read_text())["llm"]["encoder"] == "toy-projection"
 
     data = tmp_path / "d"
-    shutil.copytree(small_data, data)  # (the session's `label.py generate smoke`, 16 steps)
+    shutil.copytree(small_data, data)  # (the session's `label.py generate smoke`, 24 steps)
     label.main(["label", "--data", str(data), "--name", "toy", *flags, "--llm.skip-n", "1",
                 "--dtype", "float16"])
     ds = Dataset(data)

@@ -201,8 +201,10 @@ def by_hand(llm, obs, prefix_ids):
 
 
 @pytest.fixture(scope="module")
-def real_view(obs):
-    return policy_view(LLMConfig(backend="jax", encode_lengths=ENCODE_LENGTHS), obs)
+def real_view(obs, llm):
+    """At conftest's two lengths; the random model's weights and prefix cache are `llm`'s (the
+    same seed), not made again."""
+    return policy_view(LLMConfig(backend="jax", encode_lengths=ENCODE_LENGTHS), obs, like=llm)
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ N_NEW, LAYER = 12, 1
 
 @pytest.fixture(scope="module")
 def labelled(tmp_path_factory, small_data):
-    """A smoke dataset (a copy of the session's `small_data`: 8 envs x 16 steps in two shards)
+    """A smoke dataset (a copy of the session's `small_data`: 8 envs x 24 steps in two shards)
     labelled by a tiny random checkpoint (real vocabulary) with greedy imagination, every:2
     pooling at layer 1, the text kept."""
     import shutil
@@ -101,7 +101,7 @@ def test_the_set_is_exact_and_sampling_follows_its_seed(labelled):
     assert json.loads((data / "manifest.json").read_text())["labels"]["im"] == before
     # sampled over the whole vocabulary (151,680 Gumbel draws a token and row: most of the
     # time of a label pass on a CPU with XLA's backend optimisation off), so 3 tokens, not 12,
-    # and a row in 24 (over 16 steps: t = 0, one batch of 8 rows), not in 8
+    # and a row in 24 (one batch of 8 rows), not in 8
     sampled = ["--imagine.temperature", "1.0", "--imagine.tokens", "3", "--llm.skip-n", "24"]
 
     def digests(set_name, seed):

@@ -316,14 +316,24 @@ def test_disk_full_keeps_committed_shards(tmp_path, monkeypatch):
     assert store.committed(ds.shard_dir("s000-000000")) is not None
 
 
-@pytest.mark.slow
-def test_labels_equal_encoding_from_scratch_and_the_online_carry(smoke_data, tmp_path):
-    """A label set at skip 7 (float16), encoded on 2 devices: every row's state equals what the
-    online policy input (llm_step, refreshing at once) holds for that env at that step, replayed
-    over the same observations; and labelled rows equal the full prompt encoded from scratch."""
+@pytest.fixture(scope="module")
+def tiny_llm():
+    """The tiny random Qwen3 (seed 0) the commands here encode with, at conftest's lengths (its
+    weights and prefix cache made once for the module's two tests)."""
     from fused.llm.config import LLMConfig
-    from fused.data.config import LabelConfig
-    from fused.data.labelling import label
+    from fused.llm.encoders import make_encoder
+
+    return make_encoder(LLMConfig(backend="jax", encode_lengths=ENCODE_LENGTHS), ENV)
+
+
+@pytest.mark.slow
+def test_labels_equal_encoding_from_scratch_and_the_online_carry(smoke_data, tiny_llm,
+                                                                 tmp_path):
+    """A label set at skip 7 (float16), encoded on 2 devices (`label.py label` in a process that
+    sees two): every row's state equals what the online policy input (llm_step, refreshing at
+    once) holds for that env at that step, replayed over the same observations; and labelled
+    rows equal the full prompt encoded from scratch."""
+    from fused.llm.config import LLMConfig
     from fused.llm.encoders import make_encoder
     from fused.llm.policy_input import init_llm_state, llm_step
     from fused.rl.obs_codec import ObsCodec
@@ -334,9 +344,15 @@ def test_labels_equal_encoding_from_scratch_and_the_online_carry(smoke_data, tmp
 
     data = tmp_path / "d"
     shutil.copytree(smoke_data, data)
-    label(LabelConfig(data=str(data), name="h", llm=LLMConfig(
-        backend="jax", skip_n=7, encode_lengths=ENCODE_LENGTHS), dtype="float16", batch=16),
-        QUIET, num_devices=2)  # rows split over 2
+    # The command, not `label()` in this process: it labels at XLA's O1 (tests/startup/
+    # sitecustomize.py), where this process runs the encodes at O0, ~3x slower (in-process
+    # here: 20-24 CPU s, the command ~13); its 2 devices split each batch's rows.
+    env = subprocess_env()
+    p = run_command(label_cmd("label", "--data", str(data), "--name", "h", "--llm.skip-n", "7",
+                              "--dtype", "float16", "--batch", "16", *LENGTHS),
+                    env=dict(env, XLA_FLAGS=f"{env.get('XLA_FLAGS', '')} {TWO_DEVICES}"),
+                    capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
     ds = Dataset(data)
     names = ds.shard_names()
     cols = {k: np.concatenate([ds.read(n, [k])[k] for n in names])
@@ -348,7 +364,7 @@ def test_labels_equal_encoding_from_scratch_and_the_online_carry(smoke_data, tmp
     grid = np.zeros((64, 8), np.int64)  # row of (t, env)
     grid[cols["t"], cols["env"]] = np.arange(len(obs))
     llm = make_encoder(LLMConfig(backend="jax", skip_n=7, refresh_wait=1, refresh_batch=8,
-                                 encode_lengths=ENCODE_LENGTHS), ENV)
+                                 encode_lengths=ENCODE_LENGTHS), ENV, like=tiny_llm)
     # (the frozen arrays as an argument, as the trainer passes them: closed over, the weights
     # are constants of the program, ~160 MB of HLO text, and it compiled 2.5x slower)
     jitted = jax.jit(lambda f, s, o, d, t: llm_step(llm, f, s, o, d, t,
@@ -419,13 +435,11 @@ def test_generate_from_a_trained_run_with_epsilon(smoke_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_an_llm_run_records_the_hidden_states_it_acted_on(llm_smoke_run, tmp_path):
+def test_an_llm_run_records_the_hidden_states_it_acted_on(llm_smoke_run, tiny_llm, tmp_path):
     """Generating with an LLM-augmented run (conftest's shared `train.py smoke --llm.backend
     jax ...`): the label set `behaviour` holds, for every row, the raw hidden state the policy
     acted on; at stream step 0 every env's is the encoding of its first observation."""
-    from fused.llm.config import LLMConfig
     from fused.envspec import spec
-    from fused.llm.encoders import make_encoder
     from fused.rl.obs_codec import ObsCodec
 
     env = subprocess_env()
@@ -445,7 +459,7 @@ def test_an_llm_run_records_the_hidden_states_it_acted_on(llm_smoke_run, tmp_pat
     first = np.flatnonzero(cols["t"] == 0)
     assert len(first) == 8 and len(hidden) == len(cols["t"])
     obs = ObsCodec(spec(ENV)).decode(np, {k: v[first] for k, v in cols.items()})
-    llm = make_encoder(LLMConfig(backend="jax", encode_lengths=ENCODE_LENGTHS), ENV)
+    llm = tiny_llm  # LLMConfig(backend="jax") at conftest's lengths
     want = jax.jit(lambda f, o: llm.encode(f, o, 8)[0])(llm.frozen, jnp.asarray(obs))
     got = hidden[first].astype(np.float32)
     np.testing.assert_allclose(got, np.asarray(want), atol=1e-2 * np.abs(want).max())

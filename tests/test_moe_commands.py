@@ -105,7 +105,7 @@ def test_label_and_train_take_a_moe_checkpoint(moe, small_data, tmp_path):
 
     folder, model = moe
     data = tmp_path / "d"
-    shutil.copytree(small_data, data)  # (the session's `label.py generate smoke`, 16 steps)
+    shutil.copytree(small_data, data)  # (the session's `label.py generate smoke`, 24 steps)
     run([sys.executable, str(ROOT / "label.py"), "label", "--data", str(data), "--name", "moe",
          "--llm.weights", str(folder), "--llm.post-norm", "--llm.skip-n", "4", "--dtype",
          "float16", "--batch", "8", *LENGTHS])

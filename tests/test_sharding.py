@@ -17,22 +17,24 @@ from fused.rl.config import EnvConfig, PolicyConfig, PPOConfig
 from fused.commands.train import build
 
 
-def run(cfg: TrainConfig, devices: int):
+def run(cfg: TrainConfig, devices: int, like=None):
+    """(final state, each chunk's metrics, the agent). `like`: an agent whose LLM weights and
+    prefix cache the run shares (the same random model), not made again."""
     validate(cfg, devices)
-    online = build(cfg, devices)
+    online = build(cfg, devices, like)
     init, chunk = jax.jit(online.trainer.init), jax.jit(online.trainer.chunk)
     state = init(jax.random.PRNGKey(1), online.frozen)
     rows = []
     for _ in range(cfg.num_chunks):
         state, m = chunk(state, online.frozen)
         rows.append(jax.device_get(m))
-    return jax.device_get(state), rows
+    return jax.device_get(state), rows, online.agent
 
 
 def assert_same_run(cfg):
     assert jax.device_count() >= 2
-    s1, m1 = run(cfg, 1)
-    s2, m2 = run(cfg, 2)
+    s1, m1, agent = run(cfg, 1)
+    s2, m2, _ = run(cfg, 2, like=agent)
     for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
         np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6)
     # Same episodes were played: env RNG per env does not depend on the device split.
