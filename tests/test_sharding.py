@@ -18,8 +18,8 @@ from fused.commands.train import build
 
 
 def run(cfg: TrainConfig, devices: int, like=None):
-    """(final state, each chunk's metrics, the agent). `like`: an agent whose LLM weights and
-    prefix cache the run shares (the same random model), not made again."""
+    """(final state, each chunk's metrics, the agent). `like`: an agent whose LLM encoder (the
+    same random model: its weights, prefix cache) the run reuses, not made again."""
     validate(cfg, devices)
     online = build(cfg, devices, like)
     init, chunk = jax.jit(online.trainer.init), jax.jit(online.trainer.chunk)
