@@ -176,12 +176,18 @@ def vllm_generate_server(tmp_path_factory):
         yield folder, client
 
 
-def shared_run(tmp_path_factory, name: str, args: list[str]) -> Path:
-    """`train.py *args` once for the whole session (in a process of its own, as a user runs it),
-    shared by the xdist workers: the first to ask trains it under a file lock, the others wait
-    for it and read the same folder. The run's console output is kept beside it
-    (`<run>.stdout`). A test that writes into the run, or needs it in a folder of its own, copies
-    it first (`shutil.copytree`)."""
+STAGING = "{staging}"  # in `session_once`'s argv: the folder the command writes into
+
+
+def session_once(tmp_path_factory, name: str, argv: list[str], output: str = "",
+                 env: dict | None = None) -> Path:
+    """`python *argv` once for the whole session (in a process of its own, as a user runs it),
+    shared by the xdist workers: the first to ask runs it under a file lock, the others wait
+    for it and read the same folder. The command writes into the folder `STAGING` stands for in
+    `argv`, renamed into place whole when it ends well (or not there: a later test runs it
+    again); returned is `output` inside it (say a run's name). The console output is kept
+    beside that (`<output>.stdout`). A test that writes into it copies it first
+    (`shutil.copytree`)."""
     import shutil
 
     from command_runner import run_command
@@ -190,20 +196,27 @@ def shared_run(tmp_path_factory, name: str, args: list[str]) -> Path:
     base = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):  # (each worker's is a folder of the session's)
         base = base.parent
-    run, lock = base / f"shared-{name}" / "r", base / f"shared-{name}.lock"
+    done, lock = base / f"shared-{name}", base / f"shared-{name}.lock"
     with FileLock(str(lock)):
-        if not (run / "metrics.jsonl").is_file():
+        if not done.is_dir():
             staging = base / f"shared-{name}.staging"
             shutil.rmtree(staging, ignore_errors=True)  # (an earlier try's, cut off)
-            p = run_command([sys.executable, str(ROOT / "train.py"), *args, "--out-dir",
-                             str(staging), "--run-name", "r"], env=subprocess_env(),
-                            capture_output=True, text=True, timeout=900)
+            p = run_command([sys.executable, *(a.replace(STAGING, str(staging)) for a in argv)],
+                            env=env or subprocess_env(), capture_output=True, text=True,
+                            timeout=900)
             assert p.returncode == 0, p.stderr[-3000:]
-            run.parent.mkdir(exist_ok=True)
-            (run.parent / "r.stdout").write_text(p.stdout)
-            os.replace(staging / "r", run)  # whole, or not there: a later test trains it again
-            staging.rmdir()
-    return run
+            out = staging / output
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.with_name(out.name + ".stdout").write_text(p.stdout)
+            os.replace(staging, done)
+    return done / output
+
+
+def shared_run(tmp_path_factory, name: str, args: list[str], env: dict | None = None) -> Path:
+    """`train.py *args` once for the whole session (`session_once`): the run's folder, its
+    console output beside it (`<run>.stdout`); `env` the command's (default: one device)."""
+    return session_once(tmp_path_factory, name, [str(ROOT / "train.py"), *args, "--out-dir",
+                                                 STAGING, "--run-name", "r"], "r", env)
 
 
 @pytest.fixture(scope="session")

@@ -4,8 +4,8 @@ test_encoders' registered encoder): before, each generated its own (two of them 
 the test process's 2 devices, one by the command), three pipelines compiling three programs for
 the same kind of data.
 
-`label.py generate` in a process of its own, under a file lock, as conftest's `shared_run` makes
-a run: the xdist workers share it; a test that writes into it (a label set) copies it first.
+`label.py generate` in a process of its own, under a file lock (conftest's `session_once`, as
+`shared_run` makes a run): the xdist workers share it; a test that writes into it copies it first.
 8 envs x 24 steps (two blocks of the preset's 16), episodes cut at 20 steps, seed 5: the block
 program of test_label's `SMOKE` dataset, so one of the two compiles and the other reads the
 persistent compilation cache. Its 192 rows make two shards (128 + 64: test_imagine redoes one of
@@ -13,9 +13,6 @@ them), an episode running across the boundary; test_imagine generated these size
 
 from __future__ import annotations
 
-import os
-import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,28 +21,12 @@ SMALL = ["smoke", "--env.max-episode-steps", "20", "--seed", "5", "--steps", "24
 
 
 def shared_dataset(tmp_path_factory, name: str, args: list[str]) -> Path:
-    """`label.py generate *args` once for the whole session, shared by the xdist workers (the
-    first to ask generates it under a file lock, the others wait and read the same folder)."""
-    from filelock import FileLock
+    """`label.py generate *args` once for the whole session, shared by the xdist workers
+    (conftest's `session_once`)."""
+    from conftest import ROOT, STAGING, session_once
 
-    from command_runner import run_command
-    from conftest import ROOT, subprocess_env
-
-    base = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # (each worker's is a folder of the session's)
-        base = base.parent
-    data, lock = base / f"shared-data-{name}" / "d", base / f"shared-data-{name}.lock"
-    with FileLock(str(lock)):
-        if not (data / "manifest.json").is_file():
-            staging = base / f"shared-data-{name}.staging"
-            shutil.rmtree(staging, ignore_errors=True)  # (an earlier try's, cut off)
-            p = run_command([sys.executable, str(ROOT / "label.py"), "generate", *args,
-                             "--out", str(staging)], env=subprocess_env(),
-                            capture_output=True, text=True, timeout=600)
-            assert p.returncode == 0, p.stderr[-3000:]
-            data.parent.mkdir(exist_ok=True)
-            os.replace(staging, data)  # whole, or not there: a later test generates it again
-    return data
+    return session_once(tmp_path_factory, f"data-{name}",
+                        [str(ROOT / "label.py"), "generate", *args, "--out", STAGING])
 
 
 @pytest.fixture(scope="session")

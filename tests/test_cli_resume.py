@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from command_runner import run_command
-from conftest import ROOT, console_script, subprocess_env
+from conftest import ROOT, console_script, shared_run, subprocess_env
 from fused.runs.checkpoint import CheckpointError, Checkpointer, abstract_like
 
 SMOKE = ["smoke", "--total-timesteps", str(8 * 8 * 40), "--updates-per-chunk", "2",
@@ -40,30 +40,12 @@ def two_device_env() -> dict:
 @pytest.fixture(scope="session")
 def two_device_smoke_run(tmp_path_factory) -> Path:
     """`train.py smoke` in one process with two CPU devices, trained once for the session and
-    shared by the xdist workers as conftest's `shared_run` does (the first to ask trains it
-    under a file lock; the run is renamed into place whole). Read by
+    shared by the xdist workers (conftest's `shared_run`). Read by
     test_two_processes_train_as_one_process_with_two_devices (the one-process side of its
     comparison) and by test_offline's eval test (the run it evaluates, copied first): one
     training instead of two (the second was `train.main(["smoke"])` in the test's own process,
     on the same two devices)."""
-    from filelock import FileLock
-
-    base = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # (each worker's is a folder of the session's)
-        base = base.parent
-    run, lock = base / "shared-smoke-2dev" / "r", base / "shared-smoke-2dev.lock"
-    with FileLock(str(lock)):
-        if not (run / "metrics.jsonl").is_file():
-            staging = base / "shared-smoke-2dev.staging"
-            shutil.rmtree(staging, ignore_errors=True)  # (an earlier try's, cut off)
-            p = run_command(train_cmd("smoke", "--out-dir", str(staging), "--run-name", "r"),
-                            env=two_device_env(), capture_output=True, text=True, timeout=900)
-            assert p.returncode == 0, p.stderr[-3000:]
-            run.parent.mkdir(exist_ok=True)
-            (run.parent / "r.stdout").write_text(p.stdout)
-            os.replace(staging / "r", run)
-            staging.rmdir()
-    return run
+    return shared_run(tmp_path_factory, "smoke-2dev", ["smoke"], env=two_device_env())
 
 
 def test_bad_value_is_one_line_error_before_compiling(tmp_path):
