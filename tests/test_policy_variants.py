@@ -288,8 +288,8 @@ def test_gru_with_e3b_on_two_devices_equals_one_device():
     cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, num_envs=8),
                               updates_per_chunk=2)
     assert jax.device_count() >= 2
-    s1, m1 = run(cfg, 1)
-    s2, m2 = run(cfg, 2)
+    s1, m1, _ = run(cfg, 1)
+    s2, m2, _ = run(cfg, 2)
     for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
         np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6)
     for k in ("reward_mean", "explore/intrinsic_mean", "loss/value"):
