@@ -210,5 +210,31 @@ def probe() -> None:
                       "env": os.environ.get("PROBE"), "argv": sys.argv}))
 
 
+def arena() -> None:
+    """`python tests/command_runner.py --arena`: whether this process's arena allocator is
+    tests/startup/arena.c's, and whether that hands a freed block back for the next request of
+    its size (JSON), for tests/test_command_runner.py."""
+    import ctypes
+
+    class Allocator(ctypes.Structure):  # PyObjectArenaAllocator
+        _fields_ = [("ctx", ctypes.c_void_p), ("alloc", ctypes.c_void_p),
+                    ("free", ctypes.c_void_p)]
+
+    now = Allocator()
+    ctypes.pythonapi.PyObject_GetArenaAllocator(ctypes.byref(now))
+    lib = ctypes.CDLL(os.environ["FUSED_TEST_ARENA"])
+    lib.arena_alloc.restype = ctypes.c_void_p
+    lib.arena_alloc.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    lib.arena_free.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    block = lib.arena_alloc(None, 16384)
+    ctypes.memset(block, 7, 16384)  # (a block mapped anew would read 0: the kernel zeroes it)
+    lib.arena_free(None, block, 16384)
+    again = lib.arena_alloc(None, 16384)
+    other = lib.arena_alloc(None, 2**20)
+    print(json.dumps({"swapped": now.alloc == ctypes.cast(lib.arena_alloc, ctypes.c_void_p).value,
+                      "reused": again == block and ctypes.string_at(again, 16384) == b"\7" * 16384,
+                      "other_size_new": ctypes.string_at(other, 16) == bytes(16)}))
+
+
 if __name__ == "__main__":
-    probe() if sys.argv[1:] == ["--probe"] else serve()
+    {"--probe": probe, "--arena": arena}.get(" ".join(sys.argv[1:]), serve)()

@@ -54,3 +54,15 @@ def test_a_timeout_kills_the_command_and_the_server_goes_on(tmp_path):
     p = run_command([sys.executable, RUNNER, "--probe"], env=subprocess_env(),
                     capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and json.loads(p.stdout)["ppid"] == server().pid
+
+
+def test_processes_run_with_the_arena_allocator_that_keeps_freed_blocks():
+    """tests/startup/arena_allocator.py: a process the tests start, new or forked, has CPython's
+    arena allocator swapped for arena.c's, which hands a freed block of the same size back."""
+    if os.environ.get("FUSED_TEST_ARENA", "0") == "0":
+        pytest.skip("no C compiler: the suite runs with CPython's own arena allocator")
+    for run in (run_command, subprocess.run):
+        p = run([sys.executable, RUNNER, "--arena"], env=subprocess_env(), capture_output=True,
+                text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        assert json.loads(p.stdout) == {"swapped": True, "reused": True, "other_size_new": True}

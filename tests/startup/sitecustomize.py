@@ -1,7 +1,7 @@
 """Imported at start-up by the Python processes the tests start (tests/conftest.py puts this
-folder on PYTHONPATH): the same garbage-collector threshold as the test processes, and
-`label.py label`'s optimisation level (`optimised_for`). It hides a system Python's own
-sitecustomize (Debian's and Ubuntu's install a crash reporter) in them."""
+folder on PYTHONPATH): the same garbage-collector threshold and arena allocator as the test
+processes, and `label.py label`'s optimisation level (`optimised_for`). It hides a system
+Python's own sitecustomize (Debian's and Ubuntu's install a crash reporter) in them."""
 
 import gc
 
@@ -11,6 +11,13 @@ gc.set_threshold(100_000, 10, 10)  # (700, 10, 10) by default
 
 import os  # noqa: E402
 import sys  # noqa: E402
+
+# CPython's arena allocator kept from unmapping its frame-stack chunks over and over (the library
+# tests/conftest.py built and named here: tests/startup/arena_allocator.py).
+if os.environ.get("FUSED_TEST_ARENA", "0") != "0":
+    import arena_allocator
+
+    arena_allocator.keep(os.environ["FUSED_TEST_ARENA"])
 
 
 def optimised_for(argv: list[str]) -> None:
