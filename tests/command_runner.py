@@ -226,13 +226,16 @@ def arena() -> None:
     lib.arena_alloc.restype = ctypes.c_void_p
     lib.arena_alloc.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     lib.arena_free.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-    block = lib.arena_alloc(None, 16384)
-    ctypes.memset(block, 7, 16384)  # (a block mapped anew would read 0: the kernel zeroes it)
-    lib.arena_free(None, block, 16384)
-    again = lib.arena_alloc(None, 16384)
-    other = lib.arena_alloc(None, 2**20)
+    # sizes CPython never asks for (its frame chunks are 16 KiB x 2^k, its arenas 1 MiB), so its
+    # own calls between these cannot take the block
+    size = 48 * 1024
+    block = lib.arena_alloc(None, size)
+    ctypes.memset(block, 7, size)  # (a block mapped anew would read 0: the kernel zeroes it)
+    lib.arena_free(None, block, size)
+    again = lib.arena_alloc(None, size)
+    other = lib.arena_alloc(None, 80 * 1024)
     print(json.dumps({"swapped": now.alloc == ctypes.cast(lib.arena_alloc, ctypes.c_void_p).value,
-                      "reused": again == block and ctypes.string_at(again, 16384) == b"\7" * 16384,
+                      "reused": again == block and ctypes.string_at(again, size) == b"\7" * size,
                       "other_size_new": ctypes.string_at(other, 16) == bytes(16)}))
 
 
