@@ -120,6 +120,17 @@ def console_script(name: str) -> str:
     return str(exe)
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (the kernel's pick), for a
+    jax.distributed coordinator the test starts: a fixed port fails the test wherever another
+    run or service holds it."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def subprocess_env() -> dict:
     """Environment for child processes: same cache, repo importable, one CPU device."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join((str(ROOT), STARTUP)),

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from command_runner import run_command
-from conftest import ROOT, console_script, shared_run, subprocess_env
+from conftest import ROOT, console_script, free_port, shared_run, subprocess_env
 from fused.runs.checkpoint import CheckpointError, Checkpointer, abstract_like
 
 SMOKE = ["smoke", "--total-timesteps", str(8 * 8 * 40), "--updates-per-chunk", "2",
@@ -229,8 +229,9 @@ def test_two_processes_train_as_one_process_with_two_devices(two_device_smoke_ru
     env = subprocess_env()
     one = two_device_smoke_run
     assert "on 2 cpu device(s)" in (one.parent / "r.stdout").read_text()
+    port = free_port()
     procs = [subprocess.Popen(train_cmd("smoke", "--out-dir", str(tmp_path), "--run-name", "two"),
-                              env=dict(env, JAX_COORDINATOR_ADDRESS="127.0.0.1:12431",
+                              env=dict(env, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
                                        JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i)),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for i in range(2)]

@@ -18,7 +18,8 @@ import pytest
 from rich.console import Console
 
 from command_runner import run_command
-from conftest import ENCODE_LENGTHS, LENGTHS, ROOT, TWO_DEVICES, console_script, subprocess_env
+from conftest import (ENCODE_LENGTHS, LENGTHS, ROOT, TWO_DEVICES, console_script, free_port,
+                      subprocess_env)
 from fused.data.config import ReturnsConfig
 from fused.data.episodes import EpisodeAssembler
 from fused.data.returns import compute_returns
@@ -220,7 +221,8 @@ def test_two_processes_equal_one(tmp_path):
     env = subprocess_env()
     for cmd in (args + ["--out", str(one)], lab + ["--data", str(one)]):
         run_command(label_cmd(*cmd), env=env, check=True, capture_output=True, timeout=600)
-    for port, cmd in ((12421, args + ["--out", str(two)]), (12422, lab + ["--data", str(two)])):
+    for cmd in (args + ["--out", str(two)], lab + ["--data", str(two)]):
+        port = free_port()
         procs = [subprocess.Popen(label_cmd(*cmd), env=dict(
             env, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
             JAX_PROCESS_ID=str(i)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
