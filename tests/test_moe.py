@@ -202,10 +202,12 @@ def test_grouped_forms_equal_dense_oracle(experts, k, n, tile):
              gate_up=0.3 * jax.random.normal(keys[1], (experts, 24, 24)),
              down=0.3 * jax.random.normal(keys[2], (experts, 12, 24)))
     h = jax.random.normal(keys[3], (1, n, 24))
-    ref, load = moe_mlp(cfg, mp, h, form="dense")
+    # (each form one program: op by op, each of its operations would compile on its own)
+    mlp = jax.jit(moe_mlp, static_argnums=0, static_argnames="form")
+    ref, load = mlp(cfg, mp, h, form="dense")
     assert int(load.sum()) == n * k
     for form in ("ragged", "tiled", "gathered", "pallas"):
-        ours, load2 = moe_mlp(cfg, mp, h, form=form)
+        ours, load2 = mlp(cfg, mp, h, form=form)
         np.testing.assert_allclose(np.asarray(ours), np.asarray(ref), atol=1e-5, rtol=1e-5)
         np.testing.assert_array_equal(load2, load)
     # the tiled kernel alone with an explicit tile, on rows already sorted by expert
