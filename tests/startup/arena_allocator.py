@@ -32,7 +32,7 @@ _installed: list = []  # the library and the struct CPython points at, kept aliv
 def build() -> str | None:
     """arena.c compiled into a shared library in the temporary folder (once per source: the file
     name holds its hash, written under another name and renamed, so concurrent sessions agree);
-    None without a C compiler or when the compile fails."""
+    None without a C compiler, or when the compile or the folder fails."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         return None
@@ -41,14 +41,17 @@ def build() -> str | None:
     lib = folder / f"arena-{digest}.so"
     if lib.is_file():
         return str(lib)
-    folder.mkdir(parents=True, exist_ok=True)
     part = lib.with_suffix(f".{os.getpid()}.part")
-    done = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(part), str(SOURCE)],
-                          capture_output=True)
-    if done.returncode != 0:
-        part.unlink(missing_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(part), str(SOURCE)],
+                              capture_output=True)
+        if done.returncode != 0:
+            part.unlink(missing_ok=True)
+            return None
+        os.replace(part, lib)
+    except OSError:  # (a temporary folder that cannot be written: no swap)
         return None
-    os.replace(part, lib)
     return str(lib)
 
 
