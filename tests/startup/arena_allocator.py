@@ -39,11 +39,13 @@ def build() -> str | None:
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
     folder = Path(tempfile.gettempdir()) / f"fused-tests-{os.getuid()}"
     lib = folder / f"arena-{digest}.so"
-    if lib.is_file():
-        return str(lib)
     part = lib.with_suffix(f".{os.getpid()}.part")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if folder.stat().st_uid != os.getuid():  # (a library another user put there: not loaded)
+            return None
+        if lib.is_file():
+            return str(lib)
         done = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(part), str(SOURCE)],
                               capture_output=True)
         if done.returncode != 0:
