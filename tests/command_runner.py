@@ -216,9 +216,7 @@ def arena() -> None:
     its size (JSON), for tests/test_command_runner.py."""
     import ctypes
 
-    class Allocator(ctypes.Structure):  # PyObjectArenaAllocator
-        _fields_ = [("ctx", ctypes.c_void_p), ("alloc", ctypes.c_void_p),
-                    ("free", ctypes.c_void_p)]
+    from arena_allocator import Allocator  # (tests/startup/, on the command's PYTHONPATH)
 
     now = Allocator()
     ctypes.pythonapi.PyObject_GetArenaAllocator(ctypes.byref(now))

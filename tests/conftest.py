@@ -210,9 +210,9 @@ def session_once(tmp_path_factory, name: str, argv: list[str], output: str = "",
     shared by the xdist workers: the first to ask runs it under a file lock, the others wait
     for it and read the same folder. The command writes into the folder `STAGING` stands for in
     `argv`, renamed into place whole when it ends well (or not there: a later test runs it
-    again); returned is `output` inside it (say a run's name). The console output is kept
-    beside that (`<output>.stdout`). A test that writes into it copies it first
-    (`shutil.copytree`)."""
+    again); returned is `output` inside it (say a run's name), the console output kept beside
+    it (`<output>.stdout`), or with no `output` the folder itself. A test that writes into it
+    copies it first (`shutil.copytree`)."""
     import shutil
 
     from command_runner import run_command
@@ -230,9 +230,8 @@ def session_once(tmp_path_factory, name: str, argv: list[str], output: str = "",
                             env=env or subprocess_env(), capture_output=True, text=True,
                             timeout=900)
             assert p.returncode == 0, p.stderr[-3000:]
-            out = staging / output
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.with_name(out.name + ".stdout").write_text(p.stdout)
+            if output:  # (beside the output, inside the folder renamed into place)
+                (staging / f"{output}.stdout").write_text(p.stdout)
             os.replace(staging, done)
     return done / output
 

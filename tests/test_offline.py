@@ -384,16 +384,23 @@ def changed_cells(layout, before, after):
 PROBE_STATES = (8, 0, 20)
 
 
+def probe_base(env):
+    """`PROBE_STATES`' states of `env`, built as `offline.py probe` builds them."""
+    from fused.commands.offline_probe import probe_states
+
+    return jax.jit(probe_states, static_argnums=(0, 1, 2, 3))(env, *PROBE_STATES)
+
+
 @pytest.mark.slow
 def test_probe_edits_change_only_what_they_say():
     """Each edit of real Classic states changes the observation only at its own tile (or
     inventory entry), and there the way its name says."""
     from fused.envspec import spec
-    from fused.commands.offline_probe import EDITS, edits_for, probe_states
+    from fused.commands.offline_probe import EDITS, edits_for
 
     layout = spec(ENV).layout
     env = make_env(EnvConfig(name=ENV, num_envs=1))
-    states = jax.jit(probe_states, static_argnums=(0, 1, 2, 3))(env, *PROBE_STATES)
+    states = probe_base(env)
     observe = jax.jit(jax.vmap(env.observe))
     base = np.asarray(observe(states))
     c = (layout.rows // 2, layout.cols // 2)  # the player
@@ -430,12 +437,12 @@ def test_probe_of_a_plain_online_run(smoke_run, tmp_path):
     assert set(res["edits"]) >= {"zombie_adjacent", "food_low"}
     assert all(set(v) == {"real"} for v in res["edits"].values())  # no hidden state to ablate
     # the figures for one edit, recomputed here from the network's outputs
-    from fused.commands.offline_probe import EDITS, probe_states
+    from fused.commands.offline_probe import EDITS
 
     pol = load_policy(run, 8)
     env = make_env(EnvConfig(name=ENV, num_envs=1))
     net = pol.agent.network
-    base = jax.jit(probe_states, static_argnums=(0, 1, 2, 3))(env, *PROBE_STATES)
+    base = probe_base(env)
     observe = jax.jit(jax.vmap(env.observe))
     obs0 = observe(base)
     obs1 = observe(jax.jit(jax.vmap(EDITS["zombie_adjacent"][0]))(base))

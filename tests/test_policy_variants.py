@@ -394,13 +394,13 @@ def test_offline_gru_learns_the_memory_probe_and_resumes_exactly(tmp_path):
 def test_probe_reads_a_gru_with_the_carry_of_the_states_history():
     """The probe's GRU carry is the network's sequence form run over the observations of the
     history that led to the probed states (resets, then uniform-random steps, replayed here)."""
-    from fused.commands.offline_probe import history_carry, probe_states
+    from fused.commands.offline_probe import history_carry
     from fused.rl.envs import make_env
     from fused.rl.evaluate import episode_keys
     from fused.rl.networks import init_network
     from fused.rl.policy_input import Identity
 
-    from test_offline import PROBE_STATES
+    from test_offline import PROBE_STATES, probe_base
 
     env = make_env(EnvConfig(name="Craftax-Classic-Symbolic-v1", num_envs=1))
     net = RecurrentActorCritic(env.num_actions, 32, 2)
@@ -423,7 +423,7 @@ def test_probe_reads_a_gru_with_the_carry_of_the_states_history():
                            jnp.zeros((warmup, n), bool))
     np.testing.assert_allclose(np.asarray(carry), np.asarray(want), atol=1e-5)
     assert np.abs(np.asarray(want)).max() > 1e-2  # a carry that says something
-    base = jax.jit(probe_states, static_argnums=(0, 1, 2, 3))(env, n, seed, warmup)
+    base = probe_base(env)
     np.testing.assert_array_equal(np.asarray(jax.vmap(env.observe)(base)), np.asarray(seen[-1]))
 
 

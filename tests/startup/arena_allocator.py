@@ -22,7 +22,7 @@ from pathlib import Path
 SOURCE = Path(__file__).with_name("arena.c")
 
 
-class _Allocator(ctypes.Structure):  # PyObjectArenaAllocator
+class Allocator(ctypes.Structure):  # PyObjectArenaAllocator
     _fields_ = [("ctx", ctypes.c_void_p), ("alloc", ctypes.c_void_p), ("free", ctypes.c_void_p)]
 
 
@@ -65,7 +65,7 @@ def keep(path: str) -> bool:
         lib = ctypes.CDLL(path)
     except OSError:
         return False
-    allocator = _Allocator(None, ctypes.cast(lib.arena_alloc, ctypes.c_void_p),
+    allocator = Allocator(None, ctypes.cast(lib.arena_alloc, ctypes.c_void_p),
                            ctypes.cast(lib.arena_free, ctypes.c_void_p))
     ctypes.pythonapi.PyObject_SetArenaAllocator(ctypes.byref(allocator))
     _installed.extend((lib, allocator))
