@@ -97,7 +97,8 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
 @pytest.mark.slow
 def test_resume_applies_flags_and_refuses_shape_changes(smoke_run, tmp_path):
     """--resume with flags: what may change (total_timesteps) is applied over the saved config
-    and printed; what fixes the saved state (env.num_envs) is one line, and nothing changes."""
+    and printed; what fixes the saved state (env.num_envs), or a total the run is already past,
+    is one line, and nothing changes."""
     env = subprocess_env()
     run = tmp_path / "r"
     shutil.copytree(smoke_run, run)  # `train.py smoke --run-name r`
@@ -106,6 +107,14 @@ def test_resume_applies_flags_and_refuses_shape_changes(smoke_run, tmp_path):
     lines = [x for x in bad.stderr.splitlines() if x.strip()]
     assert bad.returncode != 0 and len(lines) == 1, bad.stderr
     assert lines[0].startswith("error: env.num_envs cannot change when resuming")
+    assert json.loads((run / "config.json").read_text())["total_timesteps"] == 8 * 8 * 6
+    # fewer updates than the run has done: one line, before anything compiles; nothing changes
+    short = run_command(train_cmd("--resume", str(run), "--total-timesteps", str(8 * 8 * 4)),
+                        env=env, timeout=120, capture_output=True, text=True)
+    lines = [x for x in short.stderr.splitlines() if x.strip()]
+    assert short.returncode != 0 and lines == [
+        f"error: --resume {run}: the run is at update 6 already and --total-timesteps 256 makes "
+        "4; ask for more to train on"], short.stderr
     assert json.loads((run / "config.json").read_text())["total_timesteps"] == 8 * 8 * 6
     p = subprocess.run([console_script("craftax-train"), "--resume", str(run),
                         "--total-timesteps", str(8 * 8 * 8)],
@@ -242,3 +251,19 @@ def test_two_processes_train_as_one_process_with_two_devices(two_device_smoke_ru
     strip = lambda run: [{k: v for k, v in json.loads(x).items() if k != "steps_per_s"}
                          for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert strip(tmp_path / "two") == strip(one)
+
+
+def test_a_resume_past_its_total_is_refused_for_every_command(tmp_path):
+    """RunDir.check_total (train.py's and offline.py awr/bc's): a run whose newest checkpoint is
+    past the updates now asked for is one line; at or below them, or a new run, passes."""
+    from fused.errors import ConfigError
+    from fused.runs.run_dir import RunDir
+
+    (tmp_path / "checkpoints" / "4").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "6").mkdir()
+    (tmp_path / "config.json").write_text("{}")
+    run = RunDir.reopen(tmp_path)
+    with pytest.raises(ConfigError, match=r"is at update 6 already and --num-updates 5 makes 5;"):
+        run.check_total(5, "--num-updates 5")
+    run.check_total(6, "--num-updates 6")
+    RunDir(tmp_path, resuming=False).check_total(1, "--num-updates 1")

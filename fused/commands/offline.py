@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None):
         run = (RunDir.reopen(cfg.resume) if cfg.resume else RunDir.create(
             cfg.out_dir, cfg.run_name or default_name(
                 "offline", cfg.algo, cfg.labels or "plain", f"s{cfg.seed}")))
+        run.check_total(cfg.num_updates, f"--num-updates {cfg.num_updates:,}")
         off = build(cfg)  # reads the dataset: its problems are one-line errors here
     except ConfigError as e:
         sys.exit(f"error: {e}")

@@ -292,6 +292,7 @@ def main(argv: list[str] | None = None) -> Path:
         run = (RunDir.reopen(cfg.resume) if cfg.resume else
                RunDir.create(cfg.out_dir, cfg.run_name or default_name(cfg.env.name,
                                                                        f"s{cfg.seed}")))
+        run.check_total(cfg.num_updates, f"--total-timesteps {cfg.total_timesteps:,}")
         online = build(cfg, num_devices)  # host setup; model problems are ConfigErrors here
     except ConfigError as e:
         sys.exit(f"error: {e}")

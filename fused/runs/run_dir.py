@@ -51,6 +51,16 @@ class RunDir:
                               "written by this tool")
         return cls(path, resuming=True)
 
+    def check_total(self, updates: int, asked: str) -> None:
+        """When resuming: a one-line ConfigError where the run's newest checkpoint is already
+        past the `updates` the flags now ask for (`asked` names them), since nothing would be
+        trained."""
+        done = max((int(p.name) for p in (self.path / "checkpoints").glob("[0-9]*")
+                    if p.name.isdigit()), default=0) if self.resuming else 0
+        if done > updates:
+            raise ConfigError(f"--resume {self.path}: the run is at update {done:,} already and "
+                              f"{asked} makes {updates:,}; ask for more to train on")
+
     @property
     def config_path(self) -> Path:
         return self.path / "config.json"
