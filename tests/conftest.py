@@ -28,9 +28,9 @@ if JEMALLOC and "malloc" not in os.environ.get("LD_PRELOAD", ""):  # (none prelo
     os.environ["LD_PRELOAD"] = " ".join(
         p for p in (os.environ.get("LD_PRELOAD"), JEMALLOC) if p)
 # CPython's arena allocator swapped for one that keeps a few freed blocks (tests/startup/
-# arena_allocator.py: a `train.py smoke` ~4% fewer CPU seconds, its tracing ~23%), in this process
-# and, through $FUSED_TEST_ARENA, in every Python process started from here on (built once, with
-# the system's C compiler; without one the suite runs as before, only slower).
+# arena_allocator.py: less tracing time), in this process and, through $FUSED_TEST_ARENA, in every
+# Python process started from here on (built once, with the system's C compiler; without one the
+# suite runs as before, only slower).
 if "arena_allocator" not in sys.modules:
     _spec = importlib.util.spec_from_file_location(
         "arena_allocator", ROOT / "tests" / "startup" / "arena_allocator.py")

@@ -2,8 +2,8 @@
  * reuse instead of unmapping each at once. CPython 3.11 takes its frames' 16 KiB stack chunks
  * from the arena allocator and returns a chunk as soon as the frame that opened it returns, so a
  * call depth that goes back and forth over a chunk's edge maps and unmaps the same chunk again
- * and again: ~49,000 mmap/munmap pairs and their page faults in a `train.py smoke`, most of them
- * while JAX traces. Built and loaded by tests/startup/arena_allocator.py, for the test processes
+ * and again: tens of thousands of mmap/munmap pairs and their page faults in a command, most of
+ * them while JAX traces. Built and loaded by tests/startup/arena_allocator.py, for the test processes
  * only.
  *
  * The contract CPython asks of an arena allocator: alloc(ctx, size) returns `size` bytes or NULL

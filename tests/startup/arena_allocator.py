@@ -1,9 +1,8 @@
 """CPython's arena allocator swapped, in the test processes, for arena.c's, which keeps a few freed
 blocks for reuse: CPython 3.11 maps and unmaps a frame-stack chunk each time the call depth goes
-back and forth over a chunk's edge, ~49,000 times in a `train.py smoke`, mostly while JAX
-traces. Paired runs on the two cores, a `train.py smoke` on a fresh cache, six pairs: 11.74 ->
-11.27 CPU s on average (tracing 1.47 -> 1.13 s, lowering 1.08 -> 0.96 s); the programs and
-every number they compute are the same (only where Python's own objects live changes).
+back and forth over a chunk's edge, tens of thousands of times in a command, mostly while JAX
+traces. The programs and every number they compute are the same (only where Python's own
+objects live changes).
 
 tests/conftest.py builds the library once a session (`build`, with the system's C compiler; none,
 no swap) and names it in $FUSED_TEST_ARENA for the processes it starts; each loads it at
