@@ -122,13 +122,14 @@ class Timed:
         import jax
 
         from fused.commands.train import build, validate
+        from fused.rl.sharding import jit_init
         from llm_jax.graphs import loop_jit
 
         validate(cfg)
         self.cfg, self.online = cfg, build(cfg)
         tr, frozen = self.online.trainer, self.online.frozen
         self.llm = getattr(self.online.agent.inputs, "encoder", None)
-        self.state = jax.block_until_ready(jax.jit(tr.init)(jax.random.PRNGKey(0), frozen))
+        self.state = jax.block_until_ready(jit_init(tr)(jax.random.PRNGKey(0), frozen))
         t = time.perf_counter()
         # (as train.py compiles it, its CUDA graphs setting included)
         self.compiled = loop_jit(tr.chunk, cfg.cuda_graphs).lower(self.state, frozen).compile()

@@ -159,6 +159,7 @@ def ppo_rows(args: Args):
     from fused.commands.train import TrainConfig, validate
     from fused.rl.config import EnvConfig, ExploreConfig, PolicyConfig, PPOConfig
     from fused.commands.train import build
+    from fused.rl.sharding import jit_init
     from llm_jax.graphs import GRAPHS, loop_jit
 
     if set(args.graphs) - set(GRAPHS) or len(set(args.graphs)) < len(args.graphs):
@@ -192,7 +193,8 @@ def ppo_rows(args: Args):
                 compiled = loop_jit(tr.chunk, graphs).lower(state, None).compile()
         else:
             tr = build(cfg).trainer
-            state = jax.block_until_ready(jax.jit(tr.init)(jax.random.PRNGKey(0), None))
+            init = jit_init(tr)  # (as train.py makes its first state)
+            state = jax.block_until_ready(init(jax.random.PRNGKey(0), None))
             init_s = time.perf_counter() - t
             print(f"# {variant} ({impl}) at {n} envs: init {init_s:.1f} s", file=sys.stderr,
                   flush=True)
@@ -227,7 +229,7 @@ def ppo_rows(args: Args):
                      "steps_per_s": args.ppo_updates * cfg.steps_per_update / dt,
                      "compile_s": compile_s, "init_s": init_s, **memory})
         if len(args.graphs) > 1 and graphs == args.graphs[0]:  # the control: the same chunks
-            again = jax.jit(tr.init)(jax.random.PRNGKey(0), None)  # from the same start
+            again = init(jax.random.PRNGKey(0), None)  # from the same start
             for _ in range(1 + args.repeats):
                 again, _ = compiled(again, None)
             rows[-1]["repeatable"] = digest(jax.block_until_ready(again)) == rows[-1][

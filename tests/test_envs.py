@@ -183,3 +183,44 @@ def _perlin(angles: np.ndarray, shape=(64, 64), res=(4, 4)) -> np.ndarray:
     n0 = n00 * (1 - t[..., 0]) + t[..., 0] * n10
     n1 = n01 * (1 - t[..., 0]) + t[..., 0] * n11
     return np.sqrt(2) * ((1 - t[..., 1]) * n0 + t[..., 1] * n1)
+
+
+@pytest.mark.slow
+def test_worlds_made_by_their_own_program_start_the_same_state():
+    """`jit_init`: PPO's, the collector's and evaluation's first state, its Craftax worlds (3
+    envs and a pool of 2) made by programs of their own, equals bit for bit the state of `init`
+    jitted whole (the worlds made inside it), and its worlds are those of the keys each made
+    before (PPO: the second and third of 4 split from the seed; collecting: the first two of 3;
+    evaluation: episode i's key folded from the first of 2)."""
+    from fused.commands.train import TrainConfig, build
+    from fused.envspec import spec
+    from fused.rl.acting import random_policy
+    from fused.rl.collect import make_collect
+    from fused.rl.config import PPOConfig
+    from fused.rl.evaluate import episode_keys, make_evaluate
+    from fused.rl.policy_input import Identity
+    from fused.rl.sharding import jit_init
+
+    name = "Craftax-Classic-Symbolic-v1"
+    cfg = EnvConfig(name=name, num_envs=3, reset_pool=2)
+    online = build(TrainConfig(env=cfg, ppo=PPOConfig(num_steps=2, num_minibatches=1),
+                               total_timesteps=6))
+    env = online.env
+    uniform = random_policy(env.num_actions)
+    key = jax.random.PRNGKey(4)
+    k4, k3, k2 = (jax.random.split(key, n) for n in (4, 3, 2))
+    makers = {
+        "ppo": (online.trainer, lambda: VecEnv(env, cfg).reset(jax.random.split(k4[1], 3), k4[2])),
+        "collect": (make_collect(spec(name), env, cfg, uniform, Identity(), 3, 2),
+                    lambda: VecEnv(env, cfg).reset(jax.random.split(k3[0], 3), k3[1])),
+        "evaluate": (make_evaluate(env, uniform, Identity(), 3, 2),
+                     lambda: VecEnv(env, None).reset(episode_keys(k2[0], 3), k2[0]))}
+    for what, (maker, worlds) in makers.items():
+        whole, split = jax.jit(maker.init)(key, None), jit_init(maker)(key, None)
+        for label, got, want in (("init", split, whole), ("worlds", split.env, jax.jit(worlds)())):
+            assert jax.tree.structure(got) == jax.tree.structure(want), (what, label)
+            for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(want),
+                                    jax.tree.leaves(got)):
+                np.testing.assert_array_equal(
+                np.asarray(b), np.asarray(a),
+                err_msg=f"{what} {label} {jax.tree_util.keystr(path)}")

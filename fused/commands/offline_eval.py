@@ -25,7 +25,7 @@ from fused.trained_policy import TrainedPolicy, is_offline, load_policy
 from fused.rl.envs import make_env
 from fused.rl.evaluate import ci_text, make_evaluate, summarise
 from fused.rl.acting import network_policy
-from fused.rl.sharding import on_device
+from fused.rl.sharding import jit_init, on_device
 from fused.runs.blocks import run_blocks
 from fused.runs.config_io import from_json
 from fused.runs.files import atomic_write_json, require_writable
@@ -137,7 +137,7 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None,
     # everything the loop takes committed to one device (`on_device`)
     frozen, params = on_device(pol.agent.inputs.frozen), on_device(pol.params)
     t0 = time.time()
-    state = on_device(jax.jit(ev.init)(jax.random.PRNGKey(c.seed), frozen,
+    state = on_device(jit_init(ev)(jax.random.PRNGKey(c.seed), frozen,
                                        on_device(pol.inputs_state)))
     job = EvalBlocks(loop_jit(ev.block, c.cuda_graphs, donate_argnums=0), state, params, frozen,
                      watch, c)

@@ -22,7 +22,7 @@ from fused.errors import ConfigError
 from fused.rl.envs import make_env
 from fused.rl.evaluate import make_evaluate, summarise
 from fused.rl.policy_input import Identity
-from fused.rl.sharding import on_device
+from fused.rl.sharding import jit_init, on_device
 from fused.runs import config_io
 from fused.runs.checkpoint import state_digest
 from fused.runs.files import atomic_path, atomic_write_json
@@ -103,7 +103,7 @@ class PlayJob:
         self.ev = make_evaluate(self.env, player.policy, Identity(), c.episodes, c.block_steps,
                                 max_steps=c.max_steps,
                                 record=spec(c.env.name) if c.record else None, watch=self.watch)
-        self.state = on_device(jax.jit(self.ev.init)(jax.random.PRNGKey(c.seed), None))
+        self.state = on_device(jit_init(self.ev)(jax.random.PRNGKey(c.seed), None))
         self.params = on_device(player.params)  # (the loop's inputs all on one device)
         self.block = loop_jit(self.ev.block, c.cuda_graphs, donate_argnums=0)
         self.saved = run / "progress" / "state.npz"

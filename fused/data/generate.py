@@ -41,7 +41,7 @@ from fused.rl.acting import epsilon_mixture, network_policy, random_policy
 from fused.rl.collect import make_collect
 from fused.rl.envs import make_env
 from fused.rl.policy_input import Identity
-from fused.rl.sharding import AXIS, on_device
+from fused.rl.sharding import AXIS, jit_init, on_device
 from fused.runs.cluster import part_done
 from fused.runs.config_io import to_dict
 from fused.runs.interrupts import interrupt_requested, stop_if_interrupted
@@ -162,11 +162,11 @@ class StreamWriter:
         col = make_collect(s, make_env(c.env, behaviour.text), c.env, behaviour.act,
                            behaviour.inputs, c.envs_per_stream, c.block_steps,
                            AXIS if n > 1 else None, n)
-        init, block = col.init, col.block
+        block, self.init = col.block, jit_init(col)
         mesh = Mesh(np.array(devices), (AXIS,))
         if n > 1:
-            init, block = shard_collector(init, block, mesh, behaviour.inputs)
-        self.init = jax.jit(init)
+            init, block = shard_collector(col.init, block, mesh, behaviour.inputs)
+            self.init = jax.jit(init)
         self.block = loop_jit(block, c.cuda_graphs, donate_argnums=0)
         self.sharded = n > 1  # (then the collector places the state on the devices itself)
         # parameters and LLM arrays on this process's devices: committed to the one device

@@ -18,7 +18,7 @@ from fused.envspec import EnvSpec
 from fused.rl.acting import Acted, Policy, Rollout
 from fused.rl.obs_codec import ObsCodec
 from fused.rl.policy_input import PolicyInput
-from fused.rl.vec_env import VecEnv, VecEnvState
+from fused.rl.vec_env import VecEnv, VecEnvState, Worlds
 
 
 @struct.dataclass
@@ -61,8 +61,9 @@ def record_step(codec: ObsCodec, obs, acted: Acted, episode_step, achieved, extr
 
 
 class Collector(NamedTuple):
-    init: Callable  # (key, frozen) -> CollectState
+    init: Callable  # (key, frozen, env_state=None) -> CollectState
     block: Callable  # (CollectState, params, frozen, t0) -> (CollectState, Record [T, N, ...])
+    worlds: Worlds  # the envs `init(key, ...)` starts from (made inside it if not given)
 
 
 def make_collect(spec: EnvSpec, env, env_cfg, policy: Policy, inputs: PolicyInput,
@@ -77,9 +78,16 @@ def make_collect(spec: EnvSpec, env, env_cfg, policy: Policy, inputs: PolicyInpu
     codec = ObsCodec(spec)
     n_ach = len(spec.achievement_names)
 
-    def init(key, frozen):
-        k_env, k_pool, k_run = jax.random.split(key, 3)
-        env_state = rollout.envs.reset(rollout.keys(k_env), rollout.fold(k_pool))
+    def reset_keys(key):
+        k_env, k_pool, _ = jax.random.split(key, 3)
+        return rollout.keys(k_env), rollout.fold(k_pool)
+
+    worlds = Worlds(reset_keys, rollout.envs)
+
+    def init(key, frozen, env_state=None):
+        _, _, k_run = jax.random.split(key, 3)
+        if env_state is None:
+            env_state = worlds(key)
         state, k_run = inputs.init(frozen, env_state.obs, k_run, axis_name)
         return CollectState(env_state, state, k_run, jnp.zeros((local, n_ach), bool),
                             policy.carry(local))
@@ -107,4 +115,4 @@ def make_collect(spec: EnvSpec, env, env_cfg, policy: Policy, inputs: PolicyInpu
         return s.replace(env=env_state, inputs=new_inputs, carry=carry,
                          achieved=jnp.where(a.done[:, None], False, achieved)), rec
 
-    return Collector(init, block)
+    return Collector(init, block, worlds)

@@ -23,7 +23,7 @@ from fused.rl.collect import record_step
 from fused.rl.obs_codec import ObsCodec
 from fused.rl.env_api import Env
 from fused.rl.policy_input import PolicyInput
-from fused.rl.vec_env import VecEnv, VecEnvState
+from fused.rl.vec_env import VecEnv, VecEnvState, Worlds
 
 
 @struct.dataclass
@@ -48,11 +48,12 @@ class EvalState:
 
 
 class Evaluator(NamedTuple):
-    init: Callable  # (seed key, frozen, inputs_state or None) -> EvalState
+    init: Callable  # (seed key, frozen, inputs_state or None, env_state=None) -> EvalState
     block: Callable  # (EvalState, params, frozen) -> EvalState (block_steps steps); with
     #                  `record` or `watch`: (EvalState, {"record": (Record [T, N, ...],
     #                  live [T, N]), "watch": what `watch` returned, [T, ...]}) (the step's
     #                  dataset record, and whether it counts: the episode was still running)
+    worlds: Worlds  # the envs `init(key, ...)` starts from (made inside it if not given)
 
 
 def episode_keys(key: jax.Array, n: int) -> jax.Array:
@@ -79,9 +80,16 @@ def make_evaluate(env: Env, policy: Policy, inputs: PolicyInput, num_episodes: i
                       # a dataset stores V(x) of every step, a video draws it
                       values=record is not None or watch is not None)
 
-    def init(key, frozen, trained=None):
-        k_reset, k_run = jax.random.split(key)
-        env_state = rollout.envs.reset(episode_keys(k_reset, num_episodes), k_reset)
+    def reset_keys(key):
+        k_reset, _ = jax.random.split(key)
+        return episode_keys(k_reset, num_episodes), k_reset
+
+    worlds = Worlds(reset_keys, rollout.envs)
+
+    def init(key, frozen, trained=None, env_state=None):
+        _, k_run = jax.random.split(key)
+        if env_state is None:
+            env_state = worlds(key)
         istate, k_run = inputs.init(frozen, env_state.obs, k_run, None)
         if trained is not None:
             istate = inputs.adopt(istate, trained)
@@ -130,7 +138,7 @@ def make_evaluate(env: Env, policy: Policy, inputs: PolicyInput, num_episodes: i
         s, extras = jax.lax.scan(body, s, None, length=block_steps)
         return (s, extras) if extras else s
 
-    return Evaluator(init, block)
+    return Evaluator(init, block, worlds)
 
 
 def mean_ci95(x: np.ndarray) -> tuple[float, float, float]:

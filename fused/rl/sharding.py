@@ -23,6 +23,17 @@ def on_device(tree):
     return jax.device_put(tree, jax.local_devices()[0])
 
 
+def jit_init(maker):
+    """`jax.jit(maker.init)` for one device (a `Trainer`, `Collector` or `Evaluator`), its first
+    envs made by programs of their own (`maker.worlds`): the same state, and world generation,
+    most of what `init` compiles, one program per env and count, which the persistent
+    compilation cache keeps for every later run of that env and count (PPO's and a dataset's
+    alike, each evaluation of a study), whatever its policy or LLM."""
+    keys, reset = jax.jit(maker.worlds.keys), jax.jit(maker.worlds.envs.reset)
+    init = jax.jit(maker.init)
+    return lambda key, *args: init(key, *args, env_state=reset(*keys(key)))
+
+
 def make_mesh(num_devices: int) -> Mesh:
     return Mesh(np.array(jax.devices()[:num_devices]), (AXIS,))
 

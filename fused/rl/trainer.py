@@ -1,6 +1,7 @@
 """PPO assembled into pure functions: `make_train(cfg, env, network, inputs) -> Trainer`.
 
-`Trainer.init(key, frozen)` builds the full `RunnerState`; `Trainer.chunk(state, frozen)` runs
+`Trainer.init(key, frozen)` builds the full `RunnerState` (its envs `Trainer.worlds(key)`, made
+inside it or passed in as `env_state`); `Trainer.chunk(state, frozen)` runs
 `updates_per_chunk` updates (updates past the end of the run are skipped, so the last chunk needs
 no recompile); `Trainer.train(key, frozen)` is the whole run as one pure function, for `jax.vmap`
 over seeds. `frozen` is `inputs.frozen` (an LLM's weights and prefix cache, None for the plain
@@ -26,7 +27,7 @@ from fused.rl.networks import init_network
 from fused.rl.policy_input import PolicyInput
 from fused.rl.ppo import Ctx, RunnerState, update_step
 from fused.rl.updates import scan_updates
-from fused.rl.vec_env import VecEnv
+from fused.rl.vec_env import VecEnv, Worlds
 
 class PPORun(Protocol):
     """What the core reads of a PPO run's config (train.py's `TrainConfig` is one)."""
@@ -41,10 +42,11 @@ class PPORun(Protocol):
 
 
 class Trainer(NamedTuple):
-    init: Callable  # (key, frozen) -> RunnerState
+    init: Callable  # (key, frozen, env_state=None) -> RunnerState
     chunk: Callable  # (RunnerState, frozen) -> (RunnerState, metrics [updates_per_chunk, ...])
     train: Callable  # (key, frozen) -> (RunnerState, metrics with leading axis num_updates)
     state_specs: Callable  # (RunnerState, env_axis) -> PartitionSpecs (per-env leaves split)
+    worlds: Worlds | None = None  # the envs `init(key, ...)` starts from (unsharded)
 
 
 def make_optimizer(cfg: PPORun) -> optax.GradientTransformation:
@@ -68,10 +70,17 @@ def make_train(cfg: PPORun, env: Env, network: nn.Module, inputs: PolicyInput,
                              cfg.policy.conv)
     ctx = Ctx(rollout, tx, cfg.ppo, explorer)
 
-    def init(key, frozen):
-        k_net, k_env, k_pool, k_run = jax.random.split(key, 4)
+    def reset_keys(key):
+        _, k_env, k_pool, _ = jax.random.split(key, 4)
+        return rollout.keys(k_env), rollout.fold(k_pool)
+
+    worlds = Worlds(reset_keys, rollout.envs)
+
+    def init(key, frozen, env_state=None):
+        k_net, _, _, k_run = jax.random.split(key, 4)
         params = init_network(network, k_net, inputs.example(jnp.zeros((1, env.obs_dim))))
-        env_state = rollout.envs.reset(rollout.keys(k_env), rollout.fold(k_pool))
+        if env_state is None:
+            env_state = worlds(key)
         state, k_run = inputs.init(frozen, env_state.obs, k_run, axis_name)
         carry = rollout.policy.carry(local_envs)
         # (its own key, so adding an explorer leaves the rest of the run's random stream as is)
@@ -98,4 +107,4 @@ def make_train(cfg: PPORun, env: Env, network: nn.Module, inputs: PolicyInput,
                            explore=None if state.explore is None else rep.explore.replace(
                                cov=None if state.explore.cov is None else split))
 
-    return Trainer(init, chunk, train, state_specs)
+    return Trainer(init, chunk, train, state_specs, worlds)

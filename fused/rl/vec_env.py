@@ -61,6 +61,18 @@ def _select(mask: jax.Array, on_true: Any, on_false: Any) -> Any:
     return jax.tree.map(pick, on_true, on_false)
 
 
+class Worlds(NamedTuple):
+    """How an `init` makes its first envs from its seed key: `envs.reset(*keys(key))`. Apart,
+    the two make the same envs in two programs, and `envs.reset`'s (world generation, the costly
+    one) depends on the env and the counts alone."""
+
+    keys: Any  # (seed key) -> (per-env keys [N], pool key)
+    envs: "VecEnv"
+
+    def __call__(self, key: jax.Array) -> VecEnvState:
+        return self.envs.reset(*self.keys(key))
+
+
 class VecEnv:
     """N envs of one kind; `keys` arguments hold one PRNG key per env so that a sharded run
     steps each env with the same key as an unsharded one."""
