@@ -169,7 +169,8 @@ def test_recorded_play_is_a_dataset_for_label_and_offline(played, tmp_path):
     shutil.copytree(played / "data", d)
     p = run("label.py", "verify", "--data", d)
     assert p.returncode == 0 and "ok: 3 shards verified" in p.stdout, p.stdout + p.stderr
-    p = run("label.py", "label", "--data", d, "--llm.skip-n", "2", *LENGTHS)
+    # (at test_label's batch: the encoding program its labels compiled)
+    p = run("label.py", "label", "--data", d, "--llm.skip-n", "2", "--batch", "16", *LENGTHS)
     assert p.returncode == 0, p.stderr[-3000:]
     manifest = json.loads(Path(d, "manifest.json").read_text())
     assert len(manifest["labels"]["hidden"]["shards"]) == 3

@@ -399,7 +399,8 @@ def test_labels_equal_encoding_from_scratch_and_the_online_carry(smoke_data, tin
 def test_generate_from_a_trained_run_with_epsilon(smoke_run, tmp_path):
     """A train.py run folder as the behaviour policy, mixed with uniform actions: the stored
     log-probs are the mixture's, the values the run's critic, both recomputed here from the
-    checkpoint's parameters on the stored observations."""
+    checkpoint's parameters on the stored observations. (The sizes and epsilon of the manual's
+    `--out data/ppo` in tests/test_readme.py: one program for the two.)"""
     from fused.envspec import spec
     from fused.trained_policy import load_policy
     from fused.rl.obs_codec import ObsCodec
@@ -408,7 +409,8 @@ def test_generate_from_a_trained_run_with_epsilon(smoke_run, tmp_path):
     shutil.copytree(smoke_run, tmp_path / "run")  # `train.py smoke --run-name run`
     out = tmp_path / "d"
     p = subprocess.run([console_script("craftax-label"), "generate", "smoke", "--policy",
-                        str(tmp_path / "run"), "--epsilon", "0.25", "--out", str(out)],
+                        str(tmp_path / "run"), "--epsilon", "0.05", "--env.reset-pool", "8",
+                        "--env.max-episode-steps", "16", "--out", str(out)],
                        env=dict(env, JAX_LOG_COMPILES="1"), capture_output=True, text=True,
                        timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]  # (the console script: 0 once done)
@@ -419,13 +421,13 @@ def test_generate_from_a_trained_run_with_epsilon(smoke_run, tmp_path):
     ds = Dataset(out)
     card = ds.card()
     assert card["policy"] == str(tmp_path / "run") and card["checkpoint"] == 6
-    assert card["epsilon"] == 0.25 and card["run_config"]["policy"]["layer_width"] == 32
+    assert card["epsilon"] == 0.05 and card["run_config"]["policy"]["layer_width"] == 32
     cols = ds.read(ds.shard_names()[1])
     pol = load_policy(tmp_path / "run", 8)
     net = pol.agent.network
     obs = ObsCodec(spec(ENV)).decode(np, cols)
     logits, value = net.apply(pol.params, jnp.asarray(obs))
-    probs = 0.75 * np.asarray(jax.nn.softmax(logits)) + 0.25 / 17
+    probs = 0.95 * np.asarray(jax.nn.softmax(logits)) + 0.05 / 17
     want = np.log(probs[np.arange(len(obs)), cols["action"]])
     np.testing.assert_allclose(cols["log_prob"], want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(cols["value"], np.asarray(value), rtol=1e-5, atol=1e-6)

@@ -38,6 +38,10 @@ SMOKE = {
     ("offline.py", "awr", "cpu-pixels"): PIXELS + ["--num-updates", "4", "--batch-size", "16",
                                                    "--device-rows", "200"],
     ("label.py", "generate"): GENERATE,
+    # (the program of test_label's SMOKE datasets and shared_data's: cut at 20, a pool of 2)
+    ("label.py", "generate", "--out", "data/rand"): GENERATE + [
+        "--env.max-episode-steps", "20", "--env.reset-pool", "2"],
+    # (test_label's generate from the smoke run, epsilon 0.05 too, reads this program)
     ("label.py", "generate", "--out", "data/ppo"): GENERATE + ["--min-return", "0"],  # weak policy
     ("label.py", "label"): ["--batch", "16", *LENGTHS],  # (conftest's LENGTHS: two lengths)
     ("label.py", "label", "--imagine.tokens"): ["--batch", "16", "--imagine.tokens", "6"],
@@ -53,6 +57,10 @@ SMOKE = {
                               "--episodes", "2", "--max-steps", "30", "--algos", "awr"],
     ("play.py", "llm"): ["--episodes", "2", "--max-steps", "4", "--block-steps", "2",
                          "--max-new-tokens", "4", "--video-max-steps", "2"],
+    # (the random model's play as tests/test_player.py records it: the same program)
+    ("play.py", "llm", "--record"): ["--episodes", "3", "--max-steps", "5", "--block-steps", "1",
+                                     "--history", "1", "--max-new-tokens", "6", "--video", "1",
+                                     "--video-max-steps", "2"],
 }
 
 

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from command_runner import run_command
 from conftest import ENCODE_LENGTHS
+from shared_data import small_data  # noqa: F401  (a fixture)
 
 
 @pytest.mark.slow
@@ -89,7 +89,7 @@ def test_garbage_prompt_ablation_reaches_the_vllm_backend(vllm_server):
 
     folder, client = vllm_server
     env = "Craftax-Classic-Symbolic-v1"
-    obs = rollout_observations(env, 4, 5, 4)
+    obs = rollout_observations(env, 64, 5, 16)[:4]  # (test_fused_llm's program, 4 of it)
     base = LLMConfig(weights=str(folder), post_norm=True, hidden="garbage-prompt")
     jax_llm = make_encoder(base, env)
     vllm_llm = make_encoder(LLMConfig(backend="vllm", weights=str(folder), url=client.url,
@@ -105,14 +105,13 @@ def test_garbage_prompt_ablation_reaches_the_vllm_backend(vllm_server):
 
 
 @pytest.mark.slow
-def test_label_sets_from_vllm_match_the_jax_path(vllm_server, tmp_path):
+def test_label_sets_from_vllm_match_the_jax_path(vllm_server, small_data, tmp_path):
     """`label.py label --llm.backend vllm`: the same layout and rows as the jax backend, the
     states within 1e-4 (relative to their scale) of ours before storage."""
-    import sys
+    import shutil
 
     from rich.console import Console
 
-    from conftest import ROOT, subprocess_env
     from fused.llm.config import LLMConfig
     from fused.data.config import LabelConfig
     from fused.data.labelling import BatchEncoder, label
@@ -123,9 +122,7 @@ def test_label_sets_from_vllm_match_the_jax_path(vllm_server, tmp_path):
 
     folder, client = vllm_server
     data = tmp_path / "d"
-    run_command([sys.executable, str(ROOT / "label.py"), "generate", "smoke", "--steps", "16",
-                 "--out", str(data)], env=subprocess_env(), check=True, capture_output=True,
-                timeout=600)
+    shutil.copytree(small_data, data)  # (the session's `label.py generate smoke`, two shards)
     env = "Craftax-Classic-Symbolic-v1"
     cfgs = {"jax": LLMConfig(backend="jax", weights=str(folder), post_norm=True, skip_n=4,
                              encode_lengths=ENCODE_LENGTHS),
