@@ -287,7 +287,8 @@ def shape_rows(args: Args, emit) -> None:
     import jax.numpy as jnp
 
     from llm_jax.config import Qwen3Config
-    from llm_jax.model import init_params, prefill
+    from llm_jax.model import prefill
+    from llm_jax.weights import random_params
 
     rng = np.random.default_rng(0)
     n = args.new_tokens
@@ -296,8 +297,7 @@ def shape_rows(args: Args, emit) -> None:
           "jax": jax.__version__, "graphs": args.graphs})
     for name in args.shapes:
         cfg = Qwen3Config.shape(name)
-        params = jax.jit(lambda k: init_params(cfg, k, jnp.bfloat16, per_layer=True))(
-            jax.random.PRNGKey(0))
+        params = random_params(cfg, jax.random.PRNGKey(0), jnp.bfloat16, per_layer=True)
         prefix = jnp.asarray(rng.integers(0, 150_000, args.prefix_len).astype(np.int32))
         cache = jax.jit(lambda p, x: prefill(p, cfg, x))(params, prefix)
         fns_by = {}  # (tokens, steps_per_check) -> jitted: the trace reuses a timed one

@@ -128,7 +128,8 @@ def _shape_rows(args: Args, emit, peak, ref: dict, form: str) -> None:
     import jax.numpy as jnp
 
     from llm_jax.config import Qwen3Config
-    from llm_jax.model import AttentionConfig, encode, init_params, prefill, resolve_form
+    from llm_jax.model import AttentionConfig, encode, prefill, resolve_form
+    from llm_jax.weights import random_params
 
     attn = AttentionConfig(form)
 
@@ -142,7 +143,7 @@ def _shape_rows(args: Args, emit, peak, ref: dict, form: str) -> None:
     rng = np.random.default_rng(0)
     for name in args.shapes:
         cfg = Qwen3Config.shape(name)
-        params = jax.jit(lambda k: init_params(cfg, k, jnp.bfloat16))(jax.random.PRNGKey(0))
+        params = random_params(cfg, jax.random.PRNGKey(0), jnp.bfloat16)
         base = {"model": name, "params": cfg.num_params(), "dtype": "bfloat16",
                 "attention": resolve_form(form, jnp.bfloat16)}
         fn = jax.jit(lambda p, x, n: encode(p, cfg, x, n, cfg.num_layers, "last", True,

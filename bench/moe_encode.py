@@ -136,7 +136,8 @@ def shape_rows(args: Args, emit) -> None:
 
     from llm_jax.config import Qwen3Config
     from llm_jax.memory import activation_bytes, check_fits, kv_bytes, weight_bytes
-    from llm_jax.model import AttentionConfig, encode, init_params, prefill
+    from llm_jax.model import AttentionConfig, encode, prefill
+    from llm_jax.weights import random_params
     from llm_jax.moe import resolve_moe_form
 
     peak = matmul_flops("bfloat16")
@@ -152,7 +153,7 @@ def shape_rows(args: Args, emit) -> None:
                              "lower --batches / --lengths, or raise "
                              "XLA_PYTHON_CLIENT_MEM_FRACTION (JAX takes 75% of a GPU by default)")
         emit({"name": "memory", "model": name, "estimate": line})
-        params = jax.jit(lambda k: init_params(cfg, k, jnp.bfloat16))(jax.random.PRNGKey(0))
+        params = random_params(cfg, jax.random.PRNGKey(0), jnp.bfloat16)
         emit(parity_row(cfg, name, params, args.forms))
         for form in args.forms:
             try:  # a form that fails (a kernel on a new GPU) leaves the others' rows

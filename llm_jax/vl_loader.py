@@ -8,7 +8,6 @@ read through `stacked_experts`. `random_vl_params` makes weights of a config's s
 from __future__ import annotations
 
 import re
-from functools import partial
 from pathlib import Path
 
 import jax
@@ -20,7 +19,7 @@ from llm_jax.loader import (TensorReader, WeightsError, check_tensors, expected_
                             model_kind, read_params, resolve_folder)
 from llm_jax.vl_config import VLConfig
 from llm_jax.vl_weights import VLWeights, read_vision_params, vision_tensors
-from llm_jax.weights import init_params
+from llm_jax.weights import random_params
 
 
 def text_name(name: str) -> str:
@@ -108,6 +107,5 @@ def random_vl_params(cfg: VLConfig, seed: int = 0, dtype=jnp.float32,
             return np.ones(shapes[name], np.float32)
         return rng.standard_normal(shapes[name], np.float32) * 0.02
 
-    text = jax.jit(partial(init_params, cfg.text, dtype=dtype, layers=layers))(
-        jax.random.PRNGKey(seed))
+    text = random_params(cfg.text, jax.random.PRNGKey(seed), dtype, layers)
     return VLWeights(text, read_vision_params(read, cfg.vision, dtype))

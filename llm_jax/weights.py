@@ -21,6 +21,8 @@ The layers come in two layouts (`Weights.layers`):
 from __future__ import annotations
 
 import dataclasses
+import os
+from functools import partial
 from typing import Callable
 
 import jax
@@ -259,6 +261,20 @@ def init_params(cfg: Qwen3Config, key: jax.Array, dtype=jnp.float32,
     lm_head = one(top["lm_head"], next(keys)) if "lm_head" in top else None
     held = tuple(blocks[i] for i in sorted(blocks)) if per_layer else Stacked(**stacks)
     return Weights(embed, final_norm, held, lm_head)
+
+
+def random_params(cfg: Qwen3Config, key: jax.Array, dtype=jnp.float32,
+                  layers: int | None = None, per_layer: bool = False) -> Weights:
+    """`init_params` jitted (a released shape's weights made on the device, without float32
+    copies), its program optimised by LLVM even in a process whose XLA_FLAGS skip that
+    (`--xla_backend_optimization_level=0`, the test suite's setting): the draws run over every
+    weight, and unoptimised they took seconds even for the tiny shapes. The weights are those a
+    process at XLA's default level draws (unoptimised code rounds a few differently)."""
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    options = ({"xla_backend_optimization_level": 1}
+               if "--xla_backend_optimization_level=0" in flags else None)
+    return jax.jit(partial(init_params, cfg, dtype=dtype, layers=layers, per_layer=per_layer),
+                   compiler_options=options)(key)
 
 
 def held_layers(params: Weights) -> int:

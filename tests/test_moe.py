@@ -22,7 +22,7 @@ from llm_jax.loader import WeightsError, load_params  # noqa: E402
 from llm_jax.model import AttentionConfig, encode, first_layers, init_params  # noqa: E402
 from llm_jax.moe import (Routing, dense_reference, grouped_ragged, grouped_tiled,  # noqa: E402
                          moe_mlp, route)
-from llm_jax.weights import MoE  # noqa: E402
+from llm_jax.weights import MoE, random_params  # noqa: E402
 from qwen_fixtures import build_tiny_qwen3_moe  # noqa: E402
 
 B, T = 3, 13
@@ -263,7 +263,8 @@ def test_dense_oracle_by_hand():
 def test_first_layers_compute_only_the_first_layers(tiny):
     """`first_layers` (what fused.llm.encoder keeps) and `load_params(layers=L)` give the same
     layer-L states as the whole model, and poisoning every later layer's weights (all groups)
-    changes nothing; `init_params(layers=L)` equals the whole random model's first layers."""
+    changes nothing; `init_params(layers=L)` equals the whole random model's first layers, and
+    `random_params` (jitted, optimised) the whole one's weights."""
     folder, _, tokens, ref, _ = tiny
     cfg, params = load_params(folder)
     for n in range(1, cfg.num_layers):
@@ -287,6 +288,16 @@ def test_first_layers_compute_only_the_first_layers(tiny):
             for a, b in zip(valid_rows(out), valid_rows(ref[n])):
                 np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
     whole = init_params(cfg, jax.random.PRNGKey(0))
+    # jitted and optimised by LLVM though this process compiles at O0 (conftest): the weights a
+    # process at XLA's default level draws, these up to float rounding (LLVM's fused
+    # multiply-adds)
+    drawn = random_params(cfg, jax.random.PRNGKey(0))
+    default = jax.jit(lambda k: init_params(cfg, k),
+                      compiler_options={"xla_backend_optimization_level": 2})(jax.random.PRNGKey(0))
+    assert jax.tree.structure(drawn) == jax.tree.structure(whole)
+    for a, b, c in zip(jax.tree.leaves(drawn), jax.tree.leaves(whole), jax.tree.leaves(default)):
+        np.testing.assert_array_equal(a, c)
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=0)
     for n in range(cfg.num_layers + 1):
         part = init_params(cfg, jax.random.PRNGKey(0), layers=n)
         want = first_layers(whole, cfg, n)

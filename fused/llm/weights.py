@@ -4,7 +4,6 @@ of the configured shape, after the memory check."""
 from __future__ import annotations
 
 import logging
-from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +12,7 @@ from fused.errors import ConfigError
 from fused.llm.config import LLMConfig, ModelConfig, check_llm_memory
 from llm_jax.config import Qwen3Config
 from llm_jax.loader import WeightsError, load_params
-from llm_jax.weights import Weights, init_params
+from llm_jax.weights import Weights, random_params
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +44,7 @@ def make_or_read(model: ModelConfig, qcfg: Qwen3Config, seed: int, layers: int |
                  f"{qcfg.num_layers} layers, hidden {qcfg.hidden_size}); its outputs carry no "
                  "meaning (for tests and speed only)")
 
-        # jitted: a released shape's weights are made on the device without float32 copies
-        return jax.jit(partial(init_params, qcfg, dtype=dtype, layers=layers,
-                               per_layer=per_layer))(jax.random.PRNGKey(seed))
+        return random_params(qcfg, jax.random.PRNGKey(seed), dtype, layers, per_layer)
     try:
         return load_params(model.weights, dtype, layers, per_layer=per_layer)[1]
     except WeightsError as e:
