@@ -137,8 +137,8 @@ def shape_rows(args: Args, emit) -> None:
     from llm_jax.config import Qwen3Config
     from llm_jax.memory import activation_bytes, check_fits, kv_bytes, weight_bytes
     from llm_jax.model import AttentionConfig, encode, prefill
-    from llm_jax.weights import random_params
     from llm_jax.moe import resolve_moe_form
+    from llm_jax.weights import random_params
 
     peak = matmul_flops("bfloat16")
     emit({"name": "machine", "devices": str(jax.devices()), "bf16_matmul_flops_per_s": peak})

@@ -138,7 +138,7 @@ def evaluate(c: EvalConfig, console, llm_overrides: dict | None = None,
     frozen, params = on_device(pol.agent.inputs.frozen), on_device(pol.params)
     t0 = time.time()
     state = on_device(jit_init(ev)(jax.random.PRNGKey(c.seed), frozen,
-                                       on_device(pol.inputs_state)))
+                                   on_device(pol.inputs_state)))
     job = EvalBlocks(loop_jit(ev.block, c.cuda_graphs, donate_argnums=0), state, params, frozen,
                      watch, c)
     run_blocks(job, console)

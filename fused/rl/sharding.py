@@ -26,12 +26,19 @@ def on_device(tree):
 def jit_init(maker):
     """`jax.jit(maker.init)` for one device (a `Trainer`, `Collector` or `Evaluator`), its first
     envs made by programs of their own (`maker.worlds`): the same state, and world generation,
-    most of what `init` compiles, one program per env and count, which the persistent
-    compilation cache keeps for every later run of that env and count (PPO's and a dataset's
-    alike, each evaluation of a study), whatever its policy or LLM."""
-    keys, reset = jax.jit(maker.worlds.keys), jax.jit(maker.worlds.envs.reset)
-    init = jax.jit(maker.init)
-    return lambda key, *args: init(key, *args, env_state=reset(*keys(key)))
+    most of what `init` compiles, one program per env and count of worlds, which the persistent
+    compilation cache keeps for every later run making as many worlds of that env (envs or a
+    reset pool; PPO's, a dataset's, each evaluation of a study), whatever its policy or LLM."""
+    envs = maker.worlds.envs
+    keys, pool_keys = jax.jit(maker.worlds.keys), jax.jit(envs.pool_keys)
+    worlds, assemble, init = jax.jit(envs.worlds), jax.jit(envs.assemble), jax.jit(maker.init)
+
+    def first(key, *args):
+        env_keys, pool_key = keys(key)
+        pooled = worlds(pool_keys(pool_key)) if envs.pooled else None
+        return init(key, *args, env_state=assemble(worlds(env_keys), pooled))
+
+    return first
 
 
 def make_mesh(num_devices: int) -> Mesh:

@@ -62,9 +62,10 @@ def _select(mask: jax.Array, on_true: Any, on_false: Any) -> Any:
 
 
 class Worlds(NamedTuple):
-    """How an `init` makes its first envs from its seed key: `envs.reset(*keys(key))`. Apart,
-    the two make the same envs in two programs, and `envs.reset`'s (world generation, the costly
-    one) depends on the env and the counts alone."""
+    """How an `init` makes its first envs from its seed key: `envs.reset(*keys(key))`, which
+    `fused.rl.sharding.jit_init` makes in programs of their own: world generation, the costly
+    part, one program per env and count of worlds (`envs.worlds`), shared by any run's envs and
+    reset pool of that count."""
 
     keys: Any  # (seed key) -> (per-env keys [N], pool key)
     envs: "VecEnv"
@@ -92,11 +93,28 @@ class VecEnv:
 
     def reset(self, keys: jax.Array, pool_key: jax.Array) -> VecEnvState:
         """keys: [N] per-env keys; pool_key: key for this device's reset pool."""
-        obs, state = jax.vmap(self.env.reset)(keys)
+        pooled = self.worlds(self.pool_keys(pool_key)) if self.pooled else None
+        return self.assemble(self.worlds(keys), pooled)
+
+    @property
+    def pooled(self) -> bool:
+        """`reset` makes a pool of worlds too (`pool_keys`' worlds)."""
+        return self.mode == "optimistic"
+
+    def pool_keys(self, pool_key: jax.Array) -> jax.Array:
+        return jax.random.split(pool_key, self.pool_size)
+
+    def worlds(self, keys: jax.Array) -> tuple[jax.Array, Any]:
+        """A fresh world of the env for each of `keys`: (obs [K, D], states [K])."""
+        return jax.vmap(self.env.reset)(keys)
+
+    def assemble(self, made: tuple, pooled: tuple | None = None) -> VecEnvState:
+        """`reset`'s state from the envs' `worlds` and (`pooled`) the pool's."""
+        obs, state = made
         n = obs.shape[0]
         pool = None
-        if self.mode == "optimistic":
-            pobs, pstate = jax.vmap(self.env.reset)(jax.random.split(pool_key, self.pool_size))
+        if pooled is not None:
+            pobs, pstate = pooled
             pool = ResetPool(pobs, pstate, jnp.zeros(self.pool_size, bool), jnp.zeros(1, jnp.int32))
         return strong_types(VecEnvState(obs, state, jnp.zeros(n, jnp.float32),
                                         jnp.zeros(n, jnp.int32), pool))
