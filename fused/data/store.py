@@ -26,7 +26,6 @@ reshapes each shard's frames to the layouts its env gives.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -94,23 +93,19 @@ def write_group(folder: Path, columns: dict[str, np.ndarray], attrs: dict | None
     g.attrs.update(attrs or {})
 
 
-@contextlib.contextmanager
-def _record_is_expected():
-    """zarr notes the record file beside a group's arrays when it lists them: expected."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", f"Object at {RECORD} is not recognized")
-        yield
+# zarr notes the record file beside a group's arrays when it lists them: expected. (A filter for
+# the process, not `warnings.catch_warnings` around each read: that swaps the filters of every
+# thread, and the streamed loader reads in threads of its own, so a read could see them restored.)
+warnings.filterwarnings("ignore", f"Object at {RECORD} is not recognized")
 
 
 def open_group(folder: Path):
-    with _record_is_expected():
-        return zarr.open_group(str(folder), mode="r")
+    return zarr.open_group(str(folder), mode="r")
 
 
 def read_group(folder: Path, names=None, rows: slice | np.ndarray | None = None) -> dict:
     """Columns of a zarr group (all or `names`), optionally only some rows."""
-    with _record_is_expected():
-        return _read(open_group(folder), names, rows)
+    return _read(open_group(folder), names, rows)
 
 
 def _read(g, names, rows) -> dict:
