@@ -28,7 +28,7 @@ def tok():
 def real_observations(n: int, env_name: str = ENV) -> np.ndarray:
     from fused.rl.envs import rollout_observations
 
-    # (n of 64, the program test_fused_llm's observations compiled: the first steps' n envs)
+    # (test_fused_llm's program of 64 observations, its seed aside: step 0 of its first n envs)
     return rollout_observations(env_name, 64, 0, 16)[:n]
 
 
