@@ -268,8 +268,8 @@ def random_params(cfg: Qwen3Config, key: jax.Array, dtype=jnp.float32,
     """`init_params` jitted (a released shape's weights made on the device, without float32
     copies), its program optimised by LLVM even in a process whose XLA_FLAGS skip that
     (`--xla_backend_optimization_level=0`, the test suite's setting): the draws run over every
-    weight, and unoptimised they took seconds even for the tiny shapes. The weights are those a
-    process at XLA's default level draws (unoptimised code rounds a few differently)."""
+    weight, which unoptimised code makes slow. The weights are those a process at XLA's default
+    level draws (unoptimised code rounds a few differently)."""
     flags = os.environ.get("XLA_FLAGS", "").split()
     options = ({"xla_backend_optimization_level": 1}
                if "--xla_backend_optimization_level=0" in flags else None)

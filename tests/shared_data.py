@@ -1,6 +1,6 @@
 """A small random-policy Classic dataset made once for the session and shared by the tests that
 label "a dataset" (test_imagine's imagination labels, test_moe_commands' MoE labels,
-test_encoders' registered encoder): before, each generated its own (two of them in-process on
+test_encoders' registered encoder, test_vllm_parity's labels of both backends): before, each generated its own (two of them in-process on
 the test process's 2 devices, one by the command), three pipelines compiling three programs for
 the same kind of data.
 

@@ -222,5 +222,5 @@ def test_worlds_made_by_their_own_program_start_the_same_state():
             for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(want),
                                     jax.tree.leaves(got)):
                 np.testing.assert_array_equal(
-                np.asarray(b), np.asarray(a),
-                err_msg=f"{what} {label} {jax.tree_util.keystr(path)}")
+                    np.asarray(b), np.asarray(a),
+                    err_msg=f"{what} {label} {jax.tree_util.keystr(path)}")

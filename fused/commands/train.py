@@ -352,8 +352,8 @@ def train(online: Online, run: RunDir, console: Console) -> Path:
                 f"{cfg.ppo.num_steps} steps, {cfg.num_updates} updates "
                 f"({cfg.num_updates * cfg.steps_per_update:,} env steps) on {devices} "
                 f"{jax.devices()[0].platform} device(s) -> {run.path}"),
-        init=lambda: commit(online, (jax.jit(trainer.init) if online.mesh else jit_init(trainer))(
-            jax.random.PRNGKey(cfg.seed), online.frozen)),
+        init=lambda: commit(online, jit_init(trainer)(jax.random.PRNGKey(cfg.seed),
+                                                      online.frozen)),
         abstract=lambda state: abstract_like(state, shardings(online, state)),
         step=step, update_of=lambda state: int(state.update_step),
         meta=lambda u: {"update": u, "env_steps": u * cfg.steps_per_update,

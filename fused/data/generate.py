@@ -162,11 +162,12 @@ class StreamWriter:
         col = make_collect(s, make_env(c.env, behaviour.text), c.env, behaviour.act,
                            behaviour.inputs, c.envs_per_stream, c.block_steps,
                            AXIS if n > 1 else None, n)
-        block, self.init = col.block, jit_init(col)
         mesh = Mesh(np.array(devices), (AXIS,))
         if n > 1:
-            init, block = shard_collector(col.init, block, mesh, behaviour.inputs)
+            init, block = shard_collector(col.init, col.block, mesh, behaviour.inputs)
             self.init = jax.jit(init)
+        else:
+            block, self.init = col.block, jit_init(col)
         self.block = loop_jit(block, c.cuda_graphs, donate_argnums=0)
         self.sharded = n > 1  # (then the collector places the state on the devices itself)
         # parameters and LLM arrays on this process's devices: committed to the one device

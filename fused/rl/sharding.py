@@ -24,11 +24,14 @@ def on_device(tree):
 
 
 def jit_init(maker):
-    """`jax.jit(maker.init)` for one device (a `Trainer`, `Collector` or `Evaluator`), its first
-    envs made by programs of their own (`maker.worlds`): the same state, and world generation,
-    most of what `init` compiles, one program per env and count of worlds, which the persistent
-    compilation cache keeps for every later run making as many worlds of that env (envs or a
-    reset pool; PPO's, a dataset's, each evaluation of a study), whatever its policy or LLM."""
+    """`jax.jit(maker.init)` (a `Trainer`, `Collector` or `Evaluator`): the same state, its first
+    envs made by programs of their own (`maker.worlds`; one made under `shard` has none, and
+    gets `jax.jit(maker.init)`). World generation, most of what `init` compiles, is then one
+    program per env and count of worlds, which the persistent compilation cache keeps for any
+    later run making as many worlds of that env (its envs or a reset pool: PPO's, a dataset's,
+    each evaluation of a study), whatever its policy or LLM."""
+    if getattr(maker, "worlds", None) is None:
+        return jax.jit(maker.init)
     envs = maker.worlds.envs
     keys, pool_keys = jax.jit(maker.worlds.keys), jax.jit(envs.pool_keys)
     worlds, assemble, init = jax.jit(envs.worlds), jax.jit(envs.assemble), jax.jit(maker.init)

@@ -46,7 +46,7 @@ class Trainer(NamedTuple):
     chunk: Callable  # (RunnerState, frozen) -> (RunnerState, metrics [updates_per_chunk, ...])
     train: Callable  # (key, frozen) -> (RunnerState, metrics with leading axis num_updates)
     state_specs: Callable  # (RunnerState, env_axis) -> PartitionSpecs (per-env leaves split)
-    worlds: Worlds | None = None  # the envs `init(key, ...)` starts from (unsharded)
+    worlds: Worlds | None = None  # the envs `init(key, ...)` starts from (None under `shard`)
 
 
 def make_optimizer(cfg: PPORun) -> optax.GradientTransformation:
