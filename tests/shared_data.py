@@ -1,8 +1,8 @@
 """A small random-policy Classic dataset made once for the session and shared by the tests that
 label "a dataset" (test_imagine's imagination labels, test_moe_commands' MoE labels,
-test_encoders' registered encoder, test_vllm_parity's labels of both backends): before, each generated its own (two of them in-process on
-the test process's 2 devices, one by the command), three pipelines compiling three programs for
-the same kind of data.
+test_encoders' registered encoder, test_vllm_parity's labels of both backends): before, each
+generated its own (two of them in-process on the test process's 2 devices, one by the command),
+pipelines compiling a program each for the same kind of data.
 
 `label.py generate` in a process of its own, under a file lock (conftest's `session_once`, as
 `shared_run` makes a run): the xdist workers share it; a test that writes into it copies it first.
