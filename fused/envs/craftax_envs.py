@@ -3,7 +3,8 @@
 `impl="craftax"` is Craftax's own env (craftax 1.6.1, the reference); `impl="fast"` is the same
 class with its step (and symbolic observation) written for the compiler in `fused.envs`, equal
 to Craftax's bit for bit (tests/test_fast_step.py): resets, pixel renderers and everything else
-stay Craftax's. Games without a fast step yet (the full game) get Craftax's own."""
+stay Craftax's. Craftax-Classic's step is ours whole; the full game's (`fused.envs.full_step`)
+is ours in its mobs and projectiles so far, Craftax's own functions for the rest."""
 
 from __future__ import annotations
 
@@ -11,13 +12,16 @@ from typing import Literal
 
 import jax
 
+from craftax.craftax.envs.common import log_achievements_to_info
+from craftax.craftax.envs.craftax_pixels_env import CraftaxPixelsEnvNoAutoReset
+from craftax.craftax.envs.craftax_symbolic_env import CraftaxSymbolicEnvNoAutoReset
 from craftax.craftax_classic.envs.common import compute_score
 from craftax.craftax_classic.envs.craftax_pixels_env import CraftaxClassicPixelsEnvNoAutoReset
 from craftax.craftax_classic.envs.craftax_symbolic_env import (
     CraftaxClassicSymbolicEnvNoAutoReset)
 from craftax.craftax_env import make_craftax_env_from_name
 
-from fused.envs import classic_step
+from fused.envs import classic_step, full_step
 
 Impl = Literal["craftax", "fast"]
 IMPLS: tuple[str, ...] = ("craftax", "fast")
@@ -46,8 +50,30 @@ class FastClassicPixels(_FastClassicStep, CraftaxClassicPixelsEnvNoAutoReset):
     pass  # Craftax's pixel renderer
 
 
+class _FastFullStep:
+    """The full game's `step_env`, its `craftax_step` `fused.envs.full_step`'s."""
+
+    def step_env(self, key, state, action, params):
+        state, reward = full_step.craftax_step(key, state, action, params,
+                                               self.static_env_params)
+        done = self.is_terminal(state, params)
+        info = log_achievements_to_info(state, done)
+        info["discount"] = self.discount(state, params)
+        return (jax.lax.stop_gradient(self.get_obs(state)), jax.lax.stop_gradient(state),
+                reward, done, info)
+
+
+class FastSymbolic(_FastFullStep, CraftaxSymbolicEnvNoAutoReset):
+    pass  # Craftax's symbolic observation
+
+
+class FastPixels(_FastFullStep, CraftaxPixelsEnvNoAutoReset):
+    pass  # Craftax's pixel renderer
+
+
 FAST = {"Craftax-Classic-Symbolic-v1": FastClassicSymbolic,
-        "Craftax-Classic-Pixels-v1": FastClassicPixels}
+        "Craftax-Classic-Pixels-v1": FastClassicPixels,
+        "Craftax-Symbolic-v1": FastSymbolic, "Craftax-Pixels-v1": FastPixels}
 
 
 def make_craftax_env(name: str, impl: Impl = "craftax"):

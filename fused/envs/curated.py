@@ -113,3 +113,106 @@ def classic_edit(key, state):
 def _keys_like(key, tree):
     leaves, treedef = jax.tree.flatten(tree)
     return treedef.unflatten(list(jax.random.split(key, len(leaves))))
+
+
+# --- the full game (Craftax-Symbolic) -----------------------------------------------------------
+
+def _full_blocks():
+    from craftax.craftax.constants import BlockType as F
+
+    return jnp.array([F.GRASS.value, F.GRASS.value, F.PATH.value, F.PATH.value, F.SAND.value,
+                      F.WATER.value, F.LAVA.value, F.STONE.value, F.TREE.value,
+                      F.CRAFTING_TABLE.value, F.FURNACE.value, F.WALL.value, F.DARKNESS.value,
+                      F.FIRE_GRASS.value, F.ICE_GRASS.value, F.GRAVEL.value, F.CHEST.value,
+                      F.ENCHANTMENT_TABLE_FIRE.value, F.NECROMANCER.value], dtype=jnp.int32)
+
+
+def _floor_mobs(key, mobs, level, player, spread: int, health_max: float, types: int):
+    """`mobs` with the player's floor's rows drawn near the player."""
+    k_pos, k_mask, k_health, k_cool, k_type = jax.random.split(key, 5)
+    n = mobs.mask.shape[1]
+    pos = (player + jax.random.randint(k_pos, (n, 2), -spread, spread + 1)).astype(jnp.int32)
+    row = dict(position=pos, mask=jax.random.bernoulli(k_mask, 0.7, (n,)),
+               health=jax.random.uniform(k_health, (n,), minval=0.5, maxval=health_max),
+               attack_cooldown=jax.random.randint(k_cool, (n,), -1, 6),
+               type_id=jax.random.randint(k_type, (n,), 0, types))
+    return mobs.replace(**{f: getattr(mobs, f).at[level].set(v.astype(getattr(mobs, f).dtype))
+                           for f, v in row.items()})
+
+
+def full_edit(key, state):
+    """One env's full-game state, edited at random as `classic_edit` does, and more: the player
+    on another floor (the boss's among them), every kind of mob and projectile of that floor
+    next to the player, sleep and rest, armour, enchantments and attributes."""
+    from craftax.craftax.game_logic import calculate_light_level as full_light
+    from craftax.craftax.craftax_state import EnvParams as FullParams
+
+    ks = iter(jax.random.split(key, 40))
+    levels, h, w = state.map.shape
+
+    def maybe(p):
+        return jax.random.bernoulli(next(ks), p)
+
+    level = jnp.where(maybe(0.5), jax.random.randint(next(ks), (), 0, levels),
+                      state.player_level).astype(jnp.int32)
+    level = jnp.where(maybe(0.15), levels - 1, level).astype(jnp.int32)  # the boss's floor
+    edge = jax.random.randint(next(ks), (2,), 0, 4)
+    corner = jnp.stack([jnp.array([0, 1, h - 2, h - 1])[edge[0]],
+                        jnp.array([0, 1, w - 2, w - 1])[edge[1]]]).astype(jnp.int32)
+    inner = jax.random.randint(next(ks), (2,), 2, h - 2).astype(jnp.int32)
+    player = jnp.where(maybe(0.15), corner,
+                       jnp.where(level == state.player_level, state.player_position, inner))
+    state = state.replace(player_level=level, player_position=player,
+                          player_direction=jax.random.randint(next(ks), (), 1, 5).astype(
+                              state.player_direction.dtype))
+    # Blocks around the player (5 x 5), sometimes.
+    offsets = jnp.stack(jnp.meshgrid(jnp.arange(-2, 3), jnp.arange(-2, 3)), -1).reshape(-1, 2)
+    cells = player + offsets
+    choices = _full_blocks()
+    blocks = choices[jax.random.randint(next(ks), (25,), 0, choices.shape[0])]
+    floor = state.map[level]
+    keep = (offsets == 0).all(-1) | ~maybe(0.6)
+    blocks = jnp.where(keep, floor[cells[:, 0], cells[:, 1]], blocks)
+    floor = floor.at[cells[:, 0], cells[:, 1]].set(blocks, mode="drop")
+    state = state.replace(map=state.map.at[level].set(floor))
+    # Night, sleep, rest, health, attributes, armour and enchantments.
+    t = jnp.where(maybe(0.5), jax.random.randint(next(ks), (), 0, 10000), state.timestep)
+    state = state.replace(
+        timestep=t.astype(state.timestep.dtype),
+        light_level=full_light(t, FullParams()).astype(jnp.float32),
+        is_sleeping=maybe(0.3) | state.is_sleeping, is_resting=maybe(0.2) | state.is_resting,
+        player_health=jnp.where(maybe(0.3), jax.random.uniform(next(ks), (), maxval=3.0),
+                                jax.random.uniform(next(ks), (), maxval=9.0)),
+        player_dexterity=jax.random.randint(next(ks), (), 1, 6),
+        player_intelligence=jax.random.randint(next(ks), (), 1, 6),
+        player_strength=jax.random.randint(next(ks), (), 1, 6),
+        bow_enchantment=jax.random.randint(next(ks), (), 0, 3),
+        sword_enchantment=jax.random.randint(next(ks), (), 0, 3),
+        armour_enchantments=jax.random.randint(next(ks), (4,), 0, 3),
+        inventory=state.inventory.replace(armour=jax.random.randint(next(ks), (4,), 0, 3)))
+    # Mobs and projectiles of every kind on the floor, close by; the mob map marks the live ones.
+    near = maybe(0.7)
+    new = dict(melee_mobs=_floor_mobs(next(ks), state.melee_mobs, level, player, 3, 8.0, 8),
+               passive_mobs=_floor_mobs(next(ks), state.passive_mobs, level, player, 4, 5.0, 3),
+               ranged_mobs=_floor_mobs(next(ks), state.ranged_mobs, level, player, 6, 5.0, 8),
+               mob_projectiles=_floor_mobs(next(ks), state.mob_projectiles, level, player, 4,
+                                           1.0, 8),
+               player_projectiles=_floor_mobs(next(ks), state.player_projectiles, level, player,
+                                              4, 1.0, 8))
+    directions = jnp.array([[0, -1], [0, 1], [-1, 0], [1, 0]], dtype=jnp.int32)
+    for name in ("mob_projectile_directions", "player_projectile_directions"):
+        d = directions[jax.random.randint(next(ks), (state.mob_projectiles.mask.shape[1],), 0, 4)]
+        new[name] = getattr(state, name).at[level].set(d)
+    state = state.replace(**jax.tree.map(lambda a, b: jnp.where(near, a, b), new,
+                                         {k: getattr(state, k) for k in new}))
+    # Now and then a mob left without health on some floor (a kill anywhere clears them all).
+    floor_, slot = jax.random.randint(next(ks), (2,), 0, jnp.array([levels, 2]))
+    state = state.replace(melee_mobs=state.melee_mobs.replace(health=jnp.where(
+        maybe(0.1), state.melee_mobs.health.at[floor_, slot].set(0.0), state.melee_mobs.health)))
+    mob_map = state.mob_map[level]
+    for mobs in (state.melee_mobs, state.passive_mobs, state.ranged_mobs):
+        p = mobs.position[level]
+        mob_map = mob_map.at[p[:, 0], p[:, 1]].max(mobs.mask[level], mode="drop")
+    return state.replace(mob_map=state.mob_map.at[level].set(mob_map),
+                         achievements=jnp.where(maybe(0.3), jax.random.bernoulli(
+                             next(ks), 0.3, state.achievements.shape), state.achievements))
