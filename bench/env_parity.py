@@ -31,13 +31,21 @@ sys.path.insert(0, str(ROOT))
 
 import fused.commands  # noqa: E402,F401  (a command's XLA settings, before Craftax loads)
 from fused.envs import has_fast_step, make_craftax_env  # noqa: E402
-from fused.envs.curated import classic_edit  # noqa: E402
+from fused.envs.curated import classic_edit, full_edit  # noqa: E402
+from fused.envspec import spec  # noqa: E402
 from fused.envs.parity import ParityReport, make_parity_run, random_policy  # noqa: E402
 from fused.errors import ConfigError  # noqa: E402
 from fused.runs.files import atomic_write_json  # noqa: E402
 
 # Classic's actions, drawn more often where the step does more: DO, placing, crafting.
 CLASSIC_WEIGHTS = [0.5, 1, 1, 1, 1, 3, 0.3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]
+# The full game's: DO and shooting more, sleep and rest less (the floors' ladders as others).
+FULL_WEIGHTS = [0.5, 1, 1, 1, 1, 3, 0.3] + [1] * 10 + [0.3] + [1] * 6 + [2, 1, 2, 2] + [1] * 15
+
+
+def edits(name: str):
+    """The hand-made states and action weights of the edited setting, by game."""
+    return (full_edit, FULL_WEIGHTS) if spec(name).floors > 1 else (classic_edit, CLASSIC_WEIGHTS)
 
 
 @dataclasses.dataclass
@@ -95,8 +103,8 @@ def runs(a: Args, policy=None):
     arguments of it."""
     ref, new = make_craftax_env(a.env, "craftax"), make_craftax_env(a.env, "fast")
     params = ref.default_params
-    # (Classic's the only fast step so far: its edits and action weights)
-    draws = [random_policy(ref.num_actions), random_policy(ref.num_actions, CLASSIC_WEIGHTS)]
+    edit_state, weights = edits(a.env)
+    draws = [random_policy(ref.num_actions), random_policy(ref.num_actions, weights)]
     settings = ["uniform", "edited"] + (["policy"] if policy is not None else [])
 
     def parity_run(act, edit):
@@ -114,7 +122,7 @@ def runs(a: Args, policy=None):
             return jax.lax.switch(setting, acts)
 
         def edit(k, state):  # (the uniform and policy settings' states unedited)
-            return jax.lax.cond(setting == 1, classic_edit, lambda _, s: s, k, state)
+            return jax.lax.cond(setting == 1, edit_state, lambda _, s: s, k, state)
 
         return parity_run(act, edit)[1](key, worlds)
 

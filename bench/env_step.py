@@ -93,6 +93,12 @@ STEP_MODULES = {  # module: its functions that craftax_step calls (scoped)
     "fused.envs.classic_step": (
         "craft", "do", "place", "move", "update_mobs", "spawn_mobs", "grow_plants",
         "update_player_intrinsics", "cap_inventory", "calculate_light_level", "craftax_step"),
+    "fused.envs.full_step": (
+        "change_floor", "do_crafting", "do_action", "place_block", "shoot_projectile",
+        "cast_spell", "drink_potion", "read_book", "enchant", "boss_logic",
+        "level_up_attributes", "move_player", "update_mobs", "spawn_mobs", "update_plants",
+        "update_player_intrinsics", "clip_inventory_and_intrinsics",
+        "calculate_inventory_achievements", "calculate_light_level", "craftax_step"),
     "craftax.craftax_classic.envs.craftax_symbolic_env": ("craftax_step",),
     "craftax.craftax_classic.envs.craftax_pixels_env": ("craftax_step",),
     "craftax.craftax.envs.craftax_symbolic_env": ("craftax_step",),

@@ -257,13 +257,15 @@ class EnvSpec:
 
 SPECS: dict[str, EnvSpec] = {
     "Craftax-Symbolic-v1": EnvSpec("Craftax-Symbolic-v1", "craftax", FULL_LAYOUT.obs_dim, 43,
-                                   FULL_LAYOUT, "Craftax", 9, "craftax.craftax.constants"),
+                                   FULL_LAYOUT, "Craftax", 9, "craftax.craftax.constants",
+                                   fast_step=True),
     "Craftax-Classic-Symbolic-v1": EnvSpec(
         "Craftax-Classic-Symbolic-v1", "craftax", CLASSIC_LAYOUT.obs_dim, 17, CLASSIC_LAYOUT,
         "Craftax Classic", 1, "craftax.craftax_classic.constants", fast_step=True),
     # 9 x 11 blocks of 10 px above a 40-row inventory; Classic: 7 x 9 blocks of 7 px
     "Craftax-Pixels-v1": EnvSpec("Craftax-Pixels-v1", "craftax", 130 * 110 * 3, 43, None,
-                                 "Craftax", 9, "craftax.craftax.constants", (130, 110, 3)),
+                                 "Craftax", 9, "craftax.craftax.constants", (130, 110, 3),
+                                 fast_step=True),
     "Craftax-Classic-Pixels-v1": EnvSpec(
         "Craftax-Classic-Pixels-v1", "craftax", 63 * 63 * 3, 17, None, "Craftax Classic", 1,
         "craftax.craftax_classic.constants", (63, 63, 3), fast_step=True),

@@ -23,9 +23,10 @@ from fused.envs.classic import _in_bounds, move
 from fused.envs.curated import classic_edit
 from fused.envs.draws import RunningSums, choice, search_left
 from fused.envs.grid import Grid, first_true, put
-from fused.envs.parity import ParityReport, make_parity_run, random_policy
+from fused.envs.parity import ParityReport, leaf_names, make_parity_run, random_policy
 
 CLASSIC = "Craftax-Classic-Symbolic-v1"
+FULL = "Craftax-Symbolic-v1"
 # Classic's actions, drawn more often where the step does more: DO, placing, crafting.
 CLASSIC_WEIGHTS = [0.5, 1, 1, 1, 1, 3, 0.3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]
 
@@ -162,7 +163,8 @@ def test_fast_env_is_chosen_by_impl():
 
     assert type(CraftaxEnv(spec(CLASSIC), impl="fast")._env).__name__ == "FastClassicSymbolic"
     assert "fused" not in type(CraftaxEnv(spec(CLASSIC))._env).__module__
-    assert has_fast_step(CLASSIC) and not has_fast_step("Craftax-Symbolic-v1")
+    assert type(CraftaxEnv(spec(FULL), impl="fast")._env).__name__ == "FastSymbolic"
+    assert has_fast_step(CLASSIC) and has_fast_step(FULL) and not has_fast_step("probe-constant")
     with pytest.raises(ValueError, match="impl"):
         make_craftax_env(CLASSIC, "fastest")
 
@@ -248,3 +250,98 @@ def test_classic_pixels_step_equals_craftax():
     report = parity("Craftax-Classic-Pixels-v1", 4, 50, edit=classic_edit,
                     weights=CLASSIC_WEIGHTS)
     assert report.first() is None, report.first()
+
+
+# --- the full game ------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_full_game_mobs_equal_craftax(monkeypatch):
+    """The full game's mobs (`fused.envs.full_mobs`: their moves and projectiles, then the
+    spawns) against Craftax's `update_mobs` and `spawn_mobs`, bit for bit, over 32 of Craftax's
+    worlds edited by hand (`full_edit`: every kind of mob and projectile next to the player, on
+    every floor, the boss's and its waves too), 12 rounds, each from the reference's last states
+    edited anew. The rounds do what is rare in play: blows and shots at the player, a sleeper
+    woken, kills, tables broken, arrows fired, mobs spawned. A broken rule (a melee mob hitting
+    harder) is named."""
+    import fused.envs.full_mobs as full_mobs
+    from craftax.craftax import game_logic
+    from craftax.craftax.constants import MOB_TYPE_DAMAGE_MAPPING
+
+    from fused.envs.curated import full_edit
+    from fused.envs.parity import first_difference
+
+    env = make_craftax_env(FULL, "craftax")
+    params, static = env.default_params, env.static_env_params
+    n = 32
+    _, start = jax.jit(jax.vmap(lambda k: env.reset_env(k, params)))(
+        jax.random.split(jax.random.PRNGKey(0), n))
+    edit = jax.jit(jax.vmap(full_edit))
+
+    def mobs(module):
+        def both(key, state):
+            k_move, k_spawn = jax.random.split(key)
+            moved = module.update_mobs(k_move, state, params, static)
+            return moved, module.spawn_mobs(moved, k_spawn, params, static)
+        return jax.jit(jax.vmap(both))
+
+    ref = mobs(game_logic)
+
+    def rounds(count):
+        new = mobs(full_mobs)
+        state, key = start, jax.random.PRNGKey(1)
+        seen = dict.fromkeys(("hurt", "woken", "killed", "broken", "fired", "spawned", "boss"), 0)
+        for _ in range(count):
+            key, k_edit, k_mobs = jax.random.split(key, 3)
+            before = edit(jax.random.split(k_edit, n), state)
+            keys = jax.random.split(k_mobs, n)
+            moved, state = ref(keys, before)
+            difference = first_difference((moved, state), new(keys, before),
+                                          ["moved." + x for x in leaf_names(moved)]
+                                          + leaf_names(state))
+            if difference:
+                return difference, seen
+            for event, count in (
+                    ("hurt", moved.player_health < before.player_health),
+                    ("woken", before.is_sleeping & ~moved.is_sleeping),
+                    ("killed", (moved.monsters_killed > before.monsters_killed).any(1)),
+                    ("broken", (moved.map != before.map).any((1, 2, 3))),
+                    ("fired", moved.mob_projectiles.mask.sum((1, 2))
+                     > before.mob_projectiles.mask.sum((1, 2))),
+                    ("spawned", sum(m.mask.sum((1, 2)) for m in (
+                        state.melee_mobs, state.passive_mobs, state.ranged_mobs))
+                     > sum(m.mask.sum((1, 2)) for m in (
+                         moved.melee_mobs, moved.passive_mobs, moved.ranged_mobs))),
+                    ("boss", before.player_level == static.num_levels - 1)):
+                seen[event] += int(count.sum())
+        return None, seen
+
+    difference, seen = rounds(12)
+    assert difference is None, difference
+    assert min(seen.values()) >= 5, seen
+    monkeypatch.setattr(full_mobs, "MOB_TYPE_DAMAGE_MAPPING",
+                        MOB_TYPE_DAMAGE_MAPPING.at[:, 1].add(1.0))
+    difference, _ = rounds(3)
+    assert difference is not None and difference.startswith("moved.player_health"), difference
+
+
+def test_full_step_calls_craftax_in_craftax_order(monkeypatch):
+    """The full game's step is Craftax's `craftax_step` but for the parts it writes itself:
+    with Craftax's own `update_mobs` and `spawn_mobs` put back, its program (jaxpr) is Craftax's
+    `craftax_step`'s, the same operations in the same order, keys and reward included (the
+    mobs' equality: test_full_game_mobs_equal_craftax; the whole step's over millions of
+    transitions: bench/env_parity.py)."""
+    import fused.envs.full_step as full_step
+    from craftax.craftax import game_logic
+
+    env = make_craftax_env(FULL, "craftax")
+    params, static = env.default_params, env.static_env_params
+    _, state = jax.eval_shape(lambda k: env.reset_env(k, params), jax.random.PRNGKey(0))
+    args = (jax.random.PRNGKey(1), state, jnp.int32(5))
+
+    def program(step):
+        return str(jax.make_jaxpr(lambda k, s, a: step(k, s, a, params, static))(*args))
+
+    assert program(full_step.craftax_step) != program(game_logic.craftax_step)
+    monkeypatch.setattr(full_step, "update_mobs", game_logic.update_mobs)
+    monkeypatch.setattr(full_step, "spawn_mobs", game_logic.spawn_mobs)
+    assert program(full_step.craftax_step) == program(game_logic.craftax_step)

@@ -143,11 +143,12 @@ def _floor_mobs(key, mobs, level, player, spread: int, health_max: float, types:
 def full_edit(key, state):
     """One env's full-game state, edited at random as `classic_edit` does, and more: the player
     on another floor (the boss's among them), every kind of mob and projectile of that floor
-    next to the player, sleep and rest, armour, enchantments and attributes."""
+    next to the player, sleep and rest, armour, enchantments and attributes, the boss's waves and
+    cleared floors."""
     from craftax.craftax.game_logic import calculate_light_level as full_light
     from craftax.craftax.craftax_state import EnvParams as FullParams
 
-    ks = iter(jax.random.split(key, 40))
+    ks = iter(jax.random.split(key, 48))
     levels, h, w = state.map.shape
 
     def maybe(p):
@@ -189,6 +190,10 @@ def full_edit(key, state):
         bow_enchantment=jax.random.randint(next(ks), (), 0, 3),
         sword_enchantment=jax.random.randint(next(ks), (), 0, 3),
         armour_enchantments=jax.random.randint(next(ks), (4,), 0, 3),
+        boss_progress=jax.random.randint(next(ks), (), 0, levels),
+        boss_timesteps_to_spawn_this_round=jax.random.randint(next(ks), (), 0, 4),
+        monsters_killed=jnp.where(maybe(0.5), jax.random.randint(next(ks), (levels,), 0, 11),
+                                  state.monsters_killed),
         inventory=state.inventory.replace(armour=jax.random.randint(next(ks), (4,), 0, 3)))
     # Mobs and projectiles of every kind on the floor, close by; the mob map marks the live ones.
     near = maybe(0.7)

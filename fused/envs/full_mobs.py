@@ -1,4 +1,5 @@
-"""The full game's mobs, bit for bit `update_mobs` of craftax 1.6.1 (`craftax.craftax.game_logic`).
+"""The full game's mobs, bit for bit `update_mobs` and `spawn_mobs` of craftax 1.6.1
+(`craftax.craftax.game_logic`).
 
 Craftax moves the melee, passive and ranged mobs of the player's floor, then the mobs'
 projectiles, then the player's, one slot after another, each a `lax.scan` step carrying the
@@ -16,13 +17,16 @@ import jax
 import jax.numpy as jnp
 
 from craftax.craftax.constants import (
-    DIRECTIONS, MOB_ACHIEVEMENT_MAP, MOB_TYPE_COLLISION_MAPPING, MOB_TYPE_DAMAGE_MAPPING,
+    DIRECTIONS, FLOOR_MOB_MAPPING, FLOOR_MOB_SPAWN_CHANCE, MOB_ACHIEVEMENT_MAP,
+    MOB_TYPE_HEALTH_MAPPING, MONSTERS_KILLED_TO_CLEAR_LEVEL, MOB_TYPE_COLLISION_MAPPING, MOB_TYPE_DAMAGE_MAPPING,
     MOB_TYPE_DEFENSE_MAPPING, RANGED_MOB_TYPE_TO_PROJECTILE_TYPE_MAPPING, SOLID_BLOCKS,
     Achievement, BlockType, MobType, ProjectileType)
 from craftax.craftax.util.game_logic_utils import get_damage, get_damage_done_to_player
+from craftax.craftax.util.maths_utils import get_distance_map
 
 from fused.envs import keys as fast_keys
 from fused.envs.classic_mobs import _key_chain, _towards, _wander
+from fused.envs.draws import choice
 from fused.envs.grid import Grid, any_of, fence, first_true, put, take
 
 B = BlockType
@@ -318,3 +322,89 @@ def update_mobs(rng, state, params, static_params):
         mob_projectiles=_put_row(state.mob_projectiles, level, floor.shots),
         mob_projectile_directions=put(state.mob_projectile_directions, level, floor.shot_dirs),
         player_projectiles=_put_row(state.player_projectiles, level, floor.arrows))
+
+
+def _spawn_one(key, mobs, can_map, can, health, type_id, shape):
+    """One spawn on the player's floor: the first free slot gets a cell drawn uniformly from
+    `can_map` [H, W] where `can`; the slot takes `type_id` whether or not. -> (mobs, cell,
+    alive)."""
+    can = can & (can_map.sum() > 0)
+    cell = choice(key, jnp.arange(shape[0] * shape[1]),
+                  jnp.reshape(can_map, -1) / jnp.sum(can_map), shape=(1,))
+    cell = jnp.array([cell // shape[0], cell % shape[1]]).T.astype(jnp.int32)[0]
+    slot = first_true(~mobs.mask)
+    position = jax.lax.select(can, cell, take(mobs.position, slot))
+    alive = jax.lax.select(can, True, take(mobs.mask, slot))
+    mobs = mobs.replace(
+        position=put(mobs.position, slot, position),
+        health=put(mobs.health, slot, jax.lax.select(can, health, take(mobs.health, slot))),
+        mask=put(mobs.mask, slot, alive), type_id=put(mobs.type_id, slot, type_id))
+    return mobs, position, alive
+
+
+def spawn_mobs(state, rng, params, static_params):
+    """== `craftax.craftax.game_logic.spawn_mobs` (one env's state; vmap it): a passive mob, a
+    melee and a ranged one may appear on the player's floor, each on the mob map as the one
+    before left it (on the boss's floor: monsters at its graves, in waves)."""
+    rng = fast_keys.wrap(rng)
+    shape = static_params.map_size
+    level = state.player_level
+    boss = level == static_params.num_levels - 1
+    floor = state.map[level]
+    mob_map = Grid(state.mob_map[level])
+    distance = get_distance_map(state.player_position, shape)
+    graves = ((floor == B.GRAVE.value) | (floor == B.GRAVE2.value)
+              | (floor == B.GRAVE3.value))
+    coeff = 1 + (take(state.monsters_killed, level) < MONSTERS_KILLED_TO_CLEAR_LEVEL) * 2
+    wave = boss & (state.boss_timesteps_to_spawn_this_round >= 1)  # is_boss_spawn_wave
+    coeff = coeff * jax.lax.select(boss, wave * 1000, 1)
+    ground = ((floor == B.GRASS.value) | (floor == B.PATH.value)
+              | (floor == B.FIRE_GRASS.value) | (floor == B.ICE_GRASS.value))
+    near = distance < params.mob_despawn_distance
+    chances = FLOOR_MOB_SPAWN_CHANCE[level]
+    kinds = FLOOR_MOB_MAPPING[level]
+    boss_kinds = FLOOR_MOB_MAPPING[state.boss_progress]
+
+    passive = _row(state.passive_mobs, level)
+    rng, chance_key = jax.random.split(rng)
+    can = ((passive.mask.sum() < static_params.max_passive_mobs)
+           & (jax.random.uniform(chance_key) < chances[0]) & ~boss)
+    rng, key = jax.random.split(rng)
+    kind = kinds[MobType.PASSIVE.value]
+    can_map = ground & (distance > 3) & near & ~mob_map.dense()
+    passive, at, alive = _spawn_one(key, passive, can_map, can,
+                                    MOB_TYPE_HEALTH_MAPPING[kind, MobType.PASSIVE.value], kind,
+                                    shape)
+    mob_map = mob_map.set(at, mob_map.at(at) | alive)
+
+    monster_range = jax.lax.select(boss, distance <= 6, distance > 9)
+    melee = _row(state.melee_mobs, level)
+    kind = jax.lax.select(boss, boss_kinds[MobType.MELEE.value], kinds[MobType.MELEE.value])
+    rng, chance_key = jax.random.split(rng)
+    chance = chances[1] + chances[3] * jnp.square(1 - state.light_level)
+    can = ((melee.mask.sum() < static_params.max_melee_mobs)
+           & (jax.random.uniform(chance_key) < chance * coeff))
+    can_map = (jax.lax.select(boss, graves, ground) & monster_range & near
+               & ~mob_map.dense())
+    rng, key = jax.random.split(rng)
+    melee, at, alive = _spawn_one(key, melee, can_map, can,
+                                  MOB_TYPE_HEALTH_MAPPING[kind, MobType.MELEE.value], kind, shape)
+    mob_map = mob_map.set(at, mob_map.at(at) | alive)
+
+    ranged = _row(state.ranged_mobs, level)
+    kind = jax.lax.select(boss, boss_kinds[MobType.RANGED.value], kinds[MobType.RANGED.value])
+    rng, chance_key = jax.random.split(rng)
+    can = ((ranged.mask.sum() < static_params.max_ranged_mobs)
+           & (jax.random.uniform(chance_key) < chances[2] * coeff))
+    where = jax.lax.select(kind == 5, floor == B.WATER.value, ground)  # the deep thing: water
+    can_map = (jax.lax.select(boss, graves, where) & monster_range & near & ~mob_map.dense())
+    rng, key = jax.random.split(rng)
+    ranged, at, alive = _spawn_one(key, ranged, can_map, can,
+                                   MOB_TYPE_HEALTH_MAPPING[kind, MobType.RANGED.value], kind,
+                                   shape)
+    mob_map = mob_map.set(at, mob_map.at(at) | alive)
+    return state.replace(
+        mob_map=put(state.mob_map, level, mob_map.array()),
+        passive_mobs=_put_row(state.passive_mobs, level, passive),
+        melee_mobs=_put_row(state.melee_mobs, level, melee),
+        ranged_mobs=_put_row(state.ranged_mobs, level, ranged))
