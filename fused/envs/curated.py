@@ -124,7 +124,10 @@ def _full_blocks():
                       F.WATER.value, F.LAVA.value, F.STONE.value, F.TREE.value,
                       F.CRAFTING_TABLE.value, F.FURNACE.value, F.WALL.value, F.DARKNESS.value,
                       F.FIRE_GRASS.value, F.ICE_GRASS.value, F.GRAVEL.value, F.CHEST.value,
-                      F.ENCHANTMENT_TABLE_FIRE.value, F.NECROMANCER.value], dtype=jnp.int32)
+                      F.ENCHANTMENT_TABLE_FIRE.value, F.NECROMANCER.value, F.COAL.value,
+                      F.IRON.value, F.DIAMOND.value, F.SAPPHIRE.value, F.RUBY.value,
+                      F.RIPE_PLANT.value, F.STALAGMITE.value, F.FOUNTAIN.value,
+                      F.FIRE_TREE.value, F.ICE_SHRUB.value], dtype=jnp.int32)
 
 
 def _floor_mobs(key, mobs, level, player, spread: int, health_max: float, types: int):
@@ -148,7 +151,7 @@ def full_edit(key, state):
     from craftax.craftax.game_logic import calculate_light_level as full_light
     from craftax.craftax.craftax_state import EnvParams as FullParams
 
-    ks = iter(jax.random.split(key, 48))
+    ks = iter(jax.random.split(key, 72))
     levels, h, w = state.map.shape
 
     def maybe(p):
@@ -175,6 +178,12 @@ def full_edit(key, state):
     keep = (offsets == 0).all(-1) | ~maybe(0.6)
     blocks = jnp.where(keep, floor[cells[:, 0], cells[:, 1]], blocks)
     floor = floor.at[cells[:, 0], cells[:, 1]].set(blocks, mode="drop")
+    # On the boss's floor, often the necromancer ahead.
+    from craftax.craftax.constants import DIRECTIONS as FULL_DIRECTIONS, BlockType as F
+    ahead = player + FULL_DIRECTIONS[state.player_direction]
+    necromancer = (level == levels - 1) & maybe(0.5)
+    floor = floor.at[ahead[0], ahead[1]].set(
+        jnp.where(necromancer, F.NECROMANCER.value, floor[ahead[0], ahead[1]]), mode="drop")
     state = state.replace(map=state.map.at[level].set(floor))
     # Night, sleep, rest, health, attributes, armour and enchantments.
     t = jnp.where(maybe(0.5), jax.random.randint(next(ks), (), 0, 10000), state.timestep)
@@ -184,6 +193,10 @@ def full_edit(key, state):
         is_sleeping=maybe(0.3) | state.is_sleeping, is_resting=maybe(0.2) | state.is_resting,
         player_health=jnp.where(maybe(0.3), jax.random.uniform(next(ks), (), maxval=3.0),
                                 jax.random.uniform(next(ks), (), maxval=9.0)),
+        player_hunger=jax.random.uniform(next(ks), (), minval=0, maxval=26),
+        player_thirst=jax.random.uniform(next(ks), (), minval=0, maxval=21),
+        player_food=jax.random.randint(next(ks), (), 0, 10),
+        player_drink=jax.random.randint(next(ks), (), 0, 10),
         player_dexterity=jax.random.randint(next(ks), (), 1, 6),
         player_intelligence=jax.random.randint(next(ks), (), 1, 6),
         player_strength=jax.random.randint(next(ks), (), 1, 6),
@@ -194,7 +207,20 @@ def full_edit(key, state):
         boss_timesteps_to_spawn_this_round=jax.random.randint(next(ks), (), 0, 4),
         monsters_killed=jnp.where(maybe(0.5), jax.random.randint(next(ks), (levels,), 0, 11),
                                   state.monsters_killed),
-        inventory=state.inventory.replace(armour=jax.random.randint(next(ks), (4,), 0, 3)))
+        inventory=state.inventory.replace(armour=jax.random.randint(next(ks), (4,), 0, 3),
+                                          pickaxe=jax.random.randint(next(ks), (), 0, 5),
+                                          sword=jax.random.randint(next(ks), (), 0, 5)))
+    # Saplings around the player, some about to ripen.
+    n = state.growing_plants_mask.shape[0]
+    plants = maybe(0.4)
+    state = state.replace(
+        growing_plants_positions=jnp.where(
+            plants, player + jax.random.randint(next(ks), (n, 2), -2, 3),
+            state.growing_plants_positions),
+        growing_plants_age=jnp.where(plants, jax.random.randint(next(ks), (n,), 590, 601),
+                                     state.growing_plants_age),
+        growing_plants_mask=jnp.where(plants, jax.random.bernoulli(next(ks), 0.6, (n,)),
+                                      state.growing_plants_mask))
     # Mobs and projectiles of every kind on the floor, close by; the mob map marks the live ones.
     near = maybe(0.7)
     new = dict(melee_mobs=_floor_mobs(next(ks), state.melee_mobs, level, player, 3, 8.0, 8),
@@ -210,6 +236,15 @@ def full_edit(key, state):
         new[name] = getattr(state, name).at[level].set(d)
     state = state.replace(**jax.tree.map(lambda a, b: jnp.where(near, a, b), new,
                                          {k: getattr(state, k) for k in new}))
+    # The necromancer ahead, now and then open to a blow: no monsters, no wave coming.
+    open_ = necromancer & maybe(0.5)
+    state = state.replace(
+        melee_mobs=state.melee_mobs.replace(mask=state.melee_mobs.mask.at[level].set(
+            state.melee_mobs.mask[level] & ~open_)),
+        ranged_mobs=state.ranged_mobs.replace(mask=state.ranged_mobs.mask.at[level].set(
+            state.ranged_mobs.mask[level] & ~open_)),
+        boss_timesteps_to_spawn_this_round=jnp.where(
+            open_, 0, state.boss_timesteps_to_spawn_this_round))
     # Now and then a mob left without health on some floor (a kill anywhere clears them all).
     floor_, slot = jax.random.randint(next(ks), (2,), 0, jnp.array([levels, 2]))
     state = state.replace(melee_mobs=state.melee_mobs.replace(health=jnp.where(

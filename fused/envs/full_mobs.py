@@ -21,7 +21,8 @@ from craftax.craftax.constants import (
     MOB_TYPE_HEALTH_MAPPING, MONSTERS_KILLED_TO_CLEAR_LEVEL, MOB_TYPE_COLLISION_MAPPING, MOB_TYPE_DAMAGE_MAPPING,
     MOB_TYPE_DEFENSE_MAPPING, RANGED_MOB_TYPE_TO_PROJECTILE_TYPE_MAPPING, SOLID_BLOCKS,
     Achievement, BlockType, MobType, ProjectileType)
-from craftax.craftax.util.game_logic_utils import get_damage, get_damage_done_to_player
+from craftax.craftax.util.game_logic_utils import (
+    get_damage, get_damage_done_to_player, get_max_food)
 from craftax.craftax.util.maths_utils import get_distance_map
 
 from fused.envs import keys as fast_keys
@@ -238,13 +239,21 @@ def _strike(mobs, position, damage_vector, can_gain, kind: int, achievements):
     return mobs.replace(health=health, mask=mask), killed, struck, achievements
 
 
-def _attack(state, floor: _Floor, position, damage_vector):
-    """`attack_mob(..., can_eat=False)` on the player's floor: -> (state, struck)."""
+def _attack(state, floor: _Floor, position, damage_vector, can_eat: bool = False):
+    """`attack_mob` on the player's floor (a passive mob killed is eaten if `can_eat`): ->
+    (state, struck)."""
     ach = state.achievements
     floor.melee, killed_melee, struck_melee, ach = _strike(floor.melee, position, damage_vector,
                                                            True, 1, ach)
     floor.passive, killed_passive, struck_passive, ach = _strike(
-        floor.passive, position, damage_vector, False, 0, ach)
+        floor.passive, position, damage_vector, can_eat, 0, ach)
+    if can_eat:
+        eaten = killed_passive
+        state = state.replace(
+            player_food=jax.lax.select(eaten, jnp.minimum(get_max_food(state),
+                                                          state.player_food + 6),
+                                       state.player_food),
+            player_hunger=jax.lax.select(eaten, 0.0, state.player_hunger))
     floor.ranged, killed_ranged, struck_ranged, ach = _strike(floor.ranged, position,
                                                               damage_vector, True, 2, ach)
     monster = killed_melee | killed_ranged

@@ -1,0 +1,189 @@
+"""The full game's DO, bit for bit `do_action` of craftax 1.6.1 (`craftax.craftax.game_logic`):
+strike the mob ahead (eating a passive one killed), else mine, drink, eat, open a chest or hurt
+the necromancer at the block ahead.
+
+Craftax writes the block ahead once per kind of block (fourteen scatters into the floor's map),
+finds a mob to strike with a `lax.scan` per kind and a plant with another, draws a chest's loot
+with `jax.random.choice`'s loops, and chooses the whole state (every floor's maps) between DO and
+not. Here the block ahead is read once and written once (`Grid`), the slots compared at once,
+the loot drawn with the same bits without loops (`fused.envs.draws`), and only what DO changes
+is chosen. Every quirk is kept: a block ahead off the map (an index of -1 reads the last row)
+mines nothing but still opens a chest's record and hurts the necromancer, a strike is checked
+before the block."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from craftax.craftax.constants import (
+    BOSS_FIGHT_SPAWN_TURNS, DIRECTIONS, Achievement, Action, BlockType)
+from craftax.craftax.util.game_logic_utils import (
+    get_max_drink, get_max_food, get_player_damage_vector)
+
+from fused.envs import keys as fast_keys
+from fused.envs.draws import choice
+from fused.envs.full_mobs import _alive, _attack, _Floor, _in_bounds, _put_row
+from fused.envs.grid import first_true, put, take
+
+B = BlockType
+ACH = Achievement
+
+
+def _gain(achievements, which: Achievement, cond):
+    return achievements | ((jnp.arange(achievements.shape[0]) == which.value) & cond)
+
+
+def _chest_loot(rng, state, inventory, opening):
+    """`add_items_from_chest`: the same draws in the same order."""
+    rng, key = jax.random.split(rng)
+    torch = jax.random.uniform(key) < 0.6
+    rng, key = jax.random.split(rng)
+    torches = jax.random.randint(key, shape=(), minval=4, maxval=8) * torch
+    rng, key = jax.random.split(rng)
+    ore = jax.random.uniform(key) < 0.6
+    rng, key = jax.random.split(rng)
+    ore_id = choice(key, jnp.arange(5, dtype=jnp.int32),
+                    jnp.array([0.3, 0.3, 0.15, 0.125, 0.125]), shape=())
+    rng, key = jax.random.split(rng)  # one key: the ores exclude each other
+    ores = [jax.random.randint(key, shape=(), minval=1, maxval=top) * (ore_id == i) * ore
+            for i, top in enumerate((4, 3, 2, 2, 2))]
+    rng, key = jax.random.split(rng)
+    potion = jax.random.uniform(key) < 0.5
+    rng, key = jax.random.split(rng)
+    potion_index = jax.random.randint(key, shape=(), minval=0, maxval=6)
+    rng, key = jax.random.split(rng)
+    potions = jax.random.randint(key, shape=(), minval=1, maxval=3)
+    rng, key = jax.random.split(rng)
+    arrow = jax.random.uniform(key) < 0.25
+    rng, key = jax.random.split(rng)
+    arrows = jax.random.randint(key, shape=(), minval=1, maxval=5) * arrow
+    rng, key = jax.random.split(rng)
+    tool = jax.random.uniform(key) < 0.2
+    rng, key = jax.random.split(rng)
+    tool_id = jax.random.randint(key, shape=(), minval=0, maxval=2)
+    levels = (jnp.arange(4) + 1).astype(int)
+    odds = jnp.array([0.4, 0.3, 0.2, 0.1])
+
+    def upgrade(key, looting, current):
+        level = jnp.maximum(choice(key, levels, odds, shape=()) * looting, current)
+        return looting * level + (1 - looting) * current
+
+    pickaxe = tool & (tool_id == 0) & opening
+    rng, key = jax.random.split(rng)
+    new_pickaxe = upgrade(key, pickaxe, inventory.pickaxe)
+    sword = tool & (tool_id == 1) & opening
+    rng, key = jax.random.split(rng)
+    new_sword = upgrade(key, sword, inventory.sword)
+    first = ~take(state.chests_opened, state.player_level)
+    bow = opening & (state.player_level == 1) & first
+    book = first & ((state.player_level == 3) | (state.player_level == 4))
+    coal, iron, diamond, sapphire, ruby = ores
+    return inventory.replace(
+        torches=inventory.torches + torches * opening,
+        coal=inventory.coal + coal * opening, iron=inventory.iron + iron * opening,
+        diamond=inventory.diamond + diamond * opening,
+        sapphire=inventory.sapphire + sapphire * opening, ruby=inventory.ruby + ruby * opening,
+        arrows=inventory.arrows + arrows * opening, pickaxe=new_pickaxe, sword=new_sword,
+        potions=put(inventory.potions, potion_index,
+                    take(inventory.potions, potion_index) + potions * potion * opening),
+        bow=bow * 1 + (1 - bow) * inventory.bow,
+        books=inventory.books + 1 * book * opening)
+
+
+def do_action(rng, state, action, static_params):
+    """== `craftax.craftax.game_logic.do_action` (one env's state; vmap it)."""
+    old = state
+    rng = fast_keys.wrap(rng)
+    level = state.player_level
+    ahead = state.player_position + DIRECTIONS[state.player_direction]
+    floor = _Floor(state)
+    state = state.replace(melee_mobs=_alive(state.melee_mobs),
+                          passive_mobs=_alive(state.passive_mobs),
+                          ranged_mobs=_alive(state.ranged_mobs))
+    state, struck = _attack(state, floor, ahead, get_player_damage_vector(old), can_eat=True)
+
+    b = floor.blocks.at(ahead)
+    inv, pick = state.inventory, state.inventory.pickaxe
+    tree, fire_tree, ice_shrub = b == B.TREE.value, b == B.FIRE_TREE.value, b == B.ICE_SHRUB.value
+    trees = tree | fire_tree | ice_shrub
+    regrow = (tree * B.GRASS.value + fire_tree * B.FIRE_GRASS.value
+              + ice_shrub * B.ICE_GRASS.value)
+    mined = {k: (b == block.value) & (pick >= tier) for k, block, tier in (
+        ("stone", B.STONE, 1), ("coal", B.COAL, 1), ("iron", B.IRON, 2),
+        ("diamond", B.DIAMOND, 3), ("sapphire", B.SAPPHIRE, 4), ("ruby", B.RUBY, 4),
+        ("stalagmite", B.STALAGMITE, 1))}
+    furnace, table = b == B.FURNACE.value, b == B.CRAFTING_TABLE.value
+    ripe, chest = b == B.RIPE_PLANT.value, b == B.CHEST.value
+    # The block ahead after each kind's write, in Craftax's order.
+    cell = jax.lax.select(trees, regrow, b)
+    for to_path in (mined["stone"], furnace, table, mined["coal"], mined["iron"],
+                    mined["diamond"], mined["sapphire"], mined["ruby"]):
+        cell = jax.lax.select(to_path, B.PATH.value, cell)
+    cell = jax.lax.select(ripe, B.PLANT.value, cell)
+    cell = jax.lax.select(mined["stalagmite"], B.PATH.value, cell)
+    cell = jax.lax.select(chest, B.PATH.value, cell)
+
+    rng, key = jax.random.split(rng)
+    sapling = (b == B.GRASS.value) & (jax.random.uniform(key) < 0.1)
+    new_inv = inv.replace(
+        wood=inv.wood + 1 * trees, coal=inv.coal + 1 * mined["coal"],
+        iron=inv.iron + 1 * mined["iron"], diamond=inv.diamond + 1 * mined["diamond"],
+        sapphire=inv.sapphire + 1 * mined["sapphire"], ruby=inv.ruby + 1 * mined["ruby"],
+        sapling=inv.sapling + 1 * sapling,
+        stone=inv.stone + 1 * mined["stone"] + 1 * mined["stalagmite"])
+    rng, key = jax.random.split(rng)
+    new_inv = _chest_loot(key, state, new_inv, chest)
+
+    drinking = (b == B.WATER.value) | (b == B.FOUNTAIN.value)
+    drink = jax.lax.select(drinking, jnp.minimum(get_max_drink(state), state.player_drink + 1),
+                           state.player_drink)
+    thirst = jax.lax.select(drinking, 0.0, state.player_thirst)
+    food = jax.lax.select(ripe, jnp.minimum(get_max_food(state), state.player_food + 4),
+                          state.player_food)
+    hunger = jax.lax.select(ripe, 0.0, state.player_hunger)
+    plant = first_true((state.growing_plants_positions == ahead).all(-1))
+    ages = put(state.growing_plants_age, plant, 0)
+
+    fighting = level == static_params.num_levels - 1
+    vulnerable = ((floor.melee.mask.sum() == 0) & (floor.ranged.mask.sum() == 0)
+                  & (state.boss_timesteps_to_spawn_this_round <= 0))
+    damaging = (b == B.NECROMANCER.value) & vulnerable & fighting
+    ach = state.achievements
+    new_ach = _gain(ach, ACH.COLLECT_DRINK, drinking)
+    new_ach = _gain(new_ach, ACH.EAT_PLANT, ripe)
+    new_ach = _gain(new_ach, ACH.OPEN_CHEST, chest)
+    new_ach = _gain(new_ach, ACH.DAMAGE_NECROMANCER, damaging)
+
+    ok = _in_bounds(ahead, floor.blocks.base.shape) & ~struck
+    do = action == Action.DO.value
+    blocks = floor.blocks.set(ahead, cell, ok & do)
+
+    return old.replace(
+        map=put(old.map, level, blocks.array()),
+        inventory=jax.tree.map(lambda n, c, o: jax.lax.select(do, jax.lax.select(ok, n, c), o),
+                               new_inv, inv, old.inventory),
+        player_drink=jax.lax.select(do, jax.lax.select(ok, drink, state.player_drink),
+                                    old.player_drink),
+        player_thirst=jax.lax.select(do, jax.lax.select(ok, thirst, state.player_thirst),
+                                     old.player_thirst),
+        player_food=jax.lax.select(do, jax.lax.select(ok, food, state.player_food),
+                                   old.player_food),
+        player_hunger=jax.lax.select(do, jax.lax.select(ok, hunger, state.player_hunger),
+                                     old.player_hunger),
+        growing_plants_age=jax.lax.select(do & ok & ripe, ages, old.growing_plants_age),
+        achievements=jax.lax.select(do, jax.lax.select(ok, new_ach, ach), old.achievements),
+        chests_opened=jnp.where(do, put(old.chests_opened, level,
+                                        take(old.chests_opened, level) | chest),
+                                old.chests_opened),
+        boss_progress=jax.lax.select(do, old.boss_progress + 1 * damaging, old.boss_progress),
+        boss_timesteps_to_spawn_this_round=jax.lax.select(
+            do, BOSS_FIGHT_SPAWN_TURNS * damaging
+            + old.boss_timesteps_to_spawn_this_round * (1 - damaging),
+            old.boss_timesteps_to_spawn_this_round),
+        mob_map=jnp.where(do, put(old.mob_map, level, floor.mob_map.array()), old.mob_map),
+        monsters_killed=jnp.where(do, state.monsters_killed, old.monsters_killed),
+        **{kind: jax.tree.map(lambda n, o: jnp.where(do, n, o), _put_row(
+            getattr(state, kind), level, getattr(floor, attr)), getattr(old, kind))
+           for kind, attr in (("melee_mobs", "melee"), ("passive_mobs", "passive"),
+                              ("ranged_mobs", "ranged"))})
