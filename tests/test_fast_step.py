@@ -257,16 +257,18 @@ def test_classic_pixels_step_equals_craftax():
 @pytest.mark.slow
 def test_full_game_parts_equal_craftax(monkeypatch):
     """The full game's parts written for the compiler (DO: `fused.envs.full_actions`; the mobs'
-    and projectiles' moves, then the spawns: `fused.envs.full_mobs`) against Craftax's
-    `do_action`, `update_mobs` and `spawn_mobs`, bit for bit, over 32 of Craftax's
-    worlds edited by hand (`full_edit`: every kind of mob and projectile next to the player, on
-    every floor, the boss's and its waves too), 16 rounds, each from the reference's last states
-    edited anew (DO four times in five). The rounds do what is rare in play: every block mined,
-    chests looted, mobs struck and the necromancer hurt, blows and shots at the player, a sleeper
-    woken, kills, tables broken, arrows fired, mobs spawned. A broken rule (a melee mob hitting
-    harder) is named."""
+    and projectiles' moves, then the spawns: `fused.envs.full_mobs`; the plants and the
+    inventory's achievements: `fused.envs.full_step`) against Craftax's `do_action`,
+    `update_mobs`, `spawn_mobs`, `update_plants` and `calculate_inventory_achievements`, bit for
+    bit, over 32 of Craftax's worlds edited by hand (`full_edit`: every kind of mob and
+    projectile next to the player, on every floor, the boss's and its waves too), 16 rounds,
+    each from the reference's last states edited anew (DO four times in five). The rounds do
+    what is rare in play: every block mined, chests looted, mobs struck and the necromancer
+    hurt, blows and shots at the player, a sleeper woken, kills, tables broken, arrows fired,
+    mobs spawned, plants ripened. A broken rule (a melee mob hitting harder) is named."""
     import fused.envs.full_actions as full_actions
     import fused.envs.full_mobs as full_mobs
+    import fused.envs.full_step as full_step
     from craftax.craftax import game_logic
     from craftax.craftax.constants import Action
     from craftax.craftax.constants import MOB_TYPE_DAMAGE_MAPPING
@@ -281,22 +283,26 @@ def test_full_game_parts_equal_craftax(monkeypatch):
         jax.random.split(jax.random.PRNGKey(0), n))
     edit = jax.jit(jax.vmap(full_edit))
 
-    def parts(do_action, update_mobs, spawn_mobs):
+    def parts(do_action, update_mobs, spawn_mobs, update_plants, inventory_achievements):
         def run(key, state):
             k_do, k_move, k_spawn, k_act = jax.random.split(key, 4)
             action = jnp.where(jax.random.bernoulli(k_act, 0.8), Action.DO.value, 0)
             done = do_action(k_do, state, action, static)
             moved = update_mobs(k_move, done, params, static)
-            return done, moved, spawn_mobs(moved, k_spawn, params, static)
+            state = spawn_mobs(moved, k_spawn, params, static)
+            return done, moved, inventory_achievements(update_plants(state, static))
         return jax.jit(jax.vmap(run))
 
-    ref = parts(game_logic.do_action, game_logic.update_mobs, game_logic.spawn_mobs)
+    ref = parts(game_logic.do_action, game_logic.update_mobs, game_logic.spawn_mobs,
+                game_logic.update_plants, game_logic.calculate_inventory_achievements)
 
     def rounds(count):
-        new = parts(full_actions.do_action, full_mobs.update_mobs, full_mobs.spawn_mobs)
+        new = parts(full_actions.do_action, full_mobs.update_mobs, full_mobs.spawn_mobs,
+                    full_step.update_plants, full_step.calculate_inventory_achievements)
         state, key = start, jax.random.PRNGKey(1)
         seen = dict.fromkeys(("mined", "looted", "struck", "necromancer", "hurt", "woken",
-                              "killed", "broken", "fired", "spawned", "boss"), 0)
+                              "killed", "broken", "fired", "spawned", "ripened", "achieved",
+                              "boss"), 0)
         for _ in range(count):
             key, k_edit, k_mobs = jax.random.split(key, 3)
             before = edit(jax.random.split(k_edit, n), state)
@@ -323,6 +329,8 @@ def test_full_game_parts_equal_craftax(monkeypatch):
                         state.melee_mobs, state.passive_mobs, state.ranged_mobs))
                      > sum(m.mask.sum((1, 2)) for m in (
                          moved.melee_mobs, moved.passive_mobs, moved.ranged_mobs))),
+                    ("ripened", (state.map[:, 0] != moved.map[:, 0]).any((1, 2))),
+                    ("achieved", (state.achievements != moved.achievements).any(1)),
                     ("boss", before.player_level == static.num_levels - 1)):
                 seen[event] += int(count.sum())
         return None, seen
@@ -338,10 +346,11 @@ def test_full_game_parts_equal_craftax(monkeypatch):
 
 def test_full_step_calls_craftax_in_craftax_order(monkeypatch):
     """The full game's step is Craftax's `craftax_step` but for the parts it writes itself:
-    with Craftax's own `do_action`, `update_mobs` and `spawn_mobs` put back, its program (jaxpr)
-    is Craftax's `craftax_step`'s, the same operations in the same order, keys and reward
-    included (the parts' equality: test_full_game_parts_equal_craftax; the whole step's over
-    millions of transitions: bench/env_parity.py)."""
+    with Craftax's own `do_action`, `update_mobs`, `spawn_mobs`, `update_plants` and
+    `calculate_inventory_achievements` put back, its program (jaxpr) is Craftax's
+    `craftax_step`'s, the same operations in the same order, keys and reward included (the
+    parts' equality: test_full_game_parts_equal_craftax; the whole step's over millions of
+    transitions: bench/env_parity.py)."""
     import fused.envs.full_step as full_step
     from craftax.craftax import game_logic
 
@@ -357,4 +366,7 @@ def test_full_step_calls_craftax_in_craftax_order(monkeypatch):
     monkeypatch.setattr(full_step, "do_action", game_logic.do_action)
     monkeypatch.setattr(full_step, "update_mobs", game_logic.update_mobs)
     monkeypatch.setattr(full_step, "spawn_mobs", game_logic.spawn_mobs)
+    monkeypatch.setattr(full_step, "update_plants", game_logic.update_plants)
+    monkeypatch.setattr(full_step, "calculate_inventory_achievements",
+                        game_logic.calculate_inventory_achievements)
     assert program(full_step.craftax_step) == program(game_logic.craftax_step)
