@@ -1,7 +1,8 @@
-"""Hand-made Craftax-Classic states: a real state edited so that the rare parts of the step run
-(night, sleep, mobs next to the player, arrows in flight, tables and lava close by, the map's
-edge, a plant about to ripen, low health, full inventories). For equality tests of a step:
-`classic_edit(key, state)` edits one env's state (vmap it); every edit is one a game could reach
+"""Hand-made Craftax states: a real state edited so that the rare parts of the step run (night,
+sleep, mobs next to the player, arrows in flight, tables and lava close by, the map's edge, a
+plant about to ripen, low health, full inventories). For equality tests of a step:
+`classic_edit(key, state)` (Craftax-Classic) and `full_edit` (the full game) edit one env's
+state (vmap them); every edit is one a game could reach
 or close to it (a mob map that marks the mobs placed), and each applies with some probability,
 so a batch mixes them."""
 
@@ -10,6 +11,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from craftax.craftax.constants import DIRECTIONS as FULL_DIRECTIONS
+from craftax.craftax.constants import BlockType as F
+from craftax.craftax.craftax_state import EnvParams as FullParams
+from craftax.craftax.game_logic import calculate_light_level as full_light
 from craftax.craftax_classic.constants import BlockType
 from craftax.craftax_classic.envs.craftax_state import EnvParams
 from craftax.craftax_classic.game_logic import calculate_light_level
@@ -118,8 +123,6 @@ def _keys_like(key, tree):
 # --- the full game (Craftax-Symbolic) -----------------------------------------------------------
 
 def _full_blocks():
-    from craftax.craftax.constants import BlockType as F
-
     return jnp.array([F.GRASS.value, F.GRASS.value, F.PATH.value, F.PATH.value, F.SAND.value,
                       F.WATER.value, F.LAVA.value, F.STONE.value, F.TREE.value,
                       F.CRAFTING_TABLE.value, F.FURNACE.value, F.WALL.value, F.DARKNESS.value,
@@ -148,10 +151,7 @@ def full_edit(key, state):
     on another floor (the boss's among them), every kind of mob and projectile of that floor
     next to the player, sleep and rest, armour, enchantments and attributes, the boss's waves and
     cleared floors."""
-    from craftax.craftax.game_logic import calculate_light_level as full_light
-    from craftax.craftax.craftax_state import EnvParams as FullParams
-
-    ks = iter(jax.random.split(key, 72))
+    ks = iter(jax.random.split(key, 96))
     levels, h, w = state.map.shape
 
     def maybe(p):
@@ -178,8 +178,17 @@ def full_edit(key, state):
     keep = (offsets == 0).all(-1) | ~maybe(0.6)
     blocks = jnp.where(keep, floor[cells[:, 0], cells[:, 1]], blocks)
     floor = floor.at[cells[:, 0], cells[:, 1]].set(blocks, mode="drop")
+    # Now and then a table beside the player, and a furnace (crafting).
+    beside = jax.random.choice(next(ks), jnp.array([[-1, 0], [1, 0], [0, -1], [0, 1], [-1, -1],
+                                                    [1, 1]], dtype=jnp.int32), (2,),
+                               replace=False) + player
+    table = maybe(0.3)
+    furnace = table & maybe(0.5)
+    for cell, block, put in zip(beside, (F.CRAFTING_TABLE.value, F.FURNACE.value),
+                                (table, furnace)):
+        floor = floor.at[cell[0], cell[1]].set(jnp.where(put, block, floor[cell[0], cell[1]]),
+                                               mode="drop")
     # On the boss's floor, often the necromancer ahead.
-    from craftax.craftax.constants import DIRECTIONS as FULL_DIRECTIONS, BlockType as F
     ahead = player + FULL_DIRECTIONS[state.player_direction]
     necromancer = (level == levels - 1) & maybe(0.5)
     floor = floor.at[ahead[0], ahead[1]].set(
@@ -210,6 +219,15 @@ def full_edit(key, state):
         inventory=state.inventory.replace(armour=jax.random.randint(next(ks), (4,), 0, 3),
                                           pickaxe=jax.random.randint(next(ks), (), 0, 5),
                                           sword=jax.random.randint(next(ks), (), 0, 5)))
+    # A rich inventory now and then (enough to craft anything; arrows and torches near 99).
+    rich = maybe(0.5)
+    inv = state.inventory
+    goods = dict(wood=6, stone=6, coal=5, iron=5, diamond=5, sapphire=3, ruby=3, sapling=3)
+    state = state.replace(inventory=inv.replace(
+        **{k: jnp.where(rich, jax.random.randint(next(ks), (), 0, n), getattr(inv, k))
+           for k, n in goods.items()},
+        arrows=jnp.where(rich, jax.random.randint(next(ks), (), 95, 100), inv.arrows),
+        torches=jnp.where(rich, jax.random.randint(next(ks), (), 0, 100), inv.torches)))
     # Saplings around the player, some about to ripen.
     n = state.growing_plants_mask.shape[0]
     plants = maybe(0.4)

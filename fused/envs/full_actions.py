@@ -1,6 +1,8 @@
-"""The full game's DO, bit for bit `do_action` of craftax 1.6.1 (`craftax.craftax.game_logic`):
-strike the mob ahead (eating a passive one killed), else mine, drink, eat, open a chest or hurt
-the necromancer at the block ahead.
+"""The full game's DO and crafting, bit for bit `do_action` and `do_crafting` of craftax 1.6.1
+(`craftax.craftax.game_logic`). DO: strike the mob ahead (eating a passive one killed), else
+mine, drink, eat, open a chest or hurt the necromancer at the block ahead. Crafting: the recipe
+the action names, near a table (and a furnace), the cells around read once, not in a loop per
+kind of block.
 
 Craftax writes the block ahead once per kind of block (fourteen scatters into the floor's map),
 finds a mob to strike with a `lax.scan` per kind and a plant with another, draws a chest's loot
@@ -17,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from craftax.craftax.constants import (
-    BOSS_FIGHT_SPAWN_TURNS, DIRECTIONS, Achievement, Action, BlockType)
+    BOSS_FIGHT_SPAWN_TURNS, CLOSE_BLOCKS, DIRECTIONS, Achievement, Action, BlockType)
 from craftax.craftax.util.game_logic_utils import (
     get_max_drink, get_max_food, get_player_damage_vector)
 
@@ -26,6 +28,7 @@ from fused.envs.draws import choice
 from fused.envs.full_mobs import _alive, _attack, _Floor, _in_bounds, _put_row
 from fused.envs.grid import first_true, put, take
 
+A = Action
 B = BlockType
 ACH = Achievement
 
@@ -187,3 +190,68 @@ def do_action(rng, state, action, static_params):
             getattr(state, kind), level, getattr(floor, attr)), getattr(old, kind))
            for kind, attr in (("melee_mobs", "melee"), ("passive_mobs", "passive"),
                               ("ranged_mobs", "ranged"))})
+
+
+def _near(state, blocks) -> dict:
+    """`is_near_block` for each of `blocks`: one of the 8 cells around the player, in the map,
+    holds it (the cells read once for all)."""
+    floor = state.map[state.player_level]
+    h, w = floor.shape
+    near = {b: jnp.bool_(False) for b in blocks}
+    for offset in CLOSE_BLOCKS.tolist():
+        pos = state.player_position + jnp.array(offset, dtype=jnp.int32)
+        inside = (0 <= pos[0]) & (pos[0] < h) & (0 <= pos[1]) & (pos[1] < w)
+        cell = floor[pos[0], pos[1]]
+        for b in blocks:
+            near[b] = near[b] | (inside & (cell == b))
+    return near
+
+
+def do_crafting(state, action):
+    """== `craftax.craftax.game_logic.do_crafting`: the recipe the action names, if the
+    inventory holds its cost and a table (and a furnace) is among the 8 cells around."""
+    near = _near(state, (B.CRAFTING_TABLE.value, B.FURNACE.value))
+    table, furnace = near[B.CRAFTING_TABLE.value], near[B.FURNACE.value]
+    inv, ach = state.inventory, state.achievements
+
+    def making(which: Action, can, *needs):
+        ok = (action == which.value) & can
+        for need in needs:
+            ok = ok & need
+        return ok
+
+    # Tools: (action, tier, the cost by field) for pickaxes, then swords, in Craftax's order.
+    for field, recipes in (
+            ("pickaxe", ((A.MAKE_WOOD_PICKAXE, 1, dict(wood=1), False),
+                         (A.MAKE_STONE_PICKAXE, 2, dict(stone=1, wood=1), False),
+                         (A.MAKE_IRON_PICKAXE, 3, dict(iron=1, wood=1, stone=1, coal=1), True),
+                         (A.MAKE_DIAMOND_PICKAXE, 4, dict(diamond=3, wood=1), False))),
+            ("sword", ((A.MAKE_WOOD_SWORD, 1, dict(wood=1), False),
+                       (A.MAKE_STONE_SWORD, 2, dict(wood=1, stone=1), False),
+                       (A.MAKE_IRON_SWORD, 3, dict(wood=1, iron=1, stone=1, coal=1), True),
+                       (A.MAKE_DIAMOND_SWORD, 4, dict(wood=1, diamond=2), False)))):
+        for which, tier, cost, at_furnace in recipes:
+            can = (getattr(inv, field) < tier) & table & (furnace if at_furnace else True)
+            ok = making(which, can, *(getattr(inv, k) >= n for k, n in cost.items()))
+            inv = inv.replace(**{k: getattr(inv, k) - n * ok for k, n in cost.items()},
+                              **{field: getattr(inv, field) * (1 - ok) + tier * ok})
+    # Armour: the first piece below the tier, if any.
+    for which, tier, cost, at_furnace, made in (
+            (A.MAKE_IRON_ARMOUR, 1, dict(iron=3, coal=3), True, ACH.MAKE_IRON_ARMOUR),
+            (A.MAKE_DIAMOND_ARMOUR, 2, dict(diamond=3), False, ACH.MAKE_DIAMOND_ARMOUR)):
+        below = inv.armour < tier
+        piece = first_true(below)
+        can = (below.sum() > 0) & table & (furnace if at_furnace else True)
+        ok = making(which, can, *(getattr(inv, k) >= n for k, n in cost.items()))
+        inv = inv.replace(**{k: getattr(inv, k) - n * ok for k, n in cost.items()},
+                          armour=put(inv.armour, piece,
+                                     ok * tier + (1 - ok) * take(inv.armour, piece)))
+        ach = _gain(ach, made, ok)
+    # Arrows and torches, up to 99.
+    ok = making(A.MAKE_ARROW, table & (inv.arrows < 99), inv.stone >= 1, inv.wood >= 1)
+    inv = inv.replace(wood=inv.wood - 1 * ok, stone=inv.stone - 1 * ok,
+                      arrows=inv.arrows + 2 * ok)
+    ok = making(A.MAKE_TORCH, table & (inv.torches < 99), inv.coal >= 1, inv.wood >= 1)
+    inv = inv.replace(wood=inv.wood - 1 * ok, coal=inv.coal - 1 * ok,
+                      torches=inv.torches + 4 * ok)
+    return state.replace(inventory=inv, achievements=ach)

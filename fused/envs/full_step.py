@@ -1,7 +1,7 @@
 """The full game's (Craftax-Symbolic's) step: `craftax.craftax.game_logic.craftax_step` of
 craftax 1.6.1 with the parts written for the compiler so far put in its place, the rest
-Craftax's own functions, called in Craftax's order with Craftax's keys. Written here: DO
-(`fused.envs.full_actions`), the moves of mobs and projectiles, and the spawns
+Craftax's own functions, called in Craftax's order with Craftax's keys. Written here: crafting
+and DO (`fused.envs.full_actions`), the moves of mobs and projectiles, and the spawns
 (`fused.envs.full_mobs`), the plants and the inventory's achievements (below). One env's state in, one out
 (vmap it)."""
 
@@ -14,10 +14,10 @@ import jax.numpy as jnp
 from craftax.craftax.constants import ACHIEVEMENT_REWARD_MAP, Achievement, Action, BlockType
 from craftax.craftax.game_logic import (
     boss_logic, calculate_light_level, cast_spell, change_floor, clip_inventory_and_intrinsics,
-    do_crafting, drink_potion, enchant, level_up_attributes, move_player, place_block,
+    drink_potion, enchant, level_up_attributes, move_player, place_block,
     read_book, shoot_projectile, update_player_intrinsics)
 
-from fused.envs.full_actions import do_action
+from fused.envs.full_actions import do_action, do_crafting
 from fused.envs.full_mobs import spawn_mobs, update_mobs
 from fused.envs.grid import Grid
 
