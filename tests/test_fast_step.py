@@ -258,9 +258,10 @@ def test_classic_pixels_step_equals_craftax():
 def test_full_game_parts_equal_craftax(monkeypatch):
     """The full game's parts written for the compiler (crafting and DO:
     `fused.envs.full_actions`; the mobs' and projectiles' moves, then the spawns:
-    `fused.envs.full_mobs`; the plants and the inventory's achievements: `fused.envs.full_step`)
-    against Craftax's `do_crafting`, `do_action`, `update_mobs`, `spawn_mobs`, `update_plants`
-    and `calculate_inventory_achievements`, bit for bit, over 32 of Craftax's worlds edited by
+    `fused.envs.full_mobs`; the plants, the inventory's achievements and the observation:
+    `fused.envs.full_step`) against Craftax's `do_crafting`, `do_action`, `update_mobs`,
+    `spawn_mobs`, `update_plants`, `calculate_inventory_achievements` and
+    `render_craftax_symbolic`, bit for bit, over 32 of Craftax's worlds edited by
     hand (`full_edit`: every kind of mob and projectile next to the player, on every floor, the
     boss's and its waves too), 16 rounds, each from the reference's last states edited anew (DO
     or a recipe as the action). The rounds do what is rare in play: recipes, every
@@ -271,8 +272,8 @@ def test_full_game_parts_equal_craftax(monkeypatch):
     import fused.envs.full_mobs as full_mobs
     import fused.envs.full_step as full_step
     from craftax.craftax import game_logic
-    from craftax.craftax.constants import Action
-    from craftax.craftax.constants import MOB_TYPE_DAMAGE_MAPPING
+    from craftax.craftax.constants import MOB_TYPE_DAMAGE_MAPPING, Action
+    from craftax.craftax.renderer import render_craftax_symbolic
 
     from fused.envs.curated import full_edit
     from fused.envs.parity import first_difference
@@ -285,7 +286,7 @@ def test_full_game_parts_equal_craftax(monkeypatch):
     edit = jax.jit(jax.vmap(full_edit))
 
     def parts(do_crafting, do_action, update_mobs, spawn_mobs, update_plants,
-              inventory_achievements):
+              inventory_achievements, observe):
         def run(key, state):
             k_do, k_move, k_spawn, k_act, k_any = jax.random.split(key, 5)
             action = jax.random.choice(k_any, jnp.array(RECIPES + (Action.DO.value,)))
@@ -293,18 +294,19 @@ def test_full_game_parts_equal_craftax(monkeypatch):
             done = do_action(k_do, do_crafting(state, action), action, static)
             moved = update_mobs(k_move, done, params, static)
             state = spawn_mobs(moved, k_spawn, params, static)
-            return done, moved, inventory_achievements(update_plants(state, static))
+            state = inventory_achievements(update_plants(state, static))
+            return done, moved, state, observe(state)
         return jax.jit(jax.vmap(run))
 
     RECIPES = tuple(a.value for a in Action if a.name.startswith("MAKE_"))
     ref = parts(game_logic.do_crafting, game_logic.do_action, game_logic.update_mobs,
                 game_logic.spawn_mobs, game_logic.update_plants,
-                game_logic.calculate_inventory_achievements)
+                game_logic.calculate_inventory_achievements, render_craftax_symbolic)
 
     def rounds(count):
         new = parts(full_actions.do_crafting, full_actions.do_action, full_mobs.update_mobs,
                     full_mobs.spawn_mobs, full_step.update_plants,
-                    full_step.calculate_inventory_achievements)
+                    full_step.calculate_inventory_achievements, full_step.observe)
         state, key = start, jax.random.PRNGKey(1)
         seen = dict.fromkeys(("crafted", "mined", "looted", "struck", "necromancer", "hurt", "woken",
                               "killed", "broken", "fired", "spawned", "ripened", "achieved",
@@ -313,11 +315,11 @@ def test_full_game_parts_equal_craftax(monkeypatch):
             key, k_edit, k_mobs = jax.random.split(key, 3)
             before = edit(jax.random.split(k_edit, n), state)
             keys = jax.random.split(k_mobs, n)
-            done, moved, state = ref(keys, before)
-            difference = first_difference((done, moved, state), new(keys, before),
+            done, moved, state, obs = ref(keys, before)
+            difference = first_difference((done, moved, state, obs), new(keys, before),
                                           ["done." + x for x in leaf_names(done)]
                                           + ["moved." + x for x in leaf_names(moved)]
-                                          + leaf_names(state))
+                                          + leaf_names(state) + ["obs"])
             if difference:
                 return difference, seen
             for event, count in (

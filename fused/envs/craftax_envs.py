@@ -4,7 +4,8 @@
 class with its step (and symbolic observation) written for the compiler in `fused.envs`, equal
 to Craftax's bit for bit (tests/test_fast_step.py): resets, pixel renderers and everything else
 stay Craftax's. Craftax-Classic's step is ours whole; the full game's (`fused.envs.full_step`)
-is ours in its mobs and projectiles so far, Craftax's own functions for the rest."""
+is ours in its costliest parts so far (`fused.envs.full_step` names them), Craftax's own
+functions for the rest."""
 
 from __future__ import annotations
 
@@ -64,7 +65,8 @@ class _FastFullStep:
 
 
 class FastSymbolic(_FastFullStep, CraftaxSymbolicEnvNoAutoReset):
-    pass  # Craftax's symbolic observation
+    def get_obs(self, state):
+        return full_step.observe(state)
 
 
 class FastPixels(_FastFullStep, CraftaxPixelsEnvNoAutoReset):

@@ -1,9 +1,9 @@
 """The full game's (Craftax-Symbolic's) step: `craftax.craftax.game_logic.craftax_step` of
 craftax 1.6.1 with the parts written for the compiler so far put in its place, the rest
 Craftax's own functions, called in Craftax's order with Craftax's keys. Written here: crafting
-and DO (`fused.envs.full_actions`), the moves of mobs and projectiles, and the spawns
-(`fused.envs.full_mobs`), the plants and the inventory's achievements (below). One env's state in, one out
-(vmap it)."""
+and DO (`fused.envs.full_actions`), the moves of mobs and projectiles and the spawns
+(`fused.envs.full_mobs`), the plants, the inventory's achievements and the symbolic
+observation (below). One env's state in, one out (vmap it)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,18 @@ import jax
 
 import jax.numpy as jnp
 
-from craftax.craftax.constants import ACHIEVEMENT_REWARD_MAP, Achievement, Action, BlockType
+from craftax.craftax.constants import (
+    ACHIEVEMENT_REWARD_MAP, MAX_OBS_DIM, MONSTERS_KILLED_TO_CLEAR_LEVEL, OBS_DIM, Achievement,
+    Action, BlockType, ItemType)
 from craftax.craftax.game_logic import (
     boss_logic, calculate_light_level, cast_spell, change_floor, clip_inventory_and_intrinsics,
     drink_potion, enchant, level_up_attributes, move_player, place_block,
     read_book, shoot_projectile, update_player_intrinsics)
+from craftax.craftax.util.game_logic_utils import is_boss_vulnerable
 
 from fused.envs.full_actions import do_action, do_crafting
 from fused.envs.full_mobs import spawn_mobs, update_mobs
-from fused.envs.grid import Grid
+from fused.envs.grid import Grid, wrap
 
 ACH = Achievement
 
@@ -95,3 +98,60 @@ def craftax_step(rng, state, action, params, static_params):
                           light_level=calculate_light_level(state.timestep + 1, params),
                           state_rng=key)
     return state, reward
+
+
+def observe(state) -> jax.Array:
+    """== `craftax.craftax.renderer.render_craftax_symbolic`: the 9 x 11 view one-hot (blocks,
+    items, a channel per class and kind of mob, all dark beyond the light), the light, then the
+    inventory, potions, intrinsics, direction, armour, enchantments and the floor's state.
+    Craftax writes the mobs one slot at a time in five loops; here each slot is a select over
+    the view (a slot off the view, or dead, writes a 0 where its wrapped index lands)."""
+    level = state.player_level
+    dims = jnp.array(OBS_DIM, dtype=jnp.int32)
+    corner = state.player_position - dims // 2 + MAX_OBS_DIM + 2
+
+    def view(grid, fill):
+        padded = jnp.pad(grid[level], (MAX_OBS_DIM + 2, MAX_OBS_DIM + 2), constant_values=fill)
+        return jax.lax.dynamic_slice(padded, corner, OBS_DIM)
+
+    blocks = jax.nn.one_hot(view(state.map, BlockType.OUT_OF_BOUNDS.value),
+                            num_classes=len(BlockType))
+    items = jax.nn.one_hot(view(state.item_map, ItemType.NONE.value), num_classes=len(ItemType))
+    kinds = 8  # mob types a class
+    shape = (*OBS_DIM, 5 * kinds)
+    rows, cols, chans = (jax.lax.broadcasted_iota(jnp.int32, shape, d) for d in range(3))
+    mobs = jnp.zeros(shape, dtype=jnp.int32)
+    for c, group in enumerate((state.melee_mobs, state.passive_mobs, state.ranged_mobs,
+                               state.mob_projectiles, state.player_projectiles)):
+        for k in range(group.mask.shape[1]):
+            local = group.position[level, k] - state.player_position + dims // 2
+            on = ((local >= 0) & (local < dims)).all() * group.mask[level, k]
+            index = [wrap(local[0], shape[0]), wrap(local[1], shape[1]),
+                     wrap(c * kinds + group.type_id[level, k], shape[2])]
+            inside = ((index[0] >= 0) & (index[0] < shape[0]) & (index[1] >= 0)
+                      & (index[1] < shape[1]) & (index[2] >= 0) & (index[2] < shape[2]))
+            hit = inside & (rows == index[0]) & (cols == index[1]) & (chans == index[2])
+            mobs = jnp.where(hit, on.astype(jnp.int32), mobs)
+    all_map = jnp.concatenate([blocks, items, mobs], axis=-1)
+    light = view(state.light_map, 0.0) > 0.05
+    all_map = jnp.concatenate((all_map * light[:, :, None], light[:, :, None]), axis=-1)
+    inv = state.inventory
+    inventory = jnp.array(
+        [jnp.sqrt(getattr(inv, k)) / 10.0 for k in ("wood", "stone", "coal", "iron", "diamond",
+                                                    "sapphire", "ruby", "sapling", "torches",
+                                                    "arrows")]
+        + [inv.books / 2.0, inv.pickaxe / 4.0, inv.sword / 4.0, state.sword_enchantment,
+           state.bow_enchantment, inv.bow]).astype(jnp.float32)
+    intrinsics = jnp.array([state.player_health / 10.0, state.player_food / 10.0,
+                            state.player_drink / 10.0, state.player_energy / 10.0,
+                            state.player_mana / 10.0, state.player_xp / 10.0,
+                            state.player_dexterity / 10.0, state.player_strength / 10.0,
+                            state.player_intelligence / 10.0]).astype(jnp.float32)
+    special = jnp.array([
+        state.light_level, state.is_sleeping, state.is_resting, state.learned_spells[0],
+        state.learned_spells[1], level / 10.0,
+        state.monsters_killed[level] >= MONSTERS_KILLED_TO_CLEAR_LEVEL,
+        is_boss_vulnerable(state)])
+    return jnp.concatenate([all_map.flatten(), inventory, jnp.sqrt(inv.potions) / 10.0,
+                            intrinsics, jax.nn.one_hot(state.player_direction - 1, num_classes=4),
+                            inv.armour / 2.0, state.armour_enchantments, special])
