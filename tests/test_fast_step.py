@@ -256,18 +256,19 @@ def test_classic_pixels_step_equals_craftax():
 
 @pytest.mark.slow
 def test_full_game_parts_equal_craftax(monkeypatch):
-    """The full game's parts written for the compiler (crafting and DO:
+    """The full game's parts written for the compiler (crafting, DO and placing:
     `fused.envs.full_actions`; the mobs' and projectiles' moves, then the spawns:
     `fused.envs.full_mobs`; the plants, the inventory's achievements and the observation:
-    `fused.envs.full_step`) against Craftax's `do_crafting`, `do_action`, `update_mobs`,
-    `spawn_mobs`, `update_plants`, `calculate_inventory_achievements` and
-    `render_craftax_symbolic`, bit for bit, over 32 of Craftax's worlds edited by
-    hand (`full_edit`: every kind of mob and projectile next to the player, on every floor, the
+    `fused.envs.full_step`) against Craftax's `do_crafting`, `do_action`, `place_block`,
+    `update_mobs`, `spawn_mobs`, `update_plants`, `calculate_inventory_achievements` and
+    `render_craftax_symbolic`, bit for bit, over 32 of Craftax's worlds edited by hand
+    (`full_edit`: every kind of mob and projectile next to the player, on every floor, the
     boss's and its waves too), 16 rounds, each from the reference's last states edited anew (DO
-    or a recipe as the action). The rounds do what is rare in play: recipes, every
-    block mined, chests looted, mobs struck and the necromancer hurt, blows and shots at the
-    player, a sleeper woken, kills, tables broken, arrows fired, mobs spawned, plants ripened. A
-    broken rule (a melee mob hitting harder) is named."""
+    half the time, else a recipe or a placing). The rounds do what is rare in play: recipes,
+    tables, stones, torches and saplings placed, every block mined, chests looted, mobs struck
+    and the necromancer hurt, blows and shots at the player, a sleeper woken, kills, tables
+    broken, arrows fired, mobs spawned, plants ripened. A broken rule (a melee mob hitting
+    harder) is named."""
     import fused.envs.full_actions as full_actions
     import fused.envs.full_mobs as full_mobs
     import fused.envs.full_step as full_step
@@ -285,30 +286,31 @@ def test_full_game_parts_equal_craftax(monkeypatch):
         jax.random.split(jax.random.PRNGKey(0), n))
     edit = jax.jit(jax.vmap(full_edit))
 
-    def parts(do_crafting, do_action, update_mobs, spawn_mobs, update_plants,
+    def parts(do_crafting, do_action, place_block, update_mobs, spawn_mobs, update_plants,
               inventory_achievements, observe):
         def run(key, state):
             k_do, k_move, k_spawn, k_act, k_any = jax.random.split(key, 5)
-            action = jax.random.choice(k_any, jnp.array(RECIPES + (Action.DO.value,)))
+            action = jax.random.choice(k_any, jnp.array(MAKE_OR_PLACE))
             action = jnp.where(jax.random.bernoulli(k_act, 0.5), Action.DO.value, action)
             done = do_action(k_do, do_crafting(state, action), action, static)
+            done = place_block(done, action, static)
             moved = update_mobs(k_move, done, params, static)
             state = spawn_mobs(moved, k_spawn, params, static)
             state = inventory_achievements(update_plants(state, static))
             return done, moved, state, observe(state)
         return jax.jit(jax.vmap(run))
 
-    RECIPES = tuple(a.value for a in Action if a.name.startswith("MAKE_"))
-    ref = parts(game_logic.do_crafting, game_logic.do_action, game_logic.update_mobs,
-                game_logic.spawn_mobs, game_logic.update_plants,
+    MAKE_OR_PLACE = [a.value for a in Action if a.name.startswith(("MAKE_", "PLACE_"))]
+    ref = parts(game_logic.do_crafting, game_logic.do_action, game_logic.place_block,
+                game_logic.update_mobs, game_logic.spawn_mobs, game_logic.update_plants,
                 game_logic.calculate_inventory_achievements, render_craftax_symbolic)
 
     def rounds(count):
-        new = parts(full_actions.do_crafting, full_actions.do_action, full_mobs.update_mobs,
-                    full_mobs.spawn_mobs, full_step.update_plants,
+        new = parts(full_actions.do_crafting, full_actions.do_action, full_actions.place_block,
+                    full_mobs.update_mobs, full_mobs.spawn_mobs, full_step.update_plants,
                     full_step.calculate_inventory_achievements, full_step.observe)
         state, key = start, jax.random.PRNGKey(1)
-        seen = dict.fromkeys(("crafted", "mined", "looted", "struck", "necromancer", "hurt", "woken",
+        seen = dict.fromkeys(("crafted", "mined or placed", "torch", "looted", "struck", "necromancer", "hurt", "woken",
                               "killed", "broken", "fired", "spawned", "ripened", "achieved",
                               "boss"), 0)
         for _ in range(count):
@@ -325,7 +327,8 @@ def test_full_game_parts_equal_craftax(monkeypatch):
             for event, count in (
                     ("crafted", (done.inventory.wood < before.inventory.wood)
                      | (done.inventory.arrows > before.inventory.arrows)),
-                    ("mined", (done.map != before.map).any((1, 2, 3))),
+                    ("mined or placed", (done.map != before.map).any((1, 2, 3))),
+                    ("torch", (done.item_map != before.item_map).any((1, 2, 3))),
                     ("looted", (done.chests_opened != before.chests_opened).any(1)),
                     ("struck", (done.monsters_killed > before.monsters_killed).any(1)),
                     ("necromancer", done.boss_progress > before.boss_progress),
@@ -356,8 +359,8 @@ def test_full_game_parts_equal_craftax(monkeypatch):
 
 def test_full_step_calls_craftax_in_craftax_order(monkeypatch):
     """The full game's step is Craftax's `craftax_step` but for the parts it writes itself:
-    with Craftax's own `do_crafting`, `do_action`, `update_mobs`, `spawn_mobs`, `update_plants`
-    and `calculate_inventory_achievements` put back, its program (jaxpr) is Craftax's
+    with Craftax's own `do_crafting`, `do_action`, `place_block`, `update_mobs`, `spawn_mobs`,
+    `update_plants` and `calculate_inventory_achievements` put back, its program (jaxpr) is Craftax's
     `craftax_step`'s, the same operations in the same order, keys and reward included (the
     parts' equality: test_full_game_parts_equal_craftax; the whole step's over millions of
     transitions: bench/env_parity.py)."""
@@ -375,6 +378,7 @@ def test_full_step_calls_craftax_in_craftax_order(monkeypatch):
     assert program(full_step.craftax_step) != program(game_logic.craftax_step)
     monkeypatch.setattr(full_step, "do_crafting", game_logic.do_crafting)
     monkeypatch.setattr(full_step, "do_action", game_logic.do_action)
+    monkeypatch.setattr(full_step, "place_block", game_logic.place_block)
     monkeypatch.setattr(full_step, "update_mobs", game_logic.update_mobs)
     monkeypatch.setattr(full_step, "spawn_mobs", game_logic.spawn_mobs)
     monkeypatch.setattr(full_step, "update_plants", game_logic.update_plants)
@@ -383,51 +387,68 @@ def test_full_step_calls_craftax_in_craftax_order(monkeypatch):
     assert program(full_step.craftax_step) == program(game_logic.craftax_step)
 
 
-def test_full_game_recipes_equal_craftax():
-    """Crafting (`fused.envs.full_actions.do_crafting`) against Craftax's `do_crafting`, bit for
-    bit, for 2,048 players, each making one of the recipes with an inventory drawn around its
-    cost, a table and a furnace around it or not (on the map's edge too), so every recipe is
-    made and refused. Changing one recipe's cost is caught."""
+def test_full_game_crafting_and_placing_equal_craftax():
+    """Crafting and placing (`fused.envs.full_actions.do_crafting`, `place_block`) against
+    Craftax's `do_crafting` and `place_block`, bit for bit, for 2,048 players each making a
+    recipe or placing something, with an inventory drawn around the costs, tables, furnaces,
+    water, items and mobs around it or not (on the map's edge too), so that every recipe and
+    every placing is done and refused. Changing one cost, or placing into a mob, is caught."""
     import fused.envs.full_actions as full_actions
     from craftax.craftax import game_logic
-    from craftax.craftax.constants import Action, BlockType as Full
+    from craftax.craftax.constants import Action, BlockType as Full, ItemType
 
     from fused.envs.parity import first_difference
 
     env = make_craftax_env(FULL, "craftax")
+    static = env.static_env_params
     _, shapes = jax.eval_shape(lambda k: env.reset_env(k, env.default_params),
                                jax.random.PRNGKey(0))
     blank = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-    recipes = jnp.array([a.value for a in Action if a.name.startswith("MAKE_")])
+    making = [a for a in Action if a.name.startswith("MAKE_")]
+    placing = [a for a in Action if a.name.startswith("PLACE_")]
     levels, h, w = blank.map.shape
+    ground = jnp.array([b.value for b in (Full.GRASS, Full.GRASS, Full.SAND, Full.PATH,
+                                          Full.WATER, Full.LAVA, Full.STONE, Full.TREE,
+                                          Full.CRAFTING_TABLE, Full.FURNACE)])
 
     def player(key):
-        ks = jax.random.split(key, 8)
+        ks = jax.random.split(key, 12)
         level = jax.random.randint(ks[0], (), 0, levels)
         pos = jax.random.randint(ks[1], (2,), -1, h + 1).clip(0, h - 1)  # edges often
-        area = jax.random.choice(ks[2], jnp.array([Full.GRASS.value, Full.GRASS.value,
-                                                    Full.CRAFTING_TABLE.value,
-                                                    Full.FURNACE.value]), (levels, h, w))
         inv = blank.inventory
         inv = inv.replace(**{k: jax.random.randint(kk, (), 0, 5) for k, kk in zip(
-            ("wood", "stone", "coal", "iron", "diamond"), jax.random.split(ks[3], 5))},
+            ("wood", "stone", "coal", "iron", "diamond", "sapling"),
+            jax.random.split(ks[3], 6))},
             pickaxe=jax.random.randint(ks[4], (), 0, 5), sword=jax.random.randint(ks[5], (), 0, 5),
             armour=jax.random.randint(ks[6], (4,), 0, 3),
-            arrows=jax.random.randint(ks[7], (), 96, 100), torches=jnp.int32(97))
-        state = blank.replace(map=area, player_level=level, player_position=pos, inventory=inv)
-        return state, jax.random.choice(key, recipes)
+            arrows=jax.random.randint(ks[7], (), 96, 100),
+            torches=jax.random.randint(ks[7], (), 0, 3) + 97 * (pos[0] % 3 == 0))
+        state = blank.replace(
+            map=jax.random.choice(ks[2], ground, (levels, h, w)),
+            item_map=jax.random.choice(ks[8], jnp.array([0, 0, 0, ItemType.TORCH.value]),
+                                       (levels, h, w)),
+            mob_map=jax.random.bernoulli(ks[9], 0.15, (levels, h, w)),
+            light_map=jax.random.uniform(ks[10], (levels, h, w)) * 0.5,
+            growing_plants_mask=jax.random.bernoulli(ks[11], 0.8, blank.growing_plants_mask.shape),
+            player_level=level, player_position=pos, inventory=inv,
+            player_direction=jax.random.randint(ks[4], (), 1, 5))
+        return state, jax.random.choice(key, jnp.array([a.value for a in making + placing]))
 
     states, actions = jax.vmap(player)(jax.random.split(jax.random.PRNGKey(3), 2048))
-    ref = jax.jit(jax.vmap(game_logic.do_crafting))(states, actions)
 
-    def ours():
-        return jax.jit(jax.vmap(full_actions.do_crafting))(states, actions)
+    def both(module):
+        return jax.jit(jax.vmap(lambda s, a: (module.do_crafting(s, a),
+                                              module.place_block(s, a, static))))(states, actions)
 
-    assert first_difference(ref, ours()) is None, first_difference(ref, ours())
-    made = sum(jax.tree.leaves(jax.tree.map(
-        lambda a, b: (a != b).reshape(a.shape[0], -1).any(1), ref.inventory,
-        states.inventory))) > 0
-    assert 300 < int(made.sum()) < 1800, int(made.sum())  # made and refused
-    for a in Action:
-        if a.name.startswith("MAKE_"):
-            assert bool((made & (actions == a.value)).any()), a.name
+    ref = both(game_logic)
+    difference = first_difference(ref, both(full_actions),
+                                  ["made." + x for x in leaf_names(ref[0])]
+                                  + ["placed." + x for x in leaf_names(ref[1])])
+    assert difference is None, difference
+    for result, kinds in zip(ref, (making, placing)):
+        done = sum(jax.tree.leaves(jax.tree.map(
+            lambda a, b: (a != b).reshape(a.shape[0], -1).any(1), result.inventory,
+            states.inventory))) > 0
+        for a in kinds:
+            ours = actions == a.value
+            assert bool((done & ours).any()) and not bool(ours[done].all()), a.name

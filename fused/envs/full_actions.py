@@ -19,14 +19,15 @@ import jax
 import jax.numpy as jnp
 
 from craftax.craftax.constants import (
-    BOSS_FIGHT_SPAWN_TURNS, CLOSE_BLOCKS, DIRECTIONS, Achievement, Action, BlockType)
+    BOSS_FIGHT_SPAWN_TURNS, CAN_PLACE_ITEM_MAPPING, CLOSE_BLOCKS, DIRECTIONS, SOLID_BLOCK_MAPPING,
+    TORCH_LIGHT_MAP, Achievement, Action, BlockType, ItemType)
 from craftax.craftax.util.game_logic_utils import (
     get_max_drink, get_max_food, get_player_damage_vector)
 
 from fused.envs import keys as fast_keys
 from fused.envs.draws import choice
 from fused.envs.full_mobs import _alive, _attack, _Floor, _in_bounds, _put_row
-from fused.envs.grid import first_true, put, take
+from fused.envs.grid import Grid, first_true, put, take
 
 A = Action
 B = BlockType
@@ -255,3 +256,69 @@ def do_crafting(state, action):
     inv = inv.replace(wood=inv.wood - 1 * ok, coal=inv.coal - 1 * ok,
                       torches=inv.torches + 4 * ok)
     return state.replace(inventory=inv, achievements=ach)
+
+
+def place_block(state, action, static_params):
+    """== `craftax.craftax.game_logic.place_block`: a table, furnace, stone, torch or sapling
+    put on the cell ahead, if it takes one and the inventory has it. The cell is read once and
+    written once; a torch lights its 9 x 9 window of the light map by selects over the floor
+    (Craftax: a pad, a slice and an update of the slice)."""
+    level = state.player_level
+    ahead = state.player_position + DIRECTIONS[state.player_direction]
+    blocks, items = Grid(state.map[level]), Grid(state.item_map[level])
+    b, item = blocks.at(ahead), items.at(ahead)
+    inv, ach = state.inventory, state.achievements
+    taken = SOLID_BLOCK_MAPPING[b] | (item != ItemType.NONE.value)
+    table = (action == A.PLACE_TABLE.value) & ~taken & (inv.wood >= 2)
+    furnace = (action == A.PLACE_FURNACE.value) & ~taken & (inv.stone > 0)
+    stone = ((action == A.PLACE_STONE.value) & ((b == B.WATER.value) | ~taken)
+             & (inv.stone - 1 * furnace > 0))
+    torch = ((action == A.PLACE_TORCH.value) & CAN_PLACE_ITEM_MAPPING[b]
+             & (item == ItemType.NONE.value) & (inv.torches > 0))
+    cell = jax.lax.select(table, B.CRAFTING_TABLE.value, b)
+    cell = jax.lax.select(furnace, B.FURNACE.value, cell)
+    cell = jax.lax.select(stone, B.STONE.value, cell)
+    sapling = ((action == A.PLACE_PLANT.value) & (cell == B.GRASS.value) & (inv.sapling > 0)
+               & (jax.lax.select(torch, ItemType.TORCH.value, item) == ItemType.NONE.value))
+    cell = jax.lax.select(sapling, B.PLANT.value, cell)
+    new_inv = inv.replace(wood=inv.wood - 2 * table, stone=inv.stone - 1 * furnace - 1 * stone,
+                          torches=inv.torches - 1 * torch, sapling=inv.sapling - 1 * sapling)
+    new_ach = _gain(ach, ACH.PLACE_TABLE, table)
+    new_ach = _gain(new_ach, ACH.PLACE_FURNACE, furnace)
+    new_ach = _gain(new_ach, ACH.PLACE_STONE, stone)
+    new_ach = _gain(new_ach, ACH.PLACE_TORCH, torch)
+    new_ach = _gain(new_ach, ACH.PLACE_PLANT, sapling)
+    # The torch's light: Craftax's 9 x 9 window of the floor padded by 6, its start clamped.
+    light = state.light_map[level]
+    h, w = light.shape
+    start = jnp.clip(ahead - 4 + 6, 0, jnp.array([h + 12 - 9, w + 12 - 9])) - 6
+    i = jax.lax.broadcasted_iota(jnp.int32, (h, w), 0) - start[0]
+    j = jax.lax.broadcasted_iota(jnp.int32, (h, w), 1) - start[1]
+    window = (i >= 0) & (i < 9) & (j >= 0) & (j < 9)
+    lit = jnp.clip(TORCH_LIGHT_MAP[jnp.clip(i, 0, 8), jnp.clip(j, 0, 8)] + light, 0.0, 1.0)
+    new_light = jnp.where(window, lit * torch + light * (1 - torch), light)
+    # A sapling takes the first free plant slot, if there is one.
+    free = ~state.growing_plants_mask
+    slot = first_true(free)
+    adding = (free.sum() > 0) & sapling
+    plants = (jax.lax.select(adding, put(state.growing_plants_positions, slot, ahead),
+                             state.growing_plants_positions),
+              jax.lax.select(adding, put(state.growing_plants_age, slot, 0),
+                             state.growing_plants_age),
+              jax.lax.select(adding, put(state.growing_plants_mask, slot, True),
+                             state.growing_plants_mask))
+
+    ok = (_in_bounds(ahead, (h, w)) & ~state.mob_map[level][ahead[0], ahead[1]]
+          & ~(state.player_position == ahead).all())
+    positions, ages, mask = (jax.lax.select(ok, new, now) for new, now in zip(
+        plants, (state.growing_plants_positions, state.growing_plants_age,
+                 state.growing_plants_mask)))
+    return state.replace(
+        map=put(state.map, level, blocks.set(ahead, cell, ok).array()),
+        item_map=put(state.item_map, level,
+                     items.set(ahead, ItemType.TORCH.value, ok & torch).array()),
+        light_map=put(state.light_map, level, jnp.where(ok, new_light, light)),
+        inventory=jax.tree.map(lambda n, o: jax.lax.select(ok, n, o), new_inv, inv),
+        achievements=jax.lax.select(ok, new_ach, ach),
+        growing_plants_positions=positions, growing_plants_age=ages,
+        growing_plants_mask=mask)
