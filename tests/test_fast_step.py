@@ -286,33 +286,44 @@ def test_full_game_parts_equal_craftax(monkeypatch):
         jax.random.split(jax.random.PRNGKey(0), n))
     edit = jax.jit(jax.vmap(full_edit))
 
-    def parts(do_crafting, do_action, place_block, update_mobs, spawn_mobs, update_plants,
-              inventory_achievements, observe):
+    # Craftax's order, each part with what it takes besides the state and action.
+    PARTS = (("do_crafting", None), ("do_action", "both"), ("place_block", "static"),
+             ("shoot_projectile", "static"), ("cast_spell", "static"), ("drink_potion", None),
+             ("read_book", "key"), ("enchant", "key"))
+    ACTS = [a.value for a in Action if a.name.startswith(
+        ("MAKE_", "PLACE_", "SHOOT_", "CAST_", "DRINK_", "READ_", "ENCHANT_"))]
+
+    def parts(acting, update_mobs, spawn_mobs, update_plants, inventory_achievements,
+              observe):
         def run(key, state):
-            k_do, k_move, k_spawn, k_act, k_any = jax.random.split(key, 5)
-            action = jax.random.choice(k_any, jnp.array(MAKE_OR_PLACE))
+            k_parts, k_move, k_spawn, k_act, k_any = jax.random.split(key, 5)
+            action = jax.random.choice(k_any, jnp.array(ACTS))
             action = jnp.where(jax.random.bernoulli(k_act, 0.5), Action.DO.value, action)
-            done = do_action(k_do, do_crafting(state, action), action, static)
-            done = place_block(done, action, static)
+            for (name, extra), k in zip(PARTS, jax.random.split(k_parts, len(PARTS))):
+                state = {None: lambda f: f(state, action),
+                         "key": lambda f: f(k, state, action),
+                         "both": lambda f: f(k, state, action, static),
+                         "static": lambda f: f(state, action, static)}[extra](acting[name])
+            done = state
             moved = update_mobs(k_move, done, params, static)
             state = spawn_mobs(moved, k_spawn, params, static)
             state = inventory_achievements(update_plants(state, static))
             return done, moved, state, observe(state)
         return jax.jit(jax.vmap(run))
 
-    MAKE_OR_PLACE = [a.value for a in Action if a.name.startswith(("MAKE_", "PLACE_"))]
-    ref = parts(game_logic.do_crafting, game_logic.do_action, game_logic.place_block,
+    ref = parts({name: getattr(game_logic, name) for name, _ in PARTS},
                 game_logic.update_mobs, game_logic.spawn_mobs, game_logic.update_plants,
                 game_logic.calculate_inventory_achievements, render_craftax_symbolic)
 
     def rounds(count):
-        new = parts(full_actions.do_crafting, full_actions.do_action, full_actions.place_block,
+        new = parts({name: getattr(full_actions, name) for name, _ in PARTS},
                     full_mobs.update_mobs, full_mobs.spawn_mobs, full_step.update_plants,
                     full_step.calculate_inventory_achievements, full_step.observe)
         state, key = start, jax.random.PRNGKey(1)
-        seen = dict.fromkeys(("crafted", "mined or placed", "torch", "looted", "struck", "necromancer", "hurt", "woken",
-                              "killed", "broken", "fired", "spawned", "ripened", "achieved",
-                              "boss"), 0)
+        seen = dict.fromkeys((
+            "crafted", "mined or placed", "shot or cast", "potion, book or enchantment",
+            "looted", "struck", "necromancer", "hurt", "woken", "killed", "broken", "fired",
+            "spawned", "ripened", "achieved", "boss"), 0)
         for _ in range(count):
             key, k_edit, k_mobs = jax.random.split(key, 3)
             before = edit(jax.random.split(k_edit, n), state)
@@ -328,7 +339,12 @@ def test_full_game_parts_equal_craftax(monkeypatch):
                     ("crafted", (done.inventory.wood < before.inventory.wood)
                      | (done.inventory.arrows > before.inventory.arrows)),
                     ("mined or placed", (done.map != before.map).any((1, 2, 3))),
-                    ("torch", (done.item_map != before.item_map).any((1, 2, 3))),
+                    ("shot or cast", done.player_projectiles.mask.sum((1, 2))
+                     > before.player_projectiles.mask.sum((1, 2))),
+                    ("potion, book or enchantment",
+                     (done.inventory.potions.sum(1) < before.inventory.potions.sum(1))
+                     | (done.inventory.books < before.inventory.books)
+                     | (done.player_mana < before.player_mana - 2)),
                     ("looted", (done.chests_opened != before.chests_opened).any(1)),
                     ("struck", (done.monsters_killed > before.monsters_killed).any(1)),
                     ("necromancer", done.boss_progress > before.boss_progress),
@@ -378,7 +394,9 @@ def test_full_step_calls_craftax_in_craftax_order(monkeypatch):
     assert program(full_step.craftax_step) != program(game_logic.craftax_step)
     monkeypatch.setattr(full_step, "do_crafting", game_logic.do_crafting)
     monkeypatch.setattr(full_step, "do_action", game_logic.do_action)
-    monkeypatch.setattr(full_step, "place_block", game_logic.place_block)
+    for name in ("place_block", "shoot_projectile", "cast_spell", "drink_potion", "read_book",
+                 "enchant"):
+        monkeypatch.setattr(full_step, name, getattr(game_logic, name))
     monkeypatch.setattr(full_step, "update_mobs", game_logic.update_mobs)
     monkeypatch.setattr(full_step, "spawn_mobs", game_logic.spawn_mobs)
     monkeypatch.setattr(full_step, "update_plants", game_logic.update_plants)
@@ -387,38 +405,47 @@ def test_full_step_calls_craftax_in_craftax_order(monkeypatch):
     assert program(full_step.craftax_step) == program(game_logic.craftax_step)
 
 
-def test_full_game_crafting_and_placing_equal_craftax():
-    """Crafting and placing (`fused.envs.full_actions.do_crafting`, `place_block`) against
-    Craftax's `do_crafting` and `place_block`, bit for bit, for 2,048 players each making a
-    recipe or placing something, with an inventory drawn around the costs, tables, furnaces,
-    water, items and mobs around it or not (on the map's edge too), so that every recipe and
-    every placing is done and refused. Changing one cost, or placing into a mob, is caught."""
+def test_full_game_actions_equal_craftax():
+    """The actions besides DO (`fused.envs.full_actions`: crafting, placing, shooting, spells,
+    potions, books, enchanting) against Craftax's functions, bit for bit, for 2,048 players
+    each taking one of them, with an inventory drawn around the costs, tables, furnaces,
+    enchantment tables, water, items and mobs around it or not (on the map's edge too), so
+    that every action is done and refused. Changing one cost, or placing into a mob, is
+    caught."""
     import fused.envs.full_actions as full_actions
     from craftax.craftax import game_logic
     from craftax.craftax.constants import Action, BlockType as Full, ItemType
 
-    from fused.envs.parity import first_difference
+    from fused.envs.parity import differing
 
     env = make_craftax_env(FULL, "craftax")
     static = env.static_env_params
     _, shapes = jax.eval_shape(lambda k: env.reset_env(k, env.default_params),
                                jax.random.PRNGKey(0))
     blank = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-    making = [a for a in Action if a.name.startswith("MAKE_")]
-    placing = [a for a in Action if a.name.startswith("PLACE_")]
+    kinds = {name: [a for a in Action if a.name.startswith(prefix)] for name, prefix in (
+        ("do_crafting", "MAKE_"), ("place_block", "PLACE_"), ("shoot_projectile", "SHOOT_"),
+        ("cast_spell", "CAST_"), ("drink_potion", "DRINK_"), ("read_book", "READ_"),
+        ("enchant", "ENCHANT_"))}
     levels, h, w = blank.map.shape
     ground = jnp.array([b.value for b in (Full.GRASS, Full.GRASS, Full.SAND, Full.PATH,
                                           Full.WATER, Full.LAVA, Full.STONE, Full.TREE,
-                                          Full.CRAFTING_TABLE, Full.FURNACE)])
+                                          Full.CRAFTING_TABLE, Full.FURNACE,
+                                          Full.CRAFTING_TABLE, Full.FURNACE,
+                                          Full.ENCHANTMENT_TABLE_FIRE,
+                                          Full.ENCHANTMENT_TABLE_ICE,
+                                          Full.ENCHANTMENT_TABLE_FIRE,
+                                          Full.ENCHANTMENT_TABLE_ICE)])
 
     def player(key):
-        ks = jax.random.split(key, 12)
+        ks = jax.random.split(key, 20)
         level = jax.random.randint(ks[0], (), 0, levels)
         pos = jax.random.randint(ks[1], (2,), -1, h + 1).clip(0, h - 1)  # edges often
         inv = blank.inventory
         inv = inv.replace(**{k: jax.random.randint(kk, (), 0, 5) for k, kk in zip(
-            ("wood", "stone", "coal", "iron", "diamond", "sapling"),
-            jax.random.split(ks[3], 6))},
+            ("wood", "stone", "coal", "iron", "diamond", "sapling", "ruby", "sapphire", "bow",
+             "books"), jax.random.split(ks[3], 10))},
+            potions=jax.random.randint(ks[12], (6,), 0, 2),
             pickaxe=jax.random.randint(ks[4], (), 0, 5), sword=jax.random.randint(ks[5], (), 0, 5),
             armour=jax.random.randint(ks[6], (4,), 0, 3),
             arrows=jax.random.randint(ks[7], (), 96, 100),
@@ -431,24 +458,45 @@ def test_full_game_crafting_and_placing_equal_craftax():
             light_map=jax.random.uniform(ks[10], (levels, h, w)) * 0.5,
             growing_plants_mask=jax.random.bernoulli(ks[11], 0.8, blank.growing_plants_mask.shape),
             player_level=level, player_position=pos, inventory=inv,
-            player_direction=jax.random.randint(ks[4], (), 1, 5))
-        return state, jax.random.choice(key, jnp.array([a.value for a in making + placing]))
+            player_direction=jax.random.randint(ks[4], (), 1, 5),
+            player_mana=jax.random.randint(ks[13], (), 5, 12),
+            learned_spells=jax.random.bernoulli(ks[14], 0.5, (2,)),
+            potion_mapping=jax.random.permutation(ks[15], 6),
+            armour_enchantments=jax.random.randint(ks[16], (4,), 0, 3),
+            player_projectiles=blank.player_projectiles.replace(
+                mask=jax.random.bernoulli(ks[17], 0.5, blank.player_projectiles.mask.shape)))
+        acts = [a.value for group in kinds.values() for a in group]
+        return state, jax.random.choice(key, jnp.array(acts))
 
-    states, actions = jax.vmap(player)(jax.random.split(jax.random.PRNGKey(3), 2048))
+    made = jax.jit(jax.vmap(player))
 
-    def both(module):
-        return jax.jit(jax.vmap(lambda s, a: (module.do_crafting(s, a),
-                                              module.place_block(s, a, static))))(states, actions)
+    def compare(name):
+        def act(module, k, s, a):
+            f = getattr(module, name)
+            if name in ("read_book", "enchant"):
+                return f(k, s, a)
+            return f(s, a) if name in ("do_crafting", "drink_potion") else f(s, a, static)
 
-    ref = both(game_logic)
-    difference = first_difference(ref, both(full_actions),
-                                  ["made." + x for x in leaf_names(ref[0])]
-                                  + ["placed." + x for x in leaf_names(ref[1])])
-    assert difference is None, difference
-    for result, kinds in zip(ref, (making, placing)):
-        done = sum(jax.tree.leaves(jax.tree.map(
-            lambda a, b: (a != b).reshape(a.shape[0], -1).any(1), result.inventory,
-            states.inventory))) > 0
-        for a in kinds:
-            ours = actions == a.value
-            assert bool((done & ours).any()) and not bool(ours[done].all()), a.name
+        def run(keys, states, actions):  # -> (elements differing by leaf, whether it acted)
+            ref = jax.vmap(lambda k, s, a: act(game_logic, k, s, a))(keys, states, actions)
+            ours = jax.vmap(lambda k, s, a: act(full_actions, k, s, a))(keys, states, actions)
+            acted = sum(jax.tree.leaves(jax.tree.map(
+                lambda x, y: (x != y).reshape(x.shape[0], -1).any(1), ref, states))) > 0
+            return differing(ref, ours), acted
+        return jax.jit(run)
+
+    programs = {name: compare(name) for name in kinds}
+    done_by = {a.value: [] for group in kinds.values() for a in group}
+    for chunk in range(2):  # (a state holds 9 floors of maps: 1,024 players at a time)
+        states, actions = made(jax.random.split(jax.random.PRNGKey(chunk), 1024))
+        keys = jax.random.split(jax.random.PRNGKey(100 + chunk), 1024)
+        for name, program in programs.items():
+            counts, done = program(keys, states, actions)
+            wrong = [n for n, c in zip(leaf_names(states), np.asarray(counts)) if c]
+            assert not wrong, f"{name} differs in {wrong}"
+            for a in kinds[name]:
+                done_by[a.value].append(np.asarray(done[actions == a.value]))
+    for group in kinds.values():
+        for a in group:
+            done = np.concatenate(done_by[a.value])
+            assert done.any() and not done.all(), a.name  # done and refused

@@ -127,7 +127,8 @@ def _full_blocks():
                       F.WATER.value, F.LAVA.value, F.STONE.value, F.TREE.value,
                       F.CRAFTING_TABLE.value, F.FURNACE.value, F.WALL.value, F.DARKNESS.value,
                       F.FIRE_GRASS.value, F.ICE_GRASS.value, F.GRAVEL.value, F.CHEST.value,
-                      F.ENCHANTMENT_TABLE_FIRE.value, F.NECROMANCER.value, F.COAL.value,
+                      F.ENCHANTMENT_TABLE_FIRE.value, F.ENCHANTMENT_TABLE_ICE.value,
+                      F.NECROMANCER.value, F.COAL.value,
                       F.IRON.value, F.DIAMOND.value, F.SAPPHIRE.value, F.RUBY.value,
                       F.RIPE_PLANT.value, F.STALAGMITE.value, F.FOUNTAIN.value,
                       F.FIRE_TREE.value, F.ICE_SHRUB.value], dtype=jnp.int32)
@@ -151,7 +152,7 @@ def full_edit(key, state):
     on another floor (the boss's among them), every kind of mob and projectile of that floor
     next to the player, sleep and rest, armour, enchantments and attributes, the boss's waves and
     cleared floors."""
-    ks = iter(jax.random.split(key, 96))
+    ks = iter(jax.random.split(key, 112))
     levels, h, w = state.map.shape
 
     def maybe(p):
@@ -206,6 +207,8 @@ def full_edit(key, state):
         player_thirst=jax.random.uniform(next(ks), (), minval=0, maxval=21),
         player_food=jax.random.randint(next(ks), (), 0, 10),
         player_drink=jax.random.randint(next(ks), (), 0, 10),
+        player_mana=jax.random.randint(next(ks), (), 0, 12),
+        learned_spells=jax.random.bernoulli(next(ks), 0.5, (2,)),
         player_dexterity=jax.random.randint(next(ks), (), 1, 6),
         player_intelligence=jax.random.randint(next(ks), (), 1, 6),
         player_strength=jax.random.randint(next(ks), (), 1, 6),
@@ -226,6 +229,9 @@ def full_edit(key, state):
     state = state.replace(inventory=inv.replace(
         **{k: jnp.where(rich, jax.random.randint(next(ks), (), 0, n), getattr(inv, k))
            for k, n in goods.items()},
+        bow=jnp.where(rich, jax.random.randint(next(ks), (), 0, 2), inv.bow),
+        books=jnp.where(rich, jax.random.randint(next(ks), (), 0, 3), inv.books),
+        potions=jnp.where(rich, jax.random.randint(next(ks), (6,), 0, 3), inv.potions),
         arrows=jnp.where(rich, jax.random.randint(next(ks), (), 95, 100), inv.arrows),
         torches=jnp.where(rich, jax.random.randint(next(ks), (), 0, 100), inv.torches)))
     # Saplings around the player, some about to ripen.

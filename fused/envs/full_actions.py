@@ -20,13 +20,13 @@ import jax.numpy as jnp
 
 from craftax.craftax.constants import (
     BOSS_FIGHT_SPAWN_TURNS, CAN_PLACE_ITEM_MAPPING, CLOSE_BLOCKS, DIRECTIONS, SOLID_BLOCK_MAPPING,
-    TORCH_LIGHT_MAP, Achievement, Action, BlockType, ItemType)
+    TORCH_LIGHT_MAP, Achievement, Action, BlockType, ItemType, ProjectileType)
 from craftax.craftax.util.game_logic_utils import (
     get_max_drink, get_max_food, get_player_damage_vector)
 
 from fused.envs import keys as fast_keys
 from fused.envs.draws import choice
-from fused.envs.full_mobs import _alive, _attack, _Floor, _in_bounds, _put_row
+from fused.envs.full_mobs import _alive, _attack, _Floor, _in_bounds, _put_row, _row
 from fused.envs.grid import Grid, first_true, put, take
 
 A = Action
@@ -322,3 +322,129 @@ def place_block(state, action, static_params):
         achievements=jax.lax.select(ok, new_ach, ach),
         growing_plants_positions=positions, growing_plants_age=ages,
         growing_plants_mask=mask)
+
+
+def _spawn_player_projectile(state, spawning, direction, kind):
+    """`spawn_projectile` into the player's projectiles on the player's floor: the first free
+    slot (slot 0 if none) takes it where `spawning`."""
+    level = state.player_level
+    p = _row(state.player_projectiles, level)
+    dirs = state.player_projectile_directions[level]
+    slot = first_true(~p.mask)
+    p = p.replace(
+        position=put(p.position, slot, jax.lax.select(spawning, state.player_position,
+                                                      take(p.position, slot))),
+        mask=put(p.mask, slot, jax.lax.select(spawning, True, take(p.mask, slot))),
+        type_id=put(p.type_id, slot, jax.lax.select(spawning, kind, take(p.type_id, slot))))
+    dirs = put(dirs, slot, jax.lax.select(spawning, direction, take(dirs, slot)))
+    return (_put_row(state.player_projectiles, level, p),
+            put(state.player_projectile_directions, level, dirs))
+
+
+def shoot_projectile(state, action, static_params):
+    """== `shoot_projectile`: an arrow, if the player has a bow, an arrow and a free slot."""
+    room = (state.player_projectiles.mask[state.player_level].sum()
+            < static_params.max_player_projectiles)
+    shooting = ((action == A.SHOOT_ARROW.value) & (state.inventory.bow >= 1)
+                & (state.inventory.arrows >= 1) & room)
+    projectiles, directions = _spawn_player_projectile(
+        state, shooting, DIRECTIONS[state.player_direction], ProjectileType.ARROW2.value)
+    return state.replace(
+        player_projectiles=projectiles, player_projectile_directions=directions,
+        inventory=state.inventory.replace(arrows=state.inventory.arrows - 1 * shooting),
+        achievements=_gain(state.achievements, ACH.FIRE_BOW, shooting))
+
+
+def cast_spell(state, action, static_params):
+    """== `cast_spell`: a fireball or an iceball, if learned, for 2 mana."""
+    able = (state.player_mana >= 2) & (state.player_projectiles.mask[state.player_level].sum()
+                                       < static_params.max_player_projectiles)
+    fire = (action == A.CAST_FIREBALL.value) & able & state.learned_spells[0]
+    ice = (action == A.CAST_ICEBALL.value) & able & state.learned_spells[1]
+    casting = fire | ice
+    kind = fire * ProjectileType.FIREBALL.value + ice * ProjectileType.ICEBALL.value
+    projectiles, directions = _spawn_player_projectile(
+        state, casting, DIRECTIONS[state.player_direction], kind)
+    which = fire * ACH.CAST_FIREBALL.value + ice * ACH.CAST_ICEBALL.value
+    return state.replace(
+        player_projectiles=projectiles, player_projectile_directions=directions,
+        player_mana=state.player_mana - casting * 2,
+        achievements=put(state.achievements, which, take(state.achievements, which) | casting))
+
+
+def drink_potion(state, action):
+    """== `drink_potion`: the potion the action names, if held; its effect by the world's
+    potion mapping (health, mana or energy, up 8 or down 3)."""
+    potions = state.inventory.potions
+    index, drinking = -1, jnp.bool_(False)
+    for k, which in enumerate((A.DRINK_POTION_RED, A.DRINK_POTION_GREEN, A.DRINK_POTION_BLUE,
+                               A.DRINK_POTION_PINK, A.DRINK_POTION_CYAN,
+                               A.DRINK_POTION_YELLOW)):
+        this = (action == which.value) & (potions[k] > 0)
+        index = this * k + (1 - this) * index
+        drinking = drinking | this
+    effect = take(state.potion_mapping, index)
+    deltas = []
+    for up, down in ((0, 1), (2, 3), (4, 5)):
+        delta = 0
+        delta += drinking * (effect == up) * 8
+        delta += drinking * (effect == down) * (-3)
+        deltas.append(delta)
+    return state.replace(
+        inventory=state.inventory.replace(
+            potions=put(potions, index, take(potions, index) - 1 * drinking)),
+        player_health=state.player_health + deltas[0],
+        player_mana=state.player_mana + deltas[1],
+        player_energy=state.player_energy + deltas[2],
+        achievements=_gain(state.achievements, ACH.DRINK_POTION, drinking))
+
+
+def read_book(rng, state, action):
+    """== `read_book`: a book teaches a spell not yet learned, drawn."""
+    rng = fast_keys.wrap(rng)
+    reading = (action == A.READ_BOOK.value) & (state.inventory.books > 0)
+    to_learn = jnp.logical_not(state.learned_spells).astype(float)
+    to_learn /= to_learn.sum()
+    rng, key = jax.random.split(rng)
+    spell = choice(key, jnp.arange(2), to_learn, shape=())
+    which = jax.lax.select(spell, ACH.LEARN_ICEBALL.value, ACH.LEARN_FIREBALL.value)
+    return state.replace(
+        inventory=state.inventory.replace(books=state.inventory.books - 1 * reading),
+        learned_spells=put(state.learned_spells, spell,
+                           take(state.learned_spells, spell) | reading),
+        achievements=put(state.achievements, which, take(state.achievements, which) | reading))
+
+
+def enchant(rng, state, action):
+    """== `enchant`: at an enchantment table ahead, 9 mana and a gem of its element enchant the
+    sword, the bow or a piece of armour (drawn among the unenchanted, else the other
+    element's)."""
+    rng = fast_keys.wrap(rng)
+    ahead = state.player_position + DIRECTIONS[state.player_direction]
+    block = state.map[state.player_level, ahead[0], ahead[1]]
+    fire_table = block == B.ENCHANTMENT_TABLE_FIRE.value
+    at_table = fire_table | (block == B.ENCHANTMENT_TABLE_ICE.value)
+    element = jax.lax.select(fire_table, 1, 2)
+    gems = jax.lax.select(fire_table, state.inventory.ruby, state.inventory.sapphire)
+    could = (state.player_mana >= 9) & at_table & (gems >= 1)
+    inv = state.inventory
+    bow = could & (action == A.ENCHANT_BOW.value) & (inv.bow > 0)
+    sword = could & (action == A.ENCHANT_SWORD.value) & (inv.sword > 0)
+    armour = could & (action == A.ENCHANT_ARMOUR.value) & (inv.armour.sum() > 0)
+    rng, key = jax.random.split(rng)
+    bare = state.armour_enchantments == 0
+    other = (state.armour_enchantments != 0) & (state.armour_enchantments != element)
+    targets = bare + (bare.sum() == 0) * other
+    target = choice(key, jnp.arange(4), targets.astype(jnp.float32), shape=())
+    enchanting = sword | bow | armour
+    pieces = state.armour_enchantments
+    return state.replace(
+        sword_enchantment=sword * element + (1 - sword) * state.sword_enchantment,
+        bow_enchantment=bow * element + (1 - bow) * state.bow_enchantment,
+        armour_enchantments=put(pieces, target,
+                                armour * element + (1 - armour) * take(pieces, target)),
+        inventory=inv.replace(sapphire=inv.sapphire - 1 * enchanting * (element == 2),
+                              ruby=inv.ruby - 1 * enchanting * (element == 1)),
+        player_mana=state.player_mana - 9 * enchanting,
+        achievements=_gain(_gain(state.achievements, ACH.ENCHANT_SWORD, sword),
+                           ACH.ENCHANT_ARMOUR, armour))

@@ -1,7 +1,7 @@
 """The full game's (Craftax-Symbolic's) step: `craftax.craftax.game_logic.craftax_step` of
 craftax 1.6.1 with the parts written for the compiler so far put in its place, the rest
 Craftax's own functions, called in Craftax's order with Craftax's keys. Written here: crafting,
-DO and placing (`fused.envs.full_actions`), the moves of mobs and projectiles and the spawns
+DO, placing, shooting, spells, potions, books and enchanting (`fused.envs.full_actions`), the moves of mobs and projectiles and the spawns
 (`fused.envs.full_mobs`), the plants, the inventory's achievements and the symbolic
 observation (below). One env's state in, one out (vmap it)."""
 
@@ -15,12 +15,13 @@ from craftax.craftax.constants import (
     ACHIEVEMENT_REWARD_MAP, MAX_OBS_DIM, MONSTERS_KILLED_TO_CLEAR_LEVEL, OBS_DIM, Achievement,
     Action, BlockType, ItemType)
 from craftax.craftax.game_logic import (
-    boss_logic, calculate_light_level, cast_spell, change_floor, clip_inventory_and_intrinsics,
-    drink_potion, enchant, level_up_attributes, move_player,
-    read_book, shoot_projectile, update_player_intrinsics)
+    boss_logic, calculate_light_level, change_floor, clip_inventory_and_intrinsics,
+    level_up_attributes, move_player, update_player_intrinsics)
 from craftax.craftax.util.game_logic_utils import is_boss_vulnerable
 
-from fused.envs.full_actions import do_action, do_crafting, place_block
+from fused.envs.full_actions import (
+    cast_spell, do_action, do_crafting, drink_potion, enchant, place_block, read_book,
+    shoot_projectile)
 from fused.envs.full_mobs import spawn_mobs, update_mobs
 from fused.envs.grid import Grid, wrap
 
