@@ -21,14 +21,21 @@ from jax._src.lax.lax import _sort_le_comparator
 from fused.envs.grid import fence
 
 
+def _narrow(go_left, low, mid, high):
+    return jax.lax.select(go_left, low, mid), jax.lax.select(go_left, mid, high)
+
+
 def search_left(value_at, n: int, query: jax.Array) -> jax.Array:
     """== `jnp.searchsorted(a, query)` (side left, method scan) for a scalar query, `a` [n]
-    read through `value_at(i)`: jax's binary search, unrolled. -> int32."""
+    read through `value_at(i)`: jax's binary search, unrolled. -> int32. On a CPU each level's
+    bounds are computed once (`fence`); elsewhere (a GPU) the levels are left to fuse into one
+    kernel, which computes each bound once itself (the lowering platform picks)."""
     low, high = jnp.uint32(0), jnp.uint32(n)
     for _ in range(int(np.ceil(np.log2(n + 1)))):
         mid = low + (high - low) // 2
         go_left = _sort_le_comparator(query, value_at(mid))
-        low, high = fence((jax.lax.select(go_left, low, mid), jax.lax.select(go_left, mid, high)))
+        low, high = jax.lax.platform_dependent(
+            go_left, low, mid, high, cpu=lambda *a: fence(_narrow(*a)), default=_narrow)
     return high.astype(jnp.int32)
 
 
