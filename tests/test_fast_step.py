@@ -375,11 +375,10 @@ def test_full_game_parts_equal_craftax(monkeypatch):
 
 def test_full_step_calls_craftax_in_craftax_order(monkeypatch):
     """The full game's step is Craftax's `craftax_step` but for the parts it writes itself:
-    with Craftax's own `do_crafting`, `do_action`, `place_block`, `update_mobs`, `spawn_mobs`,
-    `update_plants` and `calculate_inventory_achievements` put back, its program (jaxpr) is Craftax's
-    `craftax_step`'s, the same operations in the same order, keys and reward included (the
-    parts' equality: test_full_game_parts_equal_craftax; the whole step's over millions of
-    transitions: bench/env_parity.py)."""
+    with Craftax's own functions put back, its program (jaxpr) is Craftax's `craftax_step`'s,
+    the same operations in the same order, keys and reward included (the parts' equality:
+    test_full_game_parts_equal_craftax and test_full_game_actions_equal_craftax; the whole
+    step's over millions of transitions: bench/env_parity.py)."""
     import fused.envs.full_step as full_step
     from craftax.craftax import game_logic
 
@@ -392,16 +391,10 @@ def test_full_step_calls_craftax_in_craftax_order(monkeypatch):
         return str(jax.make_jaxpr(lambda k, s, a: step(k, s, a, params, static))(*args))
 
     assert program(full_step.craftax_step) != program(game_logic.craftax_step)
-    monkeypatch.setattr(full_step, "do_crafting", game_logic.do_crafting)
-    monkeypatch.setattr(full_step, "do_action", game_logic.do_action)
-    for name in ("place_block", "shoot_projectile", "cast_spell", "drink_potion", "read_book",
-                 "enchant"):
+    for name in ("do_crafting", "do_action", "place_block", "shoot_projectile", "cast_spell",
+                 "drink_potion", "read_book", "enchant", "update_mobs", "spawn_mobs",
+                 "update_plants", "calculate_inventory_achievements"):
         monkeypatch.setattr(full_step, name, getattr(game_logic, name))
-    monkeypatch.setattr(full_step, "update_mobs", game_logic.update_mobs)
-    monkeypatch.setattr(full_step, "spawn_mobs", game_logic.spawn_mobs)
-    monkeypatch.setattr(full_step, "update_plants", game_logic.update_plants)
-    monkeypatch.setattr(full_step, "calculate_inventory_achievements",
-                        game_logic.calculate_inventory_achievements)
     assert program(full_step.craftax_step) == program(game_logic.craftax_step)
 
 

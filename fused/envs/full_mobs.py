@@ -18,15 +18,17 @@ import jax.numpy as jnp
 
 from craftax.craftax.constants import (
     DIRECTIONS, FLOOR_MOB_MAPPING, FLOOR_MOB_SPAWN_CHANCE, MOB_ACHIEVEMENT_MAP,
-    MOB_TYPE_HEALTH_MAPPING, MONSTERS_KILLED_TO_CLEAR_LEVEL, MOB_TYPE_COLLISION_MAPPING, MOB_TYPE_DAMAGE_MAPPING,
-    MOB_TYPE_DEFENSE_MAPPING, RANGED_MOB_TYPE_TO_PROJECTILE_TYPE_MAPPING, SOLID_BLOCKS,
-    Achievement, BlockType, MobType, ProjectileType)
+    MOB_TYPE_COLLISION_MAPPING, MOB_TYPE_DAMAGE_MAPPING, MOB_TYPE_DEFENSE_MAPPING,
+    MOB_TYPE_HEALTH_MAPPING, MONSTERS_KILLED_TO_CLEAR_LEVEL,
+    RANGED_MOB_TYPE_TO_PROJECTILE_TYPE_MAPPING, SOLID_BLOCKS, Achievement, BlockType, MobType,
+    ProjectileType)
 from craftax.craftax.util.game_logic_utils import (
     get_damage, get_damage_done_to_player, get_max_food)
 from craftax.craftax.util.maths_utils import get_distance_map
 
 from fused.envs import keys as fast_keys
-from fused.envs.classic_mobs import _key_chain, _towards, _wander
+from fused.envs.classic import _in_bounds, _in_mob
+from fused.envs.classic_mobs import _key_chain, _relocate, _towards, _wander
 from fused.envs.draws import choice
 from fused.envs.grid import Grid, any_of, fence, first_true, put, take
 
@@ -35,18 +37,11 @@ _SOLID = tuple(int(b) for b in SOLID_BLOCKS)
 
 
 def _solid(block: jax.Array) -> jax.Array:
+    """The full game's solid blocks (more than Classic's)."""
     out = block == _SOLID[0]
     for b in _SOLID[1:]:
         out = out | (block == b)
     return out
-
-
-def _in_bounds(pos: jax.Array, shape) -> jax.Array:
-    return (0 <= pos[0]) & (pos[0] < shape[0]) & (0 <= pos[1]) & (pos[1] < shape[1])
-
-
-def _in_mob(mob_map: Grid, player, pos) -> jax.Array:
-    return mob_map.at(pos) | (player == pos).all()
 
 
 def _valid(blocks: Grid, mob_map: Grid, player, pos, collision) -> jax.Array:
@@ -70,12 +65,6 @@ def _row(tree, level):
 
 def _put_row(tree, level, row):
     return jax.tree.map(lambda x, r: put(x, level, r), tree, row)
-
-
-def _relocate(mob_map: Grid, old, alive, new, stays) -> Grid:
-    """Clear the old cell if alive, then mark the new one if it stays alive."""
-    mob_map = mob_map.set(old, mob_map.at(old) & ~alive)
-    return mob_map.set(new, mob_map.at(new) | stays)
 
 
 def _damage_to_player(state, static_params, vectors):

@@ -1,9 +1,10 @@
 """The full game's (Craftax-Symbolic's) step: `craftax.craftax.game_logic.craftax_step` of
 craftax 1.6.1 with the parts written for the compiler so far put in its place, the rest
 Craftax's own functions, called in Craftax's order with Craftax's keys. Written here: crafting,
-DO, placing, shooting, spells, potions, books and enchanting (`fused.envs.full_actions`), the moves of mobs and projectiles and the spawns
-(`fused.envs.full_mobs`), the plants, the inventory's achievements and the symbolic
-observation (below). One env's state in, one out (vmap it)."""
+DO, placing, shooting, spells, potions, books and enchanting (`fused.envs.full_actions`), the
+moves of mobs and projectiles and the spawns (`fused.envs.full_mobs`), the plants, the
+inventory's achievements and the symbolic observation (below); Craftax's: the floors,
+attributes, movement, the boss, intrinsics and light. One env's state in, one out (vmap it)."""
 
 from __future__ import annotations
 
