@@ -26,7 +26,8 @@ from craftax.craftax.util.game_logic_utils import (
 
 from fused.envs import keys as fast_keys
 from fused.envs.draws import choice
-from fused.envs.full_mobs import _alive, _attack, _Floor, _in_bounds, _put_row, _row
+from fused.envs.full_mobs import (
+    _alive, _attack, _Floor, _in_bounds, _put_row, _row, put_floor)
 from fused.envs.grid import Grid, first_true, put, take
 
 A = Action
@@ -164,7 +165,7 @@ def do_action(rng, state, action, static_params):
     blocks = floor.blocks.set(ahead, cell, ok & do)
 
     return old.replace(
-        map=put(old.map, level, blocks.array()),
+        map=put_floor(old.map, level, blocks.array()),
         inventory=jax.tree.map(lambda n, c, o: jax.lax.select(do, jax.lax.select(ok, n, c), o),
                                new_inv, inv, old.inventory),
         player_drink=jax.lax.select(do, jax.lax.select(ok, drink, state.player_drink),
@@ -185,7 +186,8 @@ def do_action(rng, state, action, static_params):
             do, BOSS_FIGHT_SPAWN_TURNS * damaging
             + old.boss_timesteps_to_spawn_this_round * (1 - damaging),
             old.boss_timesteps_to_spawn_this_round),
-        mob_map=jnp.where(do, put(old.mob_map, level, floor.mob_map.array()), old.mob_map),
+        mob_map=put_floor(old.mob_map, level,
+                          jnp.where(do, floor.mob_map.array(), old.mob_map[level])),
         monsters_killed=jnp.where(do, state.monsters_killed, old.monsters_killed),
         **{kind: jax.tree.map(lambda n, o: jnp.where(do, n, o), _put_row(
             getattr(state, kind), level, getattr(floor, attr)), getattr(old, kind))
@@ -261,8 +263,8 @@ def do_crafting(state, action):
 def place_block(state, action, static_params):
     """== `craftax.craftax.game_logic.place_block`: a table, furnace, stone, torch or sapling
     put on the cell ahead, if it takes one and the inventory has it. The cell is read once and
-    written once; a torch lights its 9 x 9 window of the light map by selects over the floor
-    (Craftax: a pad, a slice and an update of the slice)."""
+    written once; a torch lights its 9 x 9 window of the light map: on a CPU as Craftax does (a
+    pad, a slice and an update of the slice), elsewhere by selects over the floor."""
     level = state.player_level
     ahead = state.player_position + DIRECTIONS[state.player_direction]
     blocks, items = Grid(state.map[level]), Grid(state.item_map[level])
@@ -291,12 +293,25 @@ def place_block(state, action, static_params):
     # The torch's light: Craftax's 9 x 9 window of the floor padded by 6, its start clamped.
     light = state.light_map[level]
     h, w = light.shape
-    start = jnp.clip(ahead - 4 + 6, 0, jnp.array([h + 12 - 9, w + 12 - 9])) - 6
-    i = jax.lax.broadcasted_iota(jnp.int32, (h, w), 0) - start[0]
-    j = jax.lax.broadcasted_iota(jnp.int32, (h, w), 1) - start[1]
-    window = (i >= 0) & (i < 9) & (j >= 0) & (j < 9)
-    lit = jnp.clip(TORCH_LIGHT_MAP[jnp.clip(i, 0, 8), jnp.clip(j, 0, 8)] + light, 0.0, 1.0)
-    new_light = jnp.where(window, lit * torch + light * (1 - torch), light)
+
+    def window_update(light, torch):  # (a CPU: Craftax's pad, slice, update of the slice)
+        padded = jnp.pad(light, (6, 6), constant_values=0)
+        corner = ahead - jnp.array([4, 4]) + jnp.array([6, 6])
+        now = jax.lax.dynamic_slice(padded, corner, (9, 9))
+        lit = jnp.clip(TORCH_LIGHT_MAP + now, 0.0, 1.0)
+        padded = jax.lax.dynamic_update_slice(padded, lit * torch + now * (1 - torch), corner)
+        return padded[6:-6, 6:-6]
+
+    def window_select(light, torch):  # (a GPU: a select over the floor, no pad or update)
+        start = jnp.clip(ahead - 4 + 6, 0, jnp.array([h + 12 - 9, w + 12 - 9])) - 6
+        i = jax.lax.broadcasted_iota(jnp.int32, (h, w), 0) - start[0]
+        j = jax.lax.broadcasted_iota(jnp.int32, (h, w), 1) - start[1]
+        window = (i >= 0) & (i < 9) & (j >= 0) & (j < 9)
+        lit = jnp.clip(TORCH_LIGHT_MAP[jnp.clip(i, 0, 8), jnp.clip(j, 0, 8)] + light, 0.0, 1.0)
+        return jnp.where(window, lit * torch + light * (1 - torch), light)
+
+    new_light = jax.lax.platform_dependent(light, torch, cpu=window_update,
+                                           default=window_select)
     # A sapling takes the first free plant slot, if there is one.
     free = ~state.growing_plants_mask
     slot = first_true(free)
@@ -314,10 +329,10 @@ def place_block(state, action, static_params):
         plants, (state.growing_plants_positions, state.growing_plants_age,
                  state.growing_plants_mask)))
     return state.replace(
-        map=put(state.map, level, blocks.set(ahead, cell, ok).array()),
-        item_map=put(state.item_map, level,
-                     items.set(ahead, ItemType.TORCH.value, ok & torch).array()),
-        light_map=put(state.light_map, level, jnp.where(ok, new_light, light)),
+        map=put_floor(state.map, level, blocks.set(ahead, cell, ok).array()),
+        item_map=put_floor(state.item_map, level,
+                           items.set(ahead, ItemType.TORCH.value, ok & torch).array()),
+        light_map=put_floor(state.light_map, level, jnp.where(ok, new_light, light)),
         inventory=jax.tree.map(lambda n, o: jax.lax.select(ok, n, o), new_inv, inv),
         achievements=jax.lax.select(ok, new_ach, ach),
         growing_plants_positions=positions, growing_plants_age=ages,

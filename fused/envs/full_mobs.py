@@ -67,6 +67,15 @@ def _put_row(tree, level, row):
     return jax.tree.map(lambda x, r: put(x, level, r), tree, row)
 
 
+def put_floor(x: jax.Array, level, floor: jax.Array) -> jax.Array:
+    """`x.at[level].set(floor)` for a map of every floor [L, H, W]: on a CPU the floor's slice
+    updated in place; elsewhere (a GPU) a select over the floors, which fuses with what computes
+    `floor` (vmapped, the update would be a scatter kernel of its own). The lowering platform
+    picks; the values are the same."""
+    return jax.lax.platform_dependent(
+        x, level, floor, cpu=lambda x, i, f: x.at[i].set(f), default=put)
+
+
 def _damage_to_player(state, static_params, vectors):
     """`get_damage_done_to_player` of each damage vector [n, 3]: [n] float32."""
     return jax.vmap(lambda v: get_damage_done_to_player(state, static_params, v))(vectors)
@@ -312,8 +321,8 @@ def update_mobs(rng, state, params, static_params):
         state = _player_shots(state, floor)
     level = floor.level
     return state.replace(
-        map=put(state.map, level, floor.blocks.array()),
-        mob_map=put(state.mob_map, level, floor.mob_map.array()),
+        map=put_floor(state.map, level, floor.blocks.array()),
+        mob_map=put_floor(state.mob_map, level, floor.mob_map.array()),
         melee_mobs=_put_row(state.melee_mobs, level, floor.melee),
         passive_mobs=_put_row(state.passive_mobs, level, floor.passive),
         ranged_mobs=_put_row(state.ranged_mobs, level, floor.ranged),
@@ -402,7 +411,7 @@ def spawn_mobs(state, rng, params, static_params):
                                    shape)
     mob_map = mob_map.set(at, mob_map.at(at) | alive)
     return state.replace(
-        mob_map=put(state.mob_map, level, mob_map.array()),
+        mob_map=put_floor(state.mob_map, level, mob_map.array()),
         passive_mobs=_put_row(state.passive_mobs, level, passive),
         melee_mobs=_put_row(state.melee_mobs, level, melee),
         ranged_mobs=_put_row(state.ranged_mobs, level, ranged))

@@ -23,7 +23,7 @@ from craftax.craftax.util.game_logic_utils import is_boss_vulnerable
 from fused.envs.full_actions import (
     cast_spell, do_action, do_crafting, drink_potion, enchant, place_block, read_book,
     shoot_projectile)
-from fused.envs.full_mobs import spawn_mobs, update_mobs
+from fused.envs.full_mobs import put_floor, spawn_mobs, update_mobs
 from fused.envs.grid import Grid, wrap
 
 ACH = Achievement
@@ -37,7 +37,7 @@ def update_plants(state, static_params):
     for k in range(static_params.max_growing_plants):
         blocks = blocks.set(state.growing_plants_positions[k], BlockType.RIPE_PLANT.value,
                             age[k] >= 600)
-    return state.replace(map=state.map.at[0].set(blocks.array()), growing_plants_age=age)
+    return state.replace(map=put_floor(state.map, 0, blocks.array()), growing_plants_age=age)
 
 
 def calculate_inventory_achievements(state):
@@ -106,8 +106,9 @@ def observe(state) -> jax.Array:
     """== `craftax.craftax.renderer.render_craftax_symbolic`: the 9 x 11 view one-hot (blocks,
     items, a channel per class and kind of mob, all dark beyond the light), the light, then the
     inventory, potions, intrinsics, direction, armour, enchantments and the floor's state.
-    Craftax writes the mobs one slot at a time in five loops; here each slot is a select over
-    the view (a slot off the view, or dead, writes a 0 where its wrapped index lands)."""
+    Craftax writes the mobs one slot at a time in five loops; here the slots are unrolled, each a
+    point write on a CPU and a select over the view elsewhere (a slot off the view, or dead,
+    writes a 0 where its wrapped index lands)."""
     level = state.player_level
     dims = jnp.array(OBS_DIM, dtype=jnp.int32)
     corner = state.player_position - dims // 2 + MAX_OBS_DIM + 2
@@ -121,19 +122,33 @@ def observe(state) -> jax.Array:
     items = jax.nn.one_hot(view(state.item_map, ItemType.NONE.value), num_classes=len(ItemType))
     kinds = 8  # mob types a class
     shape = (*OBS_DIM, 5 * kinds)
-    rows, cols, chans = (jax.lax.broadcasted_iota(jnp.int32, shape, d) for d in range(3))
-    mobs = jnp.zeros(shape, dtype=jnp.int32)
+    writes = []  # (row, column, channel, value) a slot, in Craftax's order
     for c, group in enumerate((state.melee_mobs, state.passive_mobs, state.ranged_mobs,
                                state.mob_projectiles, state.player_projectiles)):
         for k in range(group.mask.shape[1]):
             local = group.position[level, k] - state.player_position + dims // 2
             on = ((local >= 0) & (local < dims)).all() * group.mask[level, k]
-            index = [wrap(local[0], shape[0]), wrap(local[1], shape[1]),
-                     wrap(c * kinds + group.type_id[level, k], shape[2])]
+            writes.append((local[0], local[1], c * kinds + group.type_id[level, k],
+                           on.astype(jnp.int32)))
+
+    def scattered(writes):  # (a CPU: each a point write, as Craftax's)
+        mobs = jnp.zeros(shape, dtype=jnp.int32)
+        for r, col, chan, value in writes:
+            mobs = mobs.at[r, col, chan].set(value)
+        return mobs
+
+    def selected(writes):  # (a GPU: each a select over the view, fused into one kernel)
+        rows, cols, chans = (jax.lax.broadcasted_iota(jnp.int32, shape, d) for d in range(3))
+        mobs = jnp.zeros(shape, dtype=jnp.int32)
+        for r, col, chan, value in writes:
+            index = [wrap(r, shape[0]), wrap(col, shape[1]), wrap(chan, shape[2])]
             inside = ((index[0] >= 0) & (index[0] < shape[0]) & (index[1] >= 0)
                       & (index[1] < shape[1]) & (index[2] >= 0) & (index[2] < shape[2]))
             hit = inside & (rows == index[0]) & (cols == index[1]) & (chans == index[2])
-            mobs = jnp.where(hit, on.astype(jnp.int32), mobs)
+            mobs = jnp.where(hit, value, mobs)
+        return mobs
+
+    mobs = jax.lax.platform_dependent(writes, cpu=scattered, default=selected)
     all_map = jnp.concatenate([blocks, items, mobs], axis=-1)
     light = view(state.light_map, 0.0) > 0.05
     all_map = jnp.concatenate((all_map * light[:, :, None], light[:, :, None]), axis=-1)
