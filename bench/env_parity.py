@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT))
 import fused.commands  # noqa: E402,F401  (a command's XLA settings, before Craftax loads)
 from fused.envs import has_fast_step, make_craftax_env  # noqa: E402
 from fused.envs.curated import classic_edit, full_edit  # noqa: E402
-from fused.envspec import spec  # noqa: E402
 from fused.envs.parity import ParityReport, make_parity_run, random_policy  # noqa: E402
+from fused.envspec import spec  # noqa: E402
 from fused.errors import ConfigError  # noqa: E402
 from fused.runs.files import atomic_write_json  # noqa: E402
 

@@ -3,9 +3,8 @@
 `impl="craftax"` is Craftax's own env (craftax 1.6.1, the reference); `impl="fast"` is the same
 class with its step (and symbolic observation) written for the compiler in `fused.envs`, equal
 to Craftax's bit for bit (tests/test_fast_step.py): resets, pixel renderers and everything else
-stay Craftax's. Craftax-Classic's step is ours whole; the full game's (`fused.envs.full_step`)
-is ours in its costliest parts so far (`fused.envs.full_step` names them), Craftax's own
-functions for the rest."""
+stay Craftax's. Craftax-Classic's step is ours whole; the full game's (`fused.envs.full_step`,
+which names them) is ours in the parts that cost most, Craftax's own functions for the rest."""
 
 from __future__ import annotations
 
