@@ -256,19 +256,17 @@ def test_classic_pixels_step_equals_craftax():
 
 @pytest.mark.slow
 def test_full_game_parts_equal_craftax():
-    """The full game's parts written for the compiler (crafting, DO and placing:
-    `fused.envs.full_actions`; the mobs' and projectiles' moves, then the spawns:
-    `fused.envs.full_mobs`; the plants, the inventory's achievements and the observation:
-    `fused.envs.full_step`) against Craftax's `do_crafting`, `do_action`, `place_block`,
-    `update_mobs`, `spawn_mobs`, `update_plants`, `calculate_inventory_achievements` and
-    `render_craftax_symbolic`, bit for bit, over 32 of Craftax's worlds edited by hand
+    """The full game's parts written for the compiler (the actions: `fused.envs.full_actions`;
+    the mobs' and projectiles' moves, then the spawns: `fused.envs.full_mobs`; the plants, the
+    inventory's achievements and the observation: `fused.envs.full_step`) against Craftax's
+    functions, in Craftax's order, bit for bit, over 32 of Craftax's worlds edited by hand
     (`full_edit`: every kind of mob and projectile next to the player, on every floor, the
     boss's and its waves too), 16 rounds, each from the reference's last states edited anew (DO
-    half the time, else a recipe or a placing). The rounds do what is rare in play: recipes,
-    tables, stones, torches and saplings placed, every block mined, chests looted, mobs struck
-    and the necromancer hurt, blows and shots at the player, a sleeper woken, kills, tables
-    broken, arrows fired, mobs spawned, plants ripened. A broken rule (a melee mob hitting
-    harder) is named."""
+    half the time, else another action). The rounds do what is rare in play: recipes, every
+    block mined, chests looted, potions, books and spells, mobs struck and the necromancer hurt,
+    blows and shots at the player, a sleeper woken, kills, tables broken, arrows fired, mobs
+    spawned, plants ripened (a broken rule named: test_full_game_actions_equal_craftax; each
+    part was seen to fail with a rule of its own broken)."""
     import fused.envs.full_actions as full_actions
     import fused.envs.full_mobs as full_mobs
     import fused.envs.full_step as full_step

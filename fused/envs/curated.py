@@ -2,9 +2,8 @@
 sleep, mobs next to the player, arrows in flight, tables and lava close by, the map's edge, a
 plant about to ripen, low health, full inventories). For equality tests of a step:
 `classic_edit(key, state)` (Craftax-Classic) and `full_edit` (the full game) edit one env's
-state (vmap them); every edit is one a game could reach
-or close to it (a mob map that marks the mobs placed), and each applies with some probability,
-so a batch mixes them."""
+state (vmap them); every edit is one a game could reach or close to it (a mob map that marks
+the mobs placed), and each applies with some probability, so a batch mixes them."""
 
 from __future__ import annotations
 
@@ -185,10 +184,10 @@ def full_edit(key, state):
                                replace=False) + player
     table = maybe(0.3)
     furnace = table & maybe(0.5)
-    for cell, block, put in zip(beside, (F.CRAFTING_TABLE.value, F.FURNACE.value),
-                                (table, furnace)):
-        floor = floor.at[cell[0], cell[1]].set(jnp.where(put, block, floor[cell[0], cell[1]]),
-                                               mode="drop")
+    for cell, block, placed in zip(beside, (F.CRAFTING_TABLE.value, F.FURNACE.value),
+                                   (table, furnace)):
+        floor = floor.at[cell[0], cell[1]].set(
+            jnp.where(placed, block, floor[cell[0], cell[1]]), mode="drop")
     # On the boss's floor, often the necromancer ahead.
     ahead = player + FULL_DIRECTIONS[state.player_direction]
     necromancer = (level == levels - 1) & maybe(0.5)
