@@ -17,7 +17,7 @@ from craftax.craftax_classic.constants import DIRECTIONS, Achievement, BlockType
 
 from fused.envs.classic import _free, _gain, _in_bounds, _in_mob, _solid
 from fused.envs.draws import choice
-from fused.envs.grid import Grid, fence, first_true, put, take
+from fused.envs.grid import Grid, fence, first_true, put, spawn_into, take
 from fused.envs.keys import fence_keys
 
 B = BlockType
@@ -103,17 +103,25 @@ def _cows(rng, state, blocks, mob_map, params):
     return rng, state.replace(cows=cows), mob_map
 
 
+def ranged_moves(keys, position, player, far: int):
+    """A ranged mob's proposed move, Classic's skeletons' and the full game's alike: towards the
+    player from `far` away, away from it within 3, else a random step; 15% of the time a random
+    step whatever. keys [n, 3]. -> (to [n, 2], the step towards the player [n, 2], too close
+    [n], in shooting range 4-5 [n])."""
+    wander = position + jax.vmap(_wander, (0, None))(keys[:, 0], DIRECTIONS[1:5])
+    step = jax.vmap(_towards, (0, 0, None))(keys[:, 1], position, player)
+    distance = jnp.sum(jnp.abs(position - player), -1)
+    too_close = distance <= 3
+    to = jnp.where((distance >= far)[:, None], position + step, wander)
+    to = jnp.where(too_close[:, None], position - step, to)
+    to = jnp.where((jax.vmap(jax.random.uniform)(keys[:, 2]) > 0.85)[:, None], to, wander)
+    return to, step, too_close, (distance >= 4) & (distance <= 5)
+
+
 def _skeletons(rng, state, blocks, mob_map, params, static_params):
     s, player = state.skeletons, state.player_position
     keys, rng = _key_chain(rng, s.mask.shape[0], 3, carry_second=False)
-    wander = s.position + jax.vmap(_wander, (0, None))(keys[:, 0], DIRECTIONS[1:5])
-    step = jax.vmap(_towards, (0, 0, None))(keys[:, 1], s.position, player)
-    distance = jnp.sum(jnp.abs(s.position - player), -1)
-    too_close = distance <= 3
-    to = jnp.where((distance >= 10)[:, None], s.position + step, wander)
-    to = jnp.where(too_close[:, None], s.position - step, to)
-    to = jnp.where((jax.vmap(jax.random.uniform)(keys[:, 2]) > 0.85)[:, None], to, wander)
-    in_range = (distance >= 4) & (distance <= 5)
+    to, step, too_close, in_range = ranged_moves(keys, s.position, player, far=10)
     ready = (s.attack_cooldown <= 0) & s.mask
     arrows, directions = state.arrows, state.arrow_directions
     pos, mask, cooldown = list(s.position), list(s.mask), list(s.attack_cooldown)
@@ -121,13 +129,7 @@ def _skeletons(rng, state, blocks, mob_map, params, static_params):
         # Shoot at range 4-5, or when too close with the way back blocked.
         attack = (in_range[i] | (too_close[i] & ~_free(blocks, mob_map, player, to[i]))) & ready[i]
         spawning = attack & (arrows.mask.sum() < static_params.max_arrows)
-        slot = first_true(~arrows.mask)
-        arrows = arrows.replace(
-            position=put(arrows.position, slot,
-                         jax.lax.select(spawning, pos[i], take(arrows.position, slot))),
-            mask=put(arrows.mask, slot, jax.lax.select(spawning, True, take(arrows.mask, slot))))
-        directions = put(directions, slot,
-                         jax.lax.select(spawning, step[i], take(directions, slot)))
+        arrows, directions = spawn_into(arrows, directions, spawning, step[i], position=pos[i])
         target = jax.lax.select(attack, pos[i], to[i])
         cooldown[i] = jax.lax.select(attack, 4, cooldown[i] - 1)
         new = jax.lax.select(_free(blocks, mob_map, player, target), target, pos[i])

@@ -28,7 +28,7 @@ from fused.envs import keys as fast_keys
 from fused.envs.draws import choice
 from fused.envs.full_mobs import (
     _alive, _attack, _Floor, _in_bounds, _put_row, _row, put_floor)
-from fused.envs.grid import Grid, first_true, put, take
+from fused.envs.grid import Grid, first_true, put, spawn_into, take
 
 A = Action
 B = BlockType
@@ -343,15 +343,9 @@ def _spawn_player_projectile(state, spawning, direction, kind):
     """`spawn_projectile` into the player's projectiles on the player's floor: the first free
     slot (slot 0 if none) takes it where `spawning`."""
     level = state.player_level
-    p = _row(state.player_projectiles, level)
-    dirs = state.player_projectile_directions[level]
-    slot = first_true(~p.mask)
-    p = p.replace(
-        position=put(p.position, slot, jax.lax.select(spawning, state.player_position,
-                                                      take(p.position, slot))),
-        mask=put(p.mask, slot, jax.lax.select(spawning, True, take(p.mask, slot))),
-        type_id=put(p.type_id, slot, jax.lax.select(spawning, kind, take(p.type_id, slot))))
-    dirs = put(dirs, slot, jax.lax.select(spawning, direction, take(dirs, slot)))
+    p, dirs = spawn_into(_row(state.player_projectiles, level),
+                         state.player_projectile_directions[level], spawning, direction,
+                         position=state.player_position, type_id=kind)
     return (_put_row(state.player_projectiles, level, p),
             put(state.player_projectile_directions, level, dirs))
 

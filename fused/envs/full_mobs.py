@@ -28,9 +28,9 @@ from craftax.craftax.util.maths_utils import get_distance_map
 
 from fused.envs import keys as fast_keys
 from fused.envs.classic import _in_bounds, _in_mob
-from fused.envs.classic_mobs import _key_chain, _relocate, _towards, _wander
+from fused.envs.classic_mobs import _key_chain, _relocate, _towards, _wander, ranged_moves
 from fused.envs.draws import choice
-from fused.envs.grid import Grid, any_of, fence, first_true, put, take
+from fused.envs.grid import Grid, any_of, fence, first_true, put, spawn_into, take
 
 B = BlockType
 _SOLID = tuple(int(b) for b in SOLID_BLOCKS)
@@ -155,14 +155,7 @@ def _passive(rng, state, floor: _Floor, params):
 def _ranged(rng, state, floor: _Floor, boss, params, static_params):
     m, player = floor.ranged, state.player_position
     keys, rng = _key_chain(rng, m.mask.shape[0], 3, carry_second=False)
-    wander = m.position + jax.vmap(_wander, (0, None))(keys[:, 0], DIRECTIONS[1:5])
-    step = jax.vmap(_towards, (0, 0, None))(keys[:, 1], m.position, player)
-    distance = jnp.sum(jnp.abs(m.position - player), -1)
-    too_close = distance <= 3
-    to = jnp.where((distance >= 6)[:, None], m.position + step, wander)
-    to = jnp.where(too_close[:, None], m.position - step, to)
-    to = jnp.where((jax.vmap(jax.random.uniform)(keys[:, 2]) > 0.85)[:, None], to, wander)
-    in_range = (distance >= 4) & (distance <= 5)
+    to, step, too_close, in_range = ranged_moves(keys, m.position, player, far=6)
     ready = (m.attack_cooldown <= 0) & m.mask
     collision = MOB_TYPE_COLLISION_MAPPING[m.type_id, 2]
     kind = RANGED_MOB_TYPE_TO_PROJECTILE_TYPE_MAPPING[m.type_id]
@@ -173,14 +166,8 @@ def _ranged(rng, state, floor: _Floor, boss, params, static_params):
         blocked = ~_valid(floor.blocks, mob_map, player, to[i], collision[i])
         attack = (in_range[i] | (too_close[i] & blocked)) & ready[i]
         spawning = attack & (shots.mask.sum() < static_params.max_mob_projectiles)
-        slot = first_true(~shots.mask)
-        shots = shots.replace(
-            position=put(shots.position, slot,
-                         jax.lax.select(spawning, pos[i], take(shots.position, slot))),
-            mask=put(shots.mask, slot, jax.lax.select(spawning, True, take(shots.mask, slot))),
-            type_id=put(shots.type_id, slot,
-                        jax.lax.select(spawning, kind[i], take(shots.type_id, slot))))
-        dirs = put(dirs, slot, jax.lax.select(spawning, step[i], take(dirs, slot)))
+        shots, dirs = spawn_into(shots, dirs, spawning, step[i], position=pos[i],
+                                 type_id=kind[i])
         target = jax.lax.select(attack, pos[i], to[i])
         cooldown[i] = jax.lax.select(attack, 4, cooldown[i] - 1)
         new = jax.lax.select(_valid(floor.blocks, mob_map, player, target, collision[i]),

@@ -116,6 +116,20 @@ def put(vec: jax.Array, i: jax.Array, value) -> jax.Array:
                      vec)
 
 
+def spawn_into(mobs, directions, when, direction, **values):
+    """Craftax's `spawn_projectile` on one table of slots: the first slot whose mask is off (slot
+    0 if none) takes `values` (fields of `mobs`), a set mask and `direction` where `when`, and
+    keeps its own otherwise. -> (mobs, directions)."""
+    slot = first_true(~mobs.mask)
+
+    def fill(old, new):
+        return put(old, slot, jax.lax.select(when, new, take(old, slot)))
+
+    mobs = mobs.replace(mask=fill(mobs.mask, True),
+                        **{k: fill(getattr(mobs, k), v) for k, v in values.items()})
+    return mobs, fill(directions, direction)
+
+
 def first_true(mask: jax.Array) -> jax.Array:
     """`jnp.argmax(mask)` of a bool vector (the first True, 0 if none), as selects."""
     out = jnp.int32(0)
