@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from command_runner import run_command
 from conftest import ROOT, subprocess_env
-from craftax.craftax_classic.constants import DIRECTIONS, BlockType
+from craftax.craftax_classic.constants import DIRECTIONS, Action, BlockType
 
 import fused.envs.classic_step as classic_step
 from fused.envs import keys as fast_keys
@@ -23,7 +23,8 @@ from fused.envs.classic import _in_bounds, move
 from fused.envs.curated import classic_edit
 from fused.envs.draws import RunningSums, choice, search_left
 from fused.envs.grid import Grid, first_true, put
-from fused.envs.parity import ParityReport, leaf_names, make_parity_run, random_policy
+from fused.envs.parity import (ParityReport, first_difference, leaf_names, make_parity_run,
+                                outcome, random_policy)
 
 CLASSIC = "Craftax-Classic-Symbolic-v1"
 FULL = "Craftax-Symbolic-v1"
@@ -171,8 +172,9 @@ def test_fast_env_is_chosen_by_impl():
 
 @pytest.mark.slow
 def test_a_broken_rule_is_named(monkeypatch):
-    """The player walks on water in the fast step (Craftax: water is solid): the first difference
-    named is the player's position (the observation drawn from it differs at the same step)."""
+    """The player walks on water in the fast step (Craftax: water is solid): one step of each
+    from Craftax's worlds with water put left of every player, who moves left; the first
+    difference named is the player's position, and the observation drawn from it differs too."""
     def move_onto_water(state, action, blocks, mob_map):
         to = state.player_position + DIRECTIONS[action]
         wet = _in_bounds(to, blocks.base.shape) & (blocks.at(to) == BlockType.WATER.value)
@@ -180,33 +182,46 @@ def test_a_broken_rule_is_named(monkeypatch):
         return moved.replace(player_position=jnp.where(wet, to, moved.player_position))
 
     monkeypatch.setattr(classic_step, "move", move_onto_water)
-    report = parity(CLASSIC, 8, 50, edit=classic_edit, weights=CLASSIC_WEIGHTS)
-    assert report.first() is not None and report.first().startswith("state.player_position")
+    ref, new = make_craftax_env(CLASSIC, "craftax"), make_craftax_env(CLASSIC, "fast")
+    params, left = ref.default_params, Action.LEFT.value
+
+    def both(key):
+        k_reset, k_step = jax.random.split(key)
+        _, state = ref.reset_env(k_reset, params)
+        state = jax.tree.map(jnp.asarray, state)  # (the reset's Python scalars as arrays)
+        to = state.player_position + DIRECTIONS[left]
+        state = state.replace(map=state.map.at[to[0], to[1]].set(BlockType.WATER.value))
+        return [(o.state, o.obs) for o in (
+            outcome(env.step_env(k_step, state, left, params)) for env in (ref, new))]
+
+    theirs, ours = jax.jit(jax.vmap(both))(jax.random.split(jax.random.PRNGKey(0), 4))
+    first = first_difference(theirs, ours, ["state." + n for n in leaf_names(theirs[0])]
+                             + ["obs"])
+    assert first is not None and first.startswith("state.player_position"), first
+    assert first_difference(theirs[1], ours[1]) is not None
 
 
 @pytest.mark.slow
 def test_classic_step_equals_craftax(tmp_path, smoke_run):
-    """The 10-million-transition command (bench/env_parity.py), shrunk: 64 envs x 250 steps of
+    """The 10-million-transition command (bench/env_parity.py), shrunk: 64 envs x 100 steps of
     uniform play, then as many of DO-heavy play from states edited by hand, then of a trained
     run's policy (`--policy`: the session's smoke run), through resets. A policy trained on
     another game is refused in one line."""
     out = tmp_path / "parity.json"
-    # the one command of the suite whose running outweighs its compiling: LLVM's O1 and XLA's
-    # fusion emitters rather than the suite's O0 without them (conftest.FAST_COMPILE; alone, an
-    # empty cache: 84 s, 115 CPU s as the suite compiles; 59 s, 83 CPU s so; O1 without the
-    # emitters 75 s, 84 CPU s; commit a2ff72a)
+    # LLVM's O1 and XLA's fusion emitters rather than the suite's O0 without them
+    # (conftest.FAST_COMPILE): at this size about the same CPU seconds, and less wall time
     env = subprocess_env()
     env["XLA_FLAGS"] = " ".join(
         "--xla_backend_optimization_level=1" if f.startswith("--xla_backend_optimization_level")
         else f for f in env["XLA_FLAGS"].split() if "fusion_emitters" not in f)
-    p = run_command([sys.executable, "bench/env_parity.py", "--transitions", "48000",
-                     "--num-envs", "64", "--chunk-steps", "250", "--policy", str(smoke_run),
+    p = run_command([sys.executable, "bench/env_parity.py", "--transitions", "19200",
+                     "--num-envs", "64", "--chunk-steps", "100", "--policy", str(smoke_run),
                      "--out", str(out)], cwd=ROOT,
                     env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
     row = json.loads(out.read_text())
     assert row["equal"] and row["first_difference"] is None, row
-    assert row["transitions"] == 48_000 and row["chunks"] == 3 and row["episode_ends"] > 0
+    assert row["transitions"] == 19_200 and row["chunks"] == 3 and row["episode_ends"] > 0
     assert "(policy)" in p.stdout and row["policy"] == str(smoke_run), (p.stdout, row)
     assert row["checkpoint"] == 6, row  # the run's latest (6 updates)
     p = run_command([sys.executable, "bench/env_parity.py", "--env", "Craftax-Classic-Pixels-v1",
@@ -247,7 +262,7 @@ def test_classic_pixels_step_equals_craftax():
     """The pixel env: the fast step's state through Craftax's renderer. Bit for bit under the
     suite's XLA flags (LLVM's optimisation off); at XLA's default optimisation two copies of
     Craftax's own renderer in one program round differently (docs/BENCHMARKS.md)."""
-    report = parity("Craftax-Classic-Pixels-v1", 4, 50, edit=classic_edit,
+    report = parity("Craftax-Classic-Pixels-v1", 4, 25, edit=classic_edit,
                     weights=CLASSIC_WEIGHTS)
     assert report.first() is None, report.first()
 
