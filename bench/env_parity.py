@@ -133,8 +133,11 @@ def runs(a: Args, policy=None):
 def main(a: Args) -> int:
     if not has_fast_step(a.env):
         raise SystemExit(f"error: --env {a.env} has no fast step yet")
-    if a.chunk_steps % 25:
-        raise SystemExit(f"error: --chunk-steps {a.chunk_steps}: a multiple of 25")
+    if a.chunk_steps <= 0 or a.chunk_steps % 25:
+        raise SystemExit(f"error: --chunk-steps {a.chunk_steps}: a positive multiple of 25")
+    for flag, value in (("--transitions", a.transitions), ("--num-envs", a.num_envs)):
+        if value <= 0:
+            raise SystemExit(f"error: {flag} {value}: at least 1")
     try:
         policy = trained(a) if a.policy else None
     except ConfigError as e:

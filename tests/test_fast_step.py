@@ -257,6 +257,21 @@ def test_parity_policy_acts_with_the_runs_network(smoke_run, tmp_path):
     assert (np.asarray(draw(biased, jax.random.PRNGKey(2))) == 5).all()
 
 
+def test_parity_command_refuses_bad_sizes_in_one_line():
+    """`bench/env_parity.py` with no transitions, no envs or a chunk that is not a positive
+    multiple of 25: one line naming the flag, before anything compiles."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from env_parity import Args, main
+
+    for args, line in ((dict(transitions=0), "error: --transitions 0: at least 1"),
+                       (dict(num_envs=-3), "error: --num-envs -3: at least 1"),
+                       (dict(chunk_steps=0), "error: --chunk-steps 0: a positive multiple of 25"),
+                       (dict(chunk_steps=13), "error: --chunk-steps 13: a positive multiple of 25")):
+        with pytest.raises(SystemExit) as e:
+            main(Args(**args))
+        assert str(e.value) == line
+
+
 @pytest.mark.slow
 def test_classic_pixels_step_equals_craftax():
     """The pixel env: the fast step's state through Craftax's renderer. Bit for bit under the
