@@ -35,7 +35,7 @@ from fused.envs.curated import classic_edit, full_edit  # noqa: E402
 from fused.envs.parity import ParityReport, make_parity_run, random_policy  # noqa: E402
 from fused.envspec import spec  # noqa: E402
 from fused.errors import ConfigError  # noqa: E402
-from fused.runs.files import atomic_write_json  # noqa: E402
+from fused.runs.files import atomic_write_json, require_writable  # noqa: E402
 
 # Classic's actions, drawn more often where the step does more: DO, placing, crafting.
 CLASSIC_WEIGHTS = [0.5, 1, 1, 1, 1, 3, 0.3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]
@@ -139,9 +139,13 @@ def main(a: Args) -> int:
         if value <= 0:
             raise SystemExit(f"error: {flag} {value}: at least 1")
     try:
+        if a.out:  # (before anything compiles: no chunk compared only to be lost)
+            require_writable(a.out, "--out")
         policy = trained(a) if a.policy else None
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
+    if a.out:
+        Path(a.out).expanduser().parent.mkdir(parents=True, exist_ok=True)
     worlds, run, settings, total, names = runs(a, policy)
     weights = policy[1] if policy else None
     diff, first = np.zeros(len(names), np.int64), np.full(len(names), -1, np.int64)

@@ -257,9 +257,10 @@ def test_parity_policy_acts_with_the_runs_network(smoke_run, tmp_path):
     assert (np.asarray(draw(biased, jax.random.PRNGKey(2))) == 5).all()
 
 
-def test_parity_command_refuses_bad_sizes_in_one_line():
-    """`bench/env_parity.py` with no transitions, no envs or a chunk that is not a positive
-    multiple of 25: one line naming the flag, before anything compiles."""
+def test_parity_command_refuses_bad_sizes_in_one_line(tmp_path):
+    """`bench/env_parity.py` with no transitions, no envs, a chunk that is not a positive
+    multiple of 25 or an --out it cannot write: one line naming the flag, before anything
+    compiles."""
     sys.path.insert(0, str(ROOT / "bench"))
     from env_parity import Args, main
 
@@ -270,6 +271,9 @@ def test_parity_command_refuses_bad_sizes_in_one_line():
         with pytest.raises(SystemExit) as e:
             main(Args(**args))
         assert str(e.value) == line
+    (tmp_path / "file").write_text("")  # --out under a file: no folder can be made there
+    with pytest.raises(SystemExit, match=r"^error: --out .*file/parity.json: .* is not a folder$"):
+        main(Args(out=str(tmp_path / "file" / "parity.json")))
 
 
 @pytest.mark.slow
