@@ -1,7 +1,8 @@
 """scripts/machine_speed.py, with which `.ci/run` judges the suite's time: the suite's seconds
-scaled by the reference job's seconds on the budget's machine over its seconds here (the mean of
-its runs), against the limit; bad input is one line."""
+scaled by the reference job's seconds on the budget's machine over its mean seconds here, against
+the budget (a warning over it, a failure past --fail-over times it); bad input is one line."""
 
+import importlib.util
 import subprocess
 import sys
 
@@ -16,24 +17,35 @@ def judge(*args):
 
 
 def test_judge_scales_the_suite_by_the_machines_speed():
-    import importlib.util
-
     spec = importlib.util.spec_from_file_location("machine_speed", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     ref = module.REFERENCE_SECONDS
     # a machine twice as slow as the budget's (runs of 1.5x and 2.5x): 2,400 s here is 1,200 s
     p = judge("--suite", "2400", "--speed", str(1.5 * ref), str(2.5 * ref), "--limit", "1200")
-    assert p.returncode == 0, p.stderr
-    assert p.stdout.startswith("suite: 2400 s here;") and "so 1200 s there" in p.stdout, p.stdout
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    assert p.stdout.splitlines() == [
+        f"suite: 2400 s here; the reference job took {1.5 * ref:.1f}, {2.5 * ref:.1f} s "
+        f"({ref:.1f} s on the budget's machine), so 1200 s there (budget 1200 s)"]
     p = judge("--suite", "2404", "--speed", str(2 * ref), "--limit", "1200")
-    assert p.returncode == 1 and "so 1202 s there (limit 1200 s)" in p.stdout, p.stdout
+    assert p.returncode == 1 and "so 1202 s there (budget 1200 s)" in p.stdout, p.stdout
     assert p.stderr.strip().splitlines() == [
-        "error: the suite would take 1202 s on the budget's machine, over its 1200 s budget; "
+        "error: the suite would take 1202 s on the budget's machine, 0% over its 1200 s budget; "
         "see --durations above"]
+    # past the budget but within --fail-over: a warning, and CI passes
+    p = judge("--suite", "2640", "--speed", str(2 * ref), "--limit", "1200", "--fail-over", "1.2")
+    assert p.returncode == 0 and p.stdout.splitlines()[1] == (
+        "warning: the suite would take 1320 s on the budget's machine, 10% over its 1200 s "
+        "budget; see --durations above"), p.stdout
+    p = judge("--suite", "2904", "--speed", str(2 * ref), "--limit", "1200", "--fail-over", "1.2")
+    assert p.returncode == 1 and p.stderr.strip() == (
+        "error: the suite would take 1452 s on the budget's machine, 21% over its 1200 s budget "
+        "(CI fails past 20%); see --durations above"), p.stderr
     # a faster machine: a stricter limit here
     p = judge("--suite", "1000", "--speed", str(ref / 2), "--limit", "1200")
     assert p.returncode == 1 and "so 2000 s there" in p.stdout, p.stdout
-    p = judge("--suite", "1000", "--speed", "0")
-    assert p.returncode == 1 and p.stderr.strip() == (
-        "error: --speed [0.0]: seconds must be positive")
+    for args, line in ((["--speed", "0"], "error: --speed [0.0]: seconds must be positive"),
+                       (["--speed", "30", "--fail-over", "0.9"],
+                        "error: --fail-over 0.9: at least 1 (the budget itself)")):
+        p = judge("--suite", "1000", *args)
+        assert p.returncode == 1 and p.stderr.strip() == line, p.stderr
