@@ -29,7 +29,7 @@ import time
 # in its run of f733a5b (docs/BENCHMARKS.md, "Test suite": 1,304 s). Not timed there: estimated
 # through one VM, where the whole suite at 7d35376 took 2,909 s, 2.23x that run, and this job
 # 49.7 s before it and 53.1 s after (f733a5b's tests but test_fast_step's parity made smaller:
-# about 20 s less there, so 23.0 s is if anything a little lenient).
+# about 20 s less there, so 23.0 s is if anything a little strict).
 REFERENCE_SECONDS = 23.0
 # The suite's compile flags (tests/conftest.py's FAST_COMPILE).
 FLAGS = ("--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false "
