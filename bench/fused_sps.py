@@ -271,6 +271,8 @@ def main(a: Args) -> list[dict]:
     from llm_jax.config import Qwen3Config
     from llm_jax.tokenizer import load_tokenizer
 
+    if a.render_states < 1:  # (the LLM rows' mean prompt length is measured on these states)
+        raise SystemExit(f"error: --render-states {a.render_states}: at least 1")
     setup_compilation_cache()
     if a.model == "tiny":
         weights = Path(tempfile.mkdtemp(prefix="fused-bench-")) / "tiny-qwen3"

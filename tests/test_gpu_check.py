@@ -308,3 +308,13 @@ print(json.dumps(out))
     assert out["gpu_conv"] and not out["cpu_conv"]
     assert [(r["trip_count"], r["kernels"] >= 1) for r in out["loops"]] == [(5, True)]
     assert out["gmm_triton_calls"] == 1  # the grouped matmul compiled by Triton for sm_90
+
+
+def test_fused_bench_refuses_no_render_states_in_one_line():
+    """`bench/fused_sps.py --render-states 0` (the states the LLM rows' mean prompt length is
+    measured on): one line before anything is built, not a traceback of numpy's empty max."""
+    from fused_sps import Args, main
+
+    with pytest.raises(SystemExit) as e:
+        main(Args(render_states=0))
+    assert str(e.value) == "error: --render-states 0: at least 1"
