@@ -1,8 +1,8 @@
 """How fast this machine runs work like the test suite's, as seconds of a fixed reference job.
 
-The suite's time is mostly tracing and compiling JAX programs (DEVELOPERS.md; BENCHMARKS.md's
-"Test suite"), and 2-core VMs of one kind ran the same suite from 1,283 s to 2,914 s on different
-days. `.ci/run` times this job before and after the suite and scales the suite's time to the
+The suite's time is mostly tracing and compiling JAX programs (docs/development.md; BENCHMARKS.md's
+"Test suite"), and 2-core VMs of one kind ran nearly the same suite in 1,283 s and in 2,914 s on
+different days. `.ci/run` times this job before and after the suite and scales the suite's time to the
 machine its budget is stated for (`judge`), so the budget means the same on a slow VM as on a
 fast one.
 
@@ -10,10 +10,12 @@ The job uses only jax and craftax (the pinned dependencies, not this project's c
 to the project does not change the yardstick): in each of `--procs` processes at once (as the
 suite's workers), it traces and compiles a scanned Craftax-Classic reset and step and a small
 MLP's gradient step at the suite's XLA flags, with no compilation cache, then runs them. It
-prints one JSON line: {"seconds": wall seconds, "procs": N}.
+prints one JSON line, {"seconds": wall seconds, "procs": N}, or with --seconds the seconds alone.
+Craftax's texture caches must exist first (`.ci/run` builds them before), or both processes build
+them at once.
 
-    python scripts/machine_speed.py [--procs 2]
-    python scripts/machine_speed.py judge --suite S --speed A B [--limit 1200] [--fail-over 1]
+    python scripts/machine_speed.py [--procs 2] [--seconds]
+    python scripts/machine_speed.py judge --suite S [--speed A B] [--limit 1200] [--fail-over 1]
 """
 
 from __future__ import annotations
@@ -86,22 +88,26 @@ def job() -> None:
 
 def judge(suite: float, speeds: list[float], limit: float, fail_over: float) -> int:
     """Prints the suite's time here and on the budget's machine (scaled by the reference job's
-    seconds there over its mean here) against `limit`; a warning over it, and 1 (CI fails) over
-    `limit * fail_over`."""
-    factor = REFERENCE_SECONDS / (sum(speeds) / len(speeds))
-    scaled = suite * factor
-    print(f"suite: {suite:.0f} s here; the reference job took "
-          f"{', '.join(f'{s:.1f}' for s in speeds)} s ({REFERENCE_SECONDS:.1f} s on the budget's "
-          f"machine), so {scaled:.0f} s there (budget {limit:.0f} s)")
+    seconds there over its mean here; unscaled where the job gave no time) against `limit`; a
+    warning over it, and 1 (CI fails) over `limit * fail_over`."""
+    if speeds:
+        scaled = round(suite * REFERENCE_SECONDS / (sum(speeds) / len(speeds)))
+        print(f"suite: {suite:.0f} s here; the reference job took "
+              f"{', '.join(f'{s:.1f}' for s in speeds)} s ({REFERENCE_SECONDS:.1f} s on the "
+              f"budget's machine), so {scaled} s there (budget {limit:.0f} s)")
+    else:
+        scaled = round(suite)
+        print(f"suite: {suite:.0f} s here (budget {limit:.0f} s); warning: the reference job gave "
+              "no time, so this machine's seconds are judged as the budget's machine's")
+    over = f"{scaled - limit:.0f} s ({scaled / limit - 1:.1%}) over its {limit:.0f} s budget"
     if scaled > limit * fail_over:
-        print(f"error: the suite would take {scaled:.0f} s on the budget's machine, "
-              f"{scaled / limit - 1:.0%} over its {limit:.0f} s budget"
+        print(f"error: the suite would take {scaled} s on the budget's machine, {over}"
               + (f" (CI fails past {fail_over - 1:.0%})" if fail_over > 1 else "")
               + "; see --durations above", file=sys.stderr)
         return 1
     if scaled > limit:
-        print(f"warning: the suite would take {scaled:.0f} s on the budget's machine, "
-              f"{scaled / limit - 1:.0%} over its {limit:.0f} s budget; see --durations above")
+        print(f"warning: the suite would take {scaled} s on the budget's machine, {over}; "
+              "see --durations above")
     return 0
 
 
@@ -109,19 +115,22 @@ def main() -> None:
     if sys.argv[1:2] == ["judge"]:
         parser = argparse.ArgumentParser(prog="machine_speed.py judge")
         parser.add_argument("--suite", type=float, required=True, help="the suite's seconds")
-        parser.add_argument("--speed", type=float, nargs="+", required=True,
-                            help="this job's seconds, timed beside the suite")
+        parser.add_argument("--speed", type=float, nargs="*", default=[],
+                            help="this job's seconds, timed beside the suite (none: not scaled)")
         parser.add_argument("--limit", type=float, default=1200, help="the budget (seconds)")
         parser.add_argument("--fail-over", type=float, default=1.0,
                             help="CI fails past this multiple of the budget")
         args = parser.parse_args(sys.argv[2:])
-        if min(args.speed) <= 0:
+        if args.speed and min(args.speed) <= 0:
             sys.exit(f"error: --speed {args.speed}: seconds must be positive")
+        if args.limit <= 0:
+            sys.exit(f"error: --limit {args.limit:g}: seconds must be positive")
         if args.fail_over < 1:
             sys.exit(f"error: --fail-over {args.fail_over}: at least 1 (the budget itself)")
         sys.exit(judge(args.suite, args.speed, args.limit, args.fail_over))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--procs", type=int, default=2, help="processes at once (the suite's workers)")
+    parser.add_argument("--seconds", action="store_true", help="print the seconds alone")
     parser.add_argument("--job", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.job:
@@ -138,7 +147,8 @@ def main() -> None:
     seconds = time.perf_counter() - start
     if any(codes):
         sys.exit(f"error: the reference job failed (exit codes {codes})")
-    print(json.dumps({"seconds": round(seconds, 1), "procs": args.procs}))
+    print(round(seconds, 1) if args.seconds else
+          json.dumps({"seconds": round(seconds, 1), "procs": args.procs}))
 
 
 if __name__ == "__main__":

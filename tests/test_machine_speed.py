@@ -1,6 +1,7 @@
 """scripts/machine_speed.py, with which `.ci/run` judges the suite's time: the suite's seconds
 scaled by the reference job's seconds on the budget's machine over its mean seconds here, against
-the budget (a warning over it, a failure past --fail-over times it); bad input is one line."""
+the budget (a warning over it, a failure past --fail-over times it); unscaled, said so, where the
+job gave no time; bad input is one line."""
 
 import importlib.util
 import subprocess
@@ -30,21 +31,30 @@ def test_judge_scales_the_suite_by_the_machines_speed():
     p = judge("--suite", "2404", "--speed", str(2 * ref), "--limit", "1200")
     assert p.returncode == 1 and "so 1202 s there (budget 1200 s)" in p.stdout, p.stdout
     assert p.stderr.strip().splitlines() == [
-        "error: the suite would take 1202 s on the budget's machine, 0% over its 1200 s budget; "
-        "see --durations above"]
-    # past the budget but within --fail-over: a warning, and CI passes
-    p = judge("--suite", "2640", "--speed", str(2 * ref), "--limit", "1200", "--fail-over", "1.2")
-    assert p.returncode == 0 and p.stdout.splitlines()[1] == (
-        "warning: the suite would take 1320 s on the budget's machine, 10% over its 1200 s "
-        "budget; see --durations above"), p.stdout
+        "error: the suite would take 1202 s on the budget's machine, 2 s (0.2%) over its 1200 s "
+        "budget; see --durations above"]
+    # past the budget but within --fail-over: a warning, and CI passes; at it, still a warning
+    for suite, line in (("2640", "1320 s on the budget's machine, 120 s (10.0%) over"),
+                        ("2880", "1440 s on the budget's machine, 240 s (20.0%) over")):
+        p = judge("--suite", suite, "--speed", str(2 * ref), "--limit", "1200", "--fail-over",
+                  "1.2")
+        assert p.returncode == 0 and p.stdout.splitlines()[1] == (
+            f"warning: the suite would take {line} its 1200 s budget; see --durations above"), \
+            p.stdout
     p = judge("--suite", "2904", "--speed", str(2 * ref), "--limit", "1200", "--fail-over", "1.2")
     assert p.returncode == 1 and p.stderr.strip() == (
-        "error: the suite would take 1452 s on the budget's machine, 21% over its 1200 s budget "
-        "(CI fails past 20%); see --durations above"), p.stderr
+        "error: the suite would take 1452 s on the budget's machine, 252 s (21.0%) over its "
+        "1200 s budget (CI fails past 20%); see --durations above"), p.stderr
     # a faster machine: a stricter limit here
     p = judge("--suite", "1000", "--speed", str(ref / 2), "--limit", "1200")
     assert p.returncode == 1 and "so 2000 s there" in p.stdout, p.stdout
+    # no time from the job (it failed): this machine's seconds as they are, said so
+    p = judge("--suite", "1300", "--speed", "--limit", "1200", "--fail-over", "1.2")
+    assert p.returncode == 0 and p.stdout.splitlines()[0] == (
+        "suite: 1300 s here (budget 1200 s); warning: the reference job gave no time, so this "
+        "machine's seconds are judged as the budget's machine's"), p.stdout
     for args, line in ((["--speed", "0"], "error: --speed [0.0]: seconds must be positive"),
+                       (["--limit", "0"], "error: --limit 0: seconds must be positive"),
                        (["--speed", "30", "--fail-over", "0.9"],
                         "error: --fail-over 0.9: at least 1 (the budget itself)")):
         p = judge("--suite", "1000", *args)
