@@ -1,10 +1,10 @@
 """How fast this machine runs work like the test suite's, as seconds of a fixed reference job.
 
-The suite's time is mostly tracing and compiling JAX programs (docs/development.md; BENCHMARKS.md's
-"Test suite"), and 2-core VMs of one kind ran nearly the same suite in 1,283 s and in 2,914 s on
-different days. `.ci/run` times this job before and after the suite and scales the suite's time to the
-machine its budget is stated for (`judge`), so the budget means the same on a slow VM as on a
-fast one.
+The suite's time is mostly tracing and compiling JAX programs (docs/development.md;
+docs/BENCHMARKS.md's "Test suite"), and 2-core VMs of one kind ran nearly the same suite in
+1,283 s and in 2,914 s on different days. `.ci/run` times this job before and after the suite
+and scales the suite's time to the machine its budget is stated for (`judge`), so the budget
+means the same on a slow VM as on a fast one.
 
 The job uses only jax and craftax (the pinned dependencies, not this project's code, so a change
 to the project does not change the yardstick): in each of `--procs` processes at once (as the
@@ -129,7 +129,8 @@ def main() -> None:
             sys.exit(f"error: --fail-over {args.fail_over}: at least 1 (the budget itself)")
         sys.exit(judge(args.suite, args.speed, args.limit, args.fail_over))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--procs", type=int, default=2, help="processes at once (the suite's workers)")
+    parser.add_argument("--procs", type=int, default=2,
+                        help="processes at once (the suite's workers)")
     parser.add_argument("--seconds", action="store_true", help="print the seconds alone")
     parser.add_argument("--job", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
