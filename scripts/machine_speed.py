@@ -1,8 +1,8 @@
 """How fast this machine runs work like the test suite's, as seconds of a fixed reference job.
 
 The suite's time is mostly tracing and compiling JAX programs (docs/development.md;
-docs/BENCHMARKS.md's "Test suite"), and 2-core VMs of one kind ran nearly the same suite in
-1,283 s and in 2,914 s on different days. `.ci/run` times this job before and after the suite
+docs/BENCHMARKS.md's "Test suite"), and 2-core VMs of one kind ran nearly the same suite more
+than twice as long on one day as on another. `.ci/run` times this job before and after the suite
 and scales the suite's time to the machine its budget is stated for (`judge`), so the budget
 means the same on a slow VM as on a fast one.
 
