@@ -39,6 +39,9 @@ FLAGS = ("--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false
 
 
 def job() -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (Ctrl-C is the parent's: it stops the jobs)
     import jax
 
     jax.config.update("jax_enable_compilation_cache", False)
@@ -121,6 +124,8 @@ def main() -> None:
         parser.add_argument("--fail-over", type=float, default=1.0,
                             help="CI fails past this multiple of the budget")
         args = parser.parse_args(sys.argv[2:])
+        if args.suite < 0:
+            sys.exit(f"error: --suite {args.suite:g}: seconds can not be negative")
         if args.speed and min(args.speed) <= 0:
             sys.exit(f"error: --speed {args.speed}: seconds must be positive")
         if args.limit <= 0:
@@ -144,7 +149,15 @@ def main() -> None:
     procs = [subprocess.Popen([sys.executable, __file__, "--job"], env=env,
                               stdout=subprocess.DEVNULL)  # (one line on stdout: this one's)
              for _ in range(args.procs)]
-    codes = [p.wait() for p in procs]
+    try:
+        codes = [p.wait() for p in procs]
+    except KeyboardInterrupt:
+        print("interrupted: the reference job stopped, nothing timed", file=sys.stderr)
+        sys.exit(130)
+    finally:  # (no job left running)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
     seconds = time.perf_counter() - start
     if any(codes):
         sys.exit(f"error: the reference job failed (exit codes {codes})")

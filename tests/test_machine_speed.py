@@ -54,6 +54,7 @@ def test_judge_scales_the_suite_by_the_machines_speed():
         "suite: 1300 s here (budget 1200 s); warning: the reference job gave no time, so this "
         "machine's seconds are judged as the budget's machine's"), p.stdout
     for args, line in ((["--speed", "0"], "error: --speed [0.0]: seconds must be positive"),
+                       (["--suite", "-5"], "error: --suite -5: seconds can not be negative"),
                        (["--limit", "0"], "error: --limit 0: seconds must be positive"),
                        (["--speed", "30", "--fail-over", "0.9"],
                         "error: --fail-over 0.9: at least 1 (the budget itself)")):
