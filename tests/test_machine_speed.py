@@ -60,3 +60,31 @@ def test_judge_scales_the_suite_by_the_machines_speed():
                         "error: --fail-over 0.9: at least 1 (the budget itself)")):
         p = judge("--suite", "1000", *args)
         assert p.returncode == 1 and p.stderr.strip() == line, p.stderr
+
+
+def test_ctrl_c_is_one_line_and_leaves_no_job_running():
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) while the jobs run: one
+    line, exit 130, and neither job process left behind."""
+    import os
+    import signal
+    import time
+
+    p = subprocess.Popen([sys.executable, SCRIPT], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    jobs = []
+    for _ in range(100):  # (the jobs started: the script's children)
+        out = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True,
+                             text=True).stdout.split()
+        if len(out) == 2:
+            jobs = [int(x) for x in out]
+            break
+        time.sleep(0.05)
+    assert len(jobs) == 2, jobs
+    time.sleep(1)  # (into their imports)
+    os.killpg(p.pid, signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and out == "", (p.returncode, out)
+    assert err.strip().splitlines() == ["interrupted: the reference job stopped, nothing timed"]
+    time.sleep(0.5)
+    assert not [j for j in jobs if os.path.exists(f"/proc/{j}")
+                and open(f"/proc/{j}/stat").read().split()[2] != "Z"], jobs
