@@ -118,8 +118,10 @@ def test_unrolled_keys_draw_as_raw_keys():
 
 
 def test_running_sums_are_jnp_cumsum():
-    """Every element, read one by one, equals jnp.cumsum's: spawn probabilities (0 or 1 / count)
-    and arbitrary floats, at the lengths that take the blocked form and one that does not."""
+    """Every element, read one by one, equals jnp.cumsum's, and a search of it is
+    jnp.searchsorted's: spawn probabilities (0 or 1 / count) and arbitrary floats, at the lengths
+    that take the blocked form (256, 4,096 and 65,536 also its cheaper search) and one that does
+    not."""
     rng = np.random.default_rng(4)
     for n in (4096, 256, 65536, 100):
         mask = rng.random((8, n)) < rng.random((8, 1))
@@ -127,7 +129,14 @@ def test_running_sums_are_jnp_cumsum():
                              rng.standard_normal((8, n))]).astype(np.float32)
         idx = jnp.arange(n, dtype=jnp.uint32)
         got = jax.jit(jax.vmap(lambda x: jax.vmap(RunningSums(x).at)(idx)))(jnp.asarray(xs))
-        np.testing.assert_array_equal(got, jnp.cumsum(jnp.asarray(xs), -1))
+        sums = jnp.cumsum(jnp.asarray(xs), -1)
+        np.testing.assert_array_equal(got, sums)
+        # its search (cheaper reads where n / 16 is a power of 2): jnp.searchsorted's index on
+        # the cumulative sum, for queries at every 7th element's value (ties) and between
+        queries = jnp.concatenate([sums[:, ::7], sums[:, ::7] + 1e-4, sums[:, -1:] * 0.999], -1)
+        got = jax.jit(jax.vmap(lambda x, q: jax.vmap(RunningSums(x).search_left)(q)))(
+            jnp.asarray(xs), queries)
+        np.testing.assert_array_equal(got, jax.vmap(jnp.searchsorted)(sums, queries))
 
 
 def test_choice_is_jax_random_choice():

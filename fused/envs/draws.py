@@ -30,10 +30,14 @@ def search_left(value_at, n: int, query: jax.Array) -> jax.Array:
     read through `value_at(i)`: jax's binary search, unrolled. -> int32. On a CPU each level's
     bounds are computed once (`fence`); elsewhere (a GPU) the levels are left to fuse into one
     kernel, which computes each bound once itself (the lowering platform picks)."""
+    return _search(lambda i, level: value_at(i), n, query)
+
+
+def _search(value_at, n: int, query: jax.Array) -> jax.Array:
     low, high = jnp.uint32(0), jnp.uint32(n)
-    for _ in range(int(np.ceil(np.log2(n + 1)))):
+    for level in range(int(np.ceil(np.log2(n + 1)))):
         mid = low + (high - low) // 2
-        go_left = _sort_le_comparator(query, value_at(mid))
+        go_left = _sort_le_comparator(query, value_at(mid, level))
         low, high = jax.lax.platform_dependent(
             go_left, low, mid, high, cpu=lambda *a: fence(_narrow(*a)), default=_narrow)
     return high.astype(jnp.int32)
@@ -77,11 +81,37 @@ class RunningSums:
             acc = jax.lax.select(k <= lane, acc + row[k], acc)
         return acc + self.before[block]
 
+    def search_left(self, query: jax.Array) -> jax.Array:
+        """== `search_left(self.at, n, query)`, each level's read cheaper. For n = 16 * 2**k (a
+        64 x 64 map's 4,096), the search's first k levels read the first element of a block
+        (its fold: 0 + x), and the last levels read within the one block they narrowed to: its
+        16 running sums, folded once."""
+        n = self.x.shape[0]
+        aligned = n // BASE
+        if not self.blocked or aligned & (aligned - 1):
+            return search_left(self.at, n, query)
+        k, zero, block = aligned.bit_length() - 1, jnp.zeros((), self.x.dtype), []
+
+        def read(i, level):
+            if level < k:  # i is a block's first element
+                return (zero + self.x[i]) + self.before[i // BASE]
+            if not block:  # the block every later level reads
+                b = i // BASE
+                row = jax.lax.dynamic_slice(self.x, (b * BASE,), (BASE,))
+                acc, sums = zero, []
+                for j in range(BASE):
+                    acc = acc + row[j]
+                    sums.append(acc)
+                block.append(jnp.stack(sums) + self.before[b])
+            return block[0][i % BASE]
+
+        return _search(read, n, query)
+
 
 def choice(key: jax.Array, a: jax.Array, p: jax.Array, shape: tuple[int, ...] = ()):
     """== `jax.random.choice(key, a, shape, replace=True, p=p)` for a 1-D `a`."""
     n = p.shape[0]
     p_cuml = RunningSums(p)
     r = p_cuml.at(jnp.uint32(n - 1)) * (1 - jax.random.uniform(key, shape, dtype=p.dtype))
-    ind = jnp.stack([search_left(p_cuml.at, n, q) for q in r.reshape(-1)])
+    ind = jnp.stack([p_cuml.search_left(q) for q in r.reshape(-1)])
     return jnp.take(a, ind.astype(int), 0).reshape(shape)
