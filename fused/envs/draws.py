@@ -25,19 +25,19 @@ def _narrow(go_left, low, mid, high):
     return jax.lax.select(go_left, low, mid), jax.lax.select(go_left, mid, high)
 
 
+def _narrow_carrying(go_left, low, mid, high, upto, before_mid):
+    return (*_narrow(go_left, low, mid, high), jax.lax.select(go_left, upto, before_mid))
+
+
 def search_left(value_at, n: int, query: jax.Array) -> jax.Array:
     """== `jnp.searchsorted(a, query)` (side left, method scan) for a scalar query, `a` [n]
     read through `value_at(i)`: jax's binary search, unrolled. -> int32. On a CPU each level's
     bounds are computed once (`fence`); elsewhere (a GPU) the levels are left to fuse into one
     kernel, which computes each bound once itself (the lowering platform picks)."""
-    return _search(lambda i, level: value_at(i), n, query)
-
-
-def _search(value_at, n: int, query: jax.Array) -> jax.Array:
     low, high = jnp.uint32(0), jnp.uint32(n)
-    for level in range(int(np.ceil(np.log2(n + 1)))):
+    for _ in range(int(np.ceil(np.log2(n + 1)))):
         mid = low + (high - low) // 2
-        go_left = _sort_le_comparator(query, value_at(mid, level))
+        go_left = _sort_le_comparator(query, value_at(mid))
         low, high = jax.lax.platform_dependent(
             go_left, low, mid, high, cpu=lambda *a: fence(_narrow(*a)), default=_narrow)
     return high.astype(jnp.int32)
@@ -84,28 +84,33 @@ class RunningSums:
     def search_left(self, query: jax.Array) -> jax.Array:
         """== `search_left(self.at, n, query)`, each level's read cheaper. For n = 16 * 2**k (a
         64 x 64 map's 4,096), the search's first k levels read the first element of a block
-        (its fold: 0 + x), and the last levels read within the one block they narrowed to: its
-        16 running sums, folded once."""
+        (its fold: 0 + x, plus the blocks before), and the last five levels read within the one
+        block they narrowed to [low, high): the block's fold up to `low` is carried, so a read
+        at mid adds the elements from low to mid to it (the fold's own adds, in its order)."""
         n = self.x.shape[0]
         aligned = n // BASE
         if not self.blocked or aligned & (aligned - 1):
             return search_left(self.at, n, query)
-        k, zero, block = aligned.bit_length() - 1, jnp.zeros((), self.x.dtype), []
-
-        def read(i, level):
-            if level < k:  # i is a block's first element
-                return (zero + self.x[i]) + self.before[i // BASE]
-            if not block:  # the block every later level reads
-                b = i // BASE
-                row = jax.lax.dynamic_slice(self.x, (b * BASE,), (BASE,))
-                acc, sums = zero, []
-                for j in range(BASE):
-                    acc = acc + row[j]
-                    sums.append(acc)
-                block.append(jnp.stack(sums) + self.before[b])
-            return block[0][i % BASE]
-
-        return _search(read, n, query)
+        k, zero = aligned.bit_length() - 1, jnp.zeros((), self.x.dtype)
+        low, high, upto = jnp.uint32(0), jnp.uint32(n), zero  # upto: the fold before low
+        for level in range(int(np.ceil(np.log2(n + 1)))):
+            width = (n >> level) // 2  # mid - low: the same on every path
+            mid = low + width
+            if level < k:  # mid is a block's first element
+                value, before_mid = (zero + self.x[mid]) + self.before[mid // BASE], zero
+            else:
+                run = jax.lax.dynamic_slice(self.x, (low,), (width + 1,))  # x[low..mid]
+                fold = upto
+                for j in range(width + 1):
+                    before_mid = fold
+                    fold = fold + run[j]
+                value = fold + self.before[mid // BASE]
+            go_left = _sort_le_comparator(query, value)
+            low, high, upto = jax.lax.platform_dependent(
+                go_left, low, mid, high, upto, before_mid,
+                cpu=lambda *a: fence(_narrow_carrying(*a), floats=True),
+                default=_narrow_carrying)
+        return high.astype(jnp.int32)
 
 
 def choice(key: jax.Array, a: jax.Array, p: jax.Array, shape: tuple[int, ...] = ()):

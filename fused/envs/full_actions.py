@@ -28,7 +28,7 @@ from fused.envs import keys as fast_keys
 from fused.envs.draws import choice
 from fused.envs.full_mobs import (
     _alive, _attack, _Floor, _in_bounds, _put_row, _row, put_floor)
-from fused.envs.grid import Grid, first_true, put, spawn_into, take
+from fused.envs.grid import Grid, fence, first_true, put, spawn_into, take
 
 A = Action
 B = BlockType
@@ -164,7 +164,7 @@ def do_action(rng, state, action, static_params):
     do = action == Action.DO.value
     blocks = floor.blocks.set(ahead, cell, ok & do)
 
-    return old.replace(
+    return fence(old.replace(  # (the fields computed once: fence)
         map=put_floor(old.map, level, blocks.array()),
         inventory=jax.tree.map(lambda n, c, o: jax.lax.select(do, jax.lax.select(ok, n, c), o),
                                new_inv, inv, old.inventory),
@@ -192,7 +192,7 @@ def do_action(rng, state, action, static_params):
         **{kind: jax.tree.map(lambda n, o: jnp.where(do, n, o), _put_row(
             getattr(state, kind), level, getattr(floor, attr)), getattr(old, kind))
            for kind, attr in (("melee_mobs", "melee"), ("passive_mobs", "passive"),
-                              ("ranged_mobs", "ranged"))})
+                              ("ranged_mobs", "ranged"))}))
 
 
 def _near(state, blocks) -> dict:
@@ -257,7 +257,7 @@ def do_crafting(state, action):
     ok = making(A.MAKE_TORCH, table & (inv.torches < 99), inv.coal >= 1, inv.wood >= 1)
     inv = inv.replace(wood=inv.wood - 1 * ok, coal=inv.coal - 1 * ok,
                       torches=inv.torches + 4 * ok)
-    return state.replace(inventory=inv, achievements=ach)
+    return fence(state.replace(inventory=inv, achievements=ach))  # (computed once)
 
 
 def place_block(state, action, static_params):

@@ -146,14 +146,24 @@ def any_of(mask: jax.Array) -> jax.Array:
     return out
 
 
-def fence(tree):
+def fence(tree, floats: bool = False):
     """`tree` as is, computed once. XLA fuses a cheap elementwise value into every expression
     that reads it, so a long chain of small steps (mobs moving one after another) read in many
     places is copied into each: quadratic code (`lax.optimization_barrier` is gone before XLA
     fuses). An integer division by a value XLA cannot fold is not cheap, so XLA computes it once:
     the small integer and bool leaves, packed into one vector a dtype (one division, one kernel),
-    are divided by 1, a 1 made from one of them (x | 1 is odd: never 0). Floats and arrays of
-    more than 64 elements (maps) pass as they are."""
+    are divided by 1, a 1 made from one of them (x | 1 is odd: never 0). Floats (unless
+    `floats`: those of 16 and 32 bits, as their bits) and arrays of more than 64 elements (maps)
+    pass as they are."""
+    if floats:
+        leaves, treedef = jax.tree.flatten(tree)
+        width = {2: jnp.uint16, 4: jnp.uint32}
+        small = [jnp.issubdtype(x.dtype, jnp.floating) and x.size <= 64
+                 and x.dtype.itemsize in width for x in leaves]
+        fenced = fence([jax.lax.bitcast_convert_type(x, width[x.dtype.itemsize]) if f else x
+                        for x, f in zip(leaves, small)])
+        return treedef.unflatten([jax.lax.bitcast_convert_type(y, x.dtype) if f else y
+                                  for x, y, f in zip(leaves, fenced, small)])
     leaves, treedef = jax.tree.flatten(tree)
     groups: dict = {}
     for i, x in enumerate(leaves):
