@@ -22,7 +22,7 @@ from fused.envs import make_craftax_env
 from fused.envs.classic import _in_bounds, move
 from fused.envs.curated import classic_edit
 from fused.envs.draws import RunningSums, choice, search_left
-from fused.envs.grid import Grid, first_true, put
+from fused.envs.grid import Grid, fence, first_true, put
 from fused.envs.parity import (ParityReport, first_difference, leaf_names, make_parity_run,
                                 outcome, random_policy)
 
@@ -78,6 +78,30 @@ def test_grid_reads_and_writes_as_jnp_indexing():
         np.testing.assert_array_equal(put(v, jnp.int32(i), 9), v.at[i].set(9))
     for mask in ([0, 0, 1, 1], [0, 0, 0, 0], [1, 0, 1, 0]):
         assert first_true(jnp.asarray(mask, bool)) == jnp.argmax(jnp.asarray(mask, bool))
+
+
+def test_fence_gives_every_value_back_bit_for_bit():
+    """`fence` (with `floats`: floats' bits too) returns its tree as it was: ints, bools,
+    uint32, floats of 16 and 32 bits with NaN, -0 and infinities, and a map passed as it is."""
+    rng = np.random.default_rng(5)
+    floats = np.array([np.nan, -0.0, 0.0, np.inf, -np.inf, 1e-45, -3.5, 7e30], np.float32)
+    tree = {"i": jnp.asarray(rng.integers(-2**31, 2**31 - 1, (3, 2)), jnp.int32),
+            "u": jnp.asarray(rng.integers(0, 2**32 - 1, (5,)), jnp.uint32),
+            "b": jnp.asarray(rng.random(4) < 0.5), "f": jnp.asarray(floats),
+            "h": jnp.asarray([np.nan, -0.0, np.inf, 6e-8, -3.5, 6e4], jnp.float16),
+            "map": jnp.arange(4096.0).reshape(64, 64), "s": jnp.int8(-7)}
+
+    def bits(x):
+        width = {2: jnp.uint16, 4: jnp.uint32}.get(x.dtype.itemsize)
+        return jax.lax.bitcast_convert_type(x, width) if x.dtype in (jnp.float16,
+                                                                       jnp.float32) else x
+
+    for floats_too in (False, True):
+        got = jax.jit(jax.vmap(lambda t: fence(t, floats=floats_too)))(
+            jax.tree.map(lambda x: jnp.stack([x, x]), tree))
+        for k, x in tree.items():
+            assert got[k].dtype == x.dtype, k
+            np.testing.assert_array_equal(bits(got[k][1]), bits(x), err_msg=k)
 
 
 def test_search_left_is_jnp_searchsorted():
