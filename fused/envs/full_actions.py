@@ -214,7 +214,7 @@ def do_crafting(state, action):
     """== `craftax.craftax.game_logic.do_crafting`: the recipe the action names, if the
     inventory holds its cost and a table (and a furnace) is among the 8 cells around."""
     near = _near(state, (B.CRAFTING_TABLE.value, B.FURNACE.value))
-    table, furnace = near[B.CRAFTING_TABLE.value], near[B.FURNACE.value]
+    table, furnace = fence((near[B.CRAFTING_TABLE.value], near[B.FURNACE.value]))
     inv, ach = state.inventory, state.achievements
 
     def making(which: Action, can, *needs):
@@ -238,6 +238,7 @@ def do_crafting(state, action):
             ok = making(which, can, *(getattr(inv, k) >= n for k, n in cost.items()))
             inv = inv.replace(**{k: getattr(inv, k) - n * ok for k, n in cost.items()},
                               **{field: getattr(inv, field) * (1 - ok) + tier * ok})
+            inv = fence(inv)  # (the next recipe reads every field: each computed once)
     # Armour: the first piece below the tier, if any.
     for which, tier, cost, at_furnace, made in (
             (A.MAKE_IRON_ARMOUR, 1, dict(iron=3, coal=3), True, ACH.MAKE_IRON_ARMOUR),
@@ -250,6 +251,7 @@ def do_crafting(state, action):
                           armour=put(inv.armour, piece,
                                      ok * tier + (1 - ok) * take(inv.armour, piece)))
         ach = _gain(ach, made, ok)
+        inv = fence(inv)
     # Arrows and torches, up to 99.
     ok = making(A.MAKE_ARROW, table & (inv.arrows < 99), inv.stone >= 1, inv.wood >= 1)
     inv = inv.replace(wood=inv.wood - 1 * ok, stone=inv.stone - 1 * ok,
