@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from craftax.craftax_classic.constants import (
     CLOSE_BLOCKS, DIRECTIONS, SOLID_BLOCKS, Achievement, Action, BlockType)
 
-from fused.envs.grid import Grid, any_of, fence, first_true, put, take
+from fused.envs.grid import Grid, any_of, first_true, once, put, take
 
 B = BlockType
 A = Action
@@ -64,7 +64,7 @@ def craft(state, action, blocks: Grid):
             pos = state.player_position + CLOSE_BLOCKS[k]
             hit = hit | (_in_bounds(pos, blocks.base.shape) & (blocks.at(pos) == block.value))
         near[block] = hit
-    table, furnace = fence((near[B.CRAFTING_TABLE], near[B.FURNACE]))  # (every recipe reads them)
+    table, furnace = once((near[B.CRAFTING_TABLE], near[B.FURNACE]))  # (every recipe reads them)
     inv, ach = state.inventory, state.achievements
 
     wood_pickaxe = (action == A.MAKE_WOOD_PICKAXE.value) & ((inv.wood >= 1) & table)

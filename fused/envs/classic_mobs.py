@@ -17,7 +17,7 @@ from craftax.craftax_classic.constants import DIRECTIONS, Achievement, BlockType
 
 from fused.envs.classic import _free, _gain, _in_bounds, _in_mob, _solid
 from fused.envs.draws import choice
-from fused.envs.grid import Grid, fence, first_true, put, spawn_into, take
+from fused.envs.grid import Grid, fence, first_true, once, put, spawn_into, take
 from fused.envs.keys import fence_keys
 
 B = BlockType
@@ -82,7 +82,7 @@ def _zombies(rng, state, blocks, mob_map, params):
     attack = (distance == 1) & (z.attack_cooldown <= 0) & z.mask
     to = jnp.where(attack[:, None], z.position, to)
     cooldown = jnp.where(attack, 5, z.attack_cooldown - 1)
-    to, attack, cooldown = fence((to, attack, cooldown))  # (each slot reads them: once)
+    to, attack, cooldown = once((to, attack, cooldown))  # (each slot reads them: once)
     health, sleeping, ach = state.player_health, state.is_sleeping, state.achievements
     for i in range(z.mask.shape[0]):  # a bite wakes the player: later bites hurt less
         ach = _gain(ach, Achievement.WAKE_UP, sleeping & attack[i])
@@ -99,7 +99,7 @@ def _cows(rng, state, blocks, mob_map, params):
     c = state.cows
     keys, rng = _key_chain(rng, c.mask.shape[0], 1, carry_second=False)
     # DIRECTIONS[5:9] are zeros: half the draws stand still
-    to = fence(c.position + jax.vmap(_wander, (0, None))(keys[:, 0], DIRECTIONS[1:9]))
+    to = once(c.position + jax.vmap(_wander, (0, None))(keys[:, 0], DIRECTIONS[1:9]))
     cows, mob_map = _settle(c, to, blocks, mob_map, state.player_position, params)
     return rng, state.replace(cows=cows), mob_map
 
@@ -122,7 +122,7 @@ def ranged_moves(keys, position, player, far: int):
 def _skeletons(rng, state, blocks, mob_map, params, static_params):
     s, player = state.skeletons, state.player_position
     keys, rng = _key_chain(rng, s.mask.shape[0], 3, carry_second=False)
-    to, step, too_close, in_range = fence(ranged_moves(keys, s.position, player, far=10))
+    to, step, too_close, in_range = once(ranged_moves(keys, s.position, player, far=10))
     ready = (s.attack_cooldown <= 0) & s.mask
     arrows, directions = state.arrows, state.arrow_directions
     pos, mask, cooldown = list(s.position), list(s.mask), list(s.attack_cooldown)
@@ -186,7 +186,7 @@ def _spawn_one(key, mobs, can_map, chance_key, chance, health, shape):
     cell = choice(key, jnp.arange(shape[0] * shape[1]),
                   jnp.reshape(can_map, -1) / jnp.sum(can_map), shape=(1,))
     cell = jnp.array([cell // shape[0], cell % shape[1]]).T.astype(jnp.int32)[0]
-    can, cell, slot = fence((can, cell, first_true(~mobs.mask)))  # (read by each field: once)
+    can, cell, slot = once((can, cell, first_true(~mobs.mask)))  # (read by each field: once)
     position = jax.lax.select(can, cell, take(mobs.position, slot))
     new_health = jax.lax.select(can, health, take(mobs.health, slot))
     alive = jax.lax.select(can, True, take(mobs.mask, slot))

@@ -14,7 +14,7 @@ from craftax.craftax_classic.game_logic import (
 from fused.envs import keys
 from fused.envs.classic import craft, do, move, place
 from fused.envs.classic_mobs import spawn_mobs, update_mobs
-from fused.envs.grid import Grid, fence, wrap
+from fused.envs.grid import Grid, fence, once, wrap
 
 B = BlockType
 
@@ -34,7 +34,7 @@ def craftax_step(rng, state, action, params, static_params):
     action = jax.lax.select(state.is_sleeping, Action.NOOP.value, action)
     rng = keys.wrap(rng)  # the same draws, the hash unrolled
     blocks, mob_map = Grid(state.map), Grid(state.mob_map)
-    state = fence(craft(state, action, blocks))
+    state = once(craft(state, action, blocks))
     rng, key = jax.random.split(rng)
     state, blocks, mob_map = fence(do(key, state, action, blocks, mob_map))
     state, blocks = place(state, action, blocks, mob_map)
@@ -46,7 +46,7 @@ def craftax_step(rng, state, action, params, static_params):
     rng, key = jax.random.split(rng)
     state, blocks, mob_map = fence(spawn_mobs(state, key, blocks, mob_map, params,
                                               static_params))
-    state, blocks = fence(grow_plants(state, blocks))
+    state, blocks = once(grow_plants(state, blocks))
     state = update_player_intrinsics(state, action)
     state = cap_inventory(state)
     in_lava = blocks.at(state.player_position) == B.LAVA.value

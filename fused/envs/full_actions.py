@@ -28,7 +28,7 @@ from fused.envs import keys as fast_keys
 from fused.envs.draws import choice
 from fused.envs.full_mobs import (
     _alive, _attack, _Floor, _in_bounds, _put_row, _row, put_floor)
-from fused.envs.grid import Grid, fence, first_true, put, spawn_into, take
+from fused.envs.grid import Grid, first_true, once, put, spawn_into, take
 
 A = Action
 B = BlockType
@@ -164,7 +164,7 @@ def do_action(rng, state, action, static_params):
     do = action == Action.DO.value
     blocks = floor.blocks.set(ahead, cell, ok & do)
 
-    return fence(old.replace(  # (the fields computed once: fence)
+    return once(old.replace(  # (the fields computed once on a CPU)
         map=put_floor(old.map, level, blocks.array()),
         inventory=jax.tree.map(lambda n, c, o: jax.lax.select(do, jax.lax.select(ok, n, c), o),
                                new_inv, inv, old.inventory),
@@ -214,7 +214,7 @@ def do_crafting(state, action):
     """== `craftax.craftax.game_logic.do_crafting`: the recipe the action names, if the
     inventory holds its cost and a table (and a furnace) is among the 8 cells around."""
     near = _near(state, (B.CRAFTING_TABLE.value, B.FURNACE.value))
-    table, furnace = fence((near[B.CRAFTING_TABLE.value], near[B.FURNACE.value]))
+    table, furnace = once((near[B.CRAFTING_TABLE.value], near[B.FURNACE.value]))
     inv, ach = state.inventory, state.achievements
 
     def making(which: Action, can, *needs):
@@ -238,7 +238,7 @@ def do_crafting(state, action):
             ok = making(which, can, *(getattr(inv, k) >= n for k, n in cost.items()))
             inv = inv.replace(**{k: getattr(inv, k) - n * ok for k, n in cost.items()},
                               **{field: getattr(inv, field) * (1 - ok) + tier * ok})
-            inv = fence(inv)  # (the next recipe reads every field: each computed once)
+            inv = once(inv)  # (the next recipe reads every field: each computed once)
     # Armour: the first piece below the tier, if any.
     for which, tier, cost, at_furnace, made in (
             (A.MAKE_IRON_ARMOUR, 1, dict(iron=3, coal=3), True, ACH.MAKE_IRON_ARMOUR),
@@ -251,7 +251,7 @@ def do_crafting(state, action):
                           armour=put(inv.armour, piece,
                                      ok * tier + (1 - ok) * take(inv.armour, piece)))
         ach = _gain(ach, made, ok)
-        inv = fence(inv)
+        inv = once(inv)
     # Arrows and torches, up to 99.
     ok = making(A.MAKE_ARROW, table & (inv.arrows < 99), inv.stone >= 1, inv.wood >= 1)
     inv = inv.replace(wood=inv.wood - 1 * ok, stone=inv.stone - 1 * ok,
@@ -259,7 +259,7 @@ def do_crafting(state, action):
     ok = making(A.MAKE_TORCH, table & (inv.torches < 99), inv.coal >= 1, inv.wood >= 1)
     inv = inv.replace(wood=inv.wood - 1 * ok, coal=inv.coal - 1 * ok,
                       torches=inv.torches + 4 * ok)
-    return fence(state.replace(inventory=inv, achievements=ach))  # (computed once)
+    return once(state.replace(inventory=inv, achievements=ach))  # (computed once on a CPU)
 
 
 def place_block(state, action, static_params):

@@ -30,7 +30,7 @@ from fused.envs import keys as fast_keys
 from fused.envs.classic import _in_bounds, _in_mob
 from fused.envs.classic_mobs import _key_chain, _relocate, _towards, _wander, ranged_moves
 from fused.envs.draws import choice
-from fused.envs.grid import Grid, any_of, fence, first_true, put, spawn_into, take
+from fused.envs.grid import Grid, any_of, fence, first_true, once, put, spawn_into, take
 
 B = BlockType
 _SOLID = tuple(int(b) for b in SOLID_BLOCKS)
@@ -127,7 +127,7 @@ def _melee(rng, state, floor: _Floor, boss, params, static_params):
     awake, asleep = (_damage_to_player(state, static_params, base * (1 + 2.5 * jnp.asarray(s)))
                      for s in (False, True))
     # (each slot reads them: computed once)
-    to, attack, awake, asleep = fence((to, attack, awake, asleep), floats=True)
+    to, attack, awake, asleep = once((to, attack, awake, asleep), floats=True)
     health, sleeping, resting = state.player_health, state.is_sleeping, state.is_resting
     ach = state.achievements
     for i in range(m.mask.shape[0]):  # a blow wakes the player: later blows hurt less
@@ -148,7 +148,7 @@ def _passive(rng, state, floor: _Floor, params):
     m = floor.passive
     keys, rng = _key_chain(rng, m.mask.shape[0], 1, carry_second=False)
     # DIRECTIONS[5:9] are zeros: half the draws stand still
-    to = fence(m.position + jax.vmap(_wander, (0, None))(keys[:, 0], DIRECTIONS[1:9]))
+    to = once(m.position + jax.vmap(_wander, (0, None))(keys[:, 0], DIRECTIONS[1:9]))
     collision = MOB_TYPE_COLLISION_MAPPING[m.type_id, 0]
     floor.passive = _settle(m, to, collision, floor, state.player_position, False, params)
     return rng
@@ -157,7 +157,7 @@ def _passive(rng, state, floor: _Floor, params):
 def _ranged(rng, state, floor: _Floor, boss, params, static_params):
     m, player = floor.ranged, state.player_position
     keys, rng = _key_chain(rng, m.mask.shape[0], 3, carry_second=False)
-    to, step, too_close, in_range = fence(ranged_moves(keys, m.position, player, far=6))
+    to, step, too_close, in_range = once(ranged_moves(keys, m.position, player, far=6))
     ready = (m.attack_cooldown <= 0) & m.mask
     collision = MOB_TYPE_COLLISION_MAPPING[m.type_id, 2]
     kind = RANGED_MOB_TYPE_TO_PROJECTILE_TYPE_MAPPING[m.type_id]
@@ -309,7 +309,7 @@ def update_mobs(rng, state, params, static_params):
                               ranged_mobs=_alive(state.ranged_mobs))
         state = _player_shots(state, floor)
     level = floor.level
-    return fence(state.replace(  # (the fields computed once: fence)
+    return once(state.replace(  # (the fields computed once on a CPU)
         map=put_floor(state.map, level, floor.blocks.array()),
         mob_map=put_floor(state.mob_map, level, floor.mob_map.array()),
         melee_mobs=_put_row(state.melee_mobs, level, floor.melee),
@@ -328,7 +328,7 @@ def _spawn_one(key, mobs, can_map, can, health, type_id, shape):
     cell = choice(key, jnp.arange(shape[0] * shape[1]),
                   jnp.reshape(can_map, -1) / jnp.sum(can_map), shape=(1,))
     cell = jnp.array([cell // shape[0], cell % shape[1]]).T.astype(jnp.int32)[0]
-    can, cell, slot = fence((can, cell, first_true(~mobs.mask)))  # (read by each field: once)
+    can, cell, slot = once((can, cell, first_true(~mobs.mask)))  # (read by each field: once)
     position = jax.lax.select(can, cell, take(mobs.position, slot))
     alive = jax.lax.select(can, True, take(mobs.mask, slot))
     mobs = mobs.replace(
@@ -399,7 +399,7 @@ def spawn_mobs(state, rng, params, static_params):
                                    MOB_TYPE_HEALTH_MAPPING[kind, MobType.RANGED.value], kind,
                                    shape)
     mob_map = mob_map.set(at, mob_map.at(at) | alive)
-    return fence(state.replace(  # (the fields computed once: fence)
+    return once(state.replace(  # (the fields computed once on a CPU)
         mob_map=put_floor(state.mob_map, level, mob_map.array()),
         passive_mobs=_put_row(state.passive_mobs, level, passive),
         melee_mobs=_put_row(state.melee_mobs, level, melee),

@@ -146,6 +146,16 @@ def any_of(mask: jax.Array) -> jax.Array:
     return out
 
 
+def once(tree, floats: bool = False):
+    """`fence(tree, floats)` where the program is compiled for a CPU, `tree` as it is elsewhere.
+    On a CPU, XLA computes a value anew in each kernel that reads it (a chain of a few hundred
+    operations copied into a dozen readers made the step's program several times larger and
+    slower to compile); on a GPU each extra kernel is a launch, and a value recomputed in
+    registers costs less."""
+    return jax.lax.platform_dependent(tree, cpu=lambda t: fence(t, floats),
+                                      default=lambda t: t)
+
+
 def fence(tree, floats: bool = False):
     """`tree` as is, computed once. XLA fuses a cheap elementwise value into every expression
     that reads it, so a long chain of small steps (mobs moving one after another) read in many
