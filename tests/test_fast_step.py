@@ -81,15 +81,21 @@ def test_grid_reads_and_writes_as_jnp_indexing():
 
 
 def test_fence_gives_every_value_back_bit_for_bit():
-    """`fence` (with `floats`: floats' bits too) returns its tree as it was: ints, bools,
-    uint32, floats of 16 and 32 bits with NaN, -0 and infinities, and a map passed as it is."""
+    """`fence` (with `floats`: floats' bits too) returns its tree as it was: integers of 8 to 32
+    bits at their extremes, bools, floats of 16 and 32 bits with NaN, -0 and infinities, an empty
+    leaf, and maps (float and int) passed as they are."""
     rng = np.random.default_rng(5)
     floats = np.array([np.nan, -0.0, 0.0, np.inf, -np.inf, 1e-45, -3.5, 7e30], np.float32)
     tree = {"i": jnp.asarray(rng.integers(-2**31, 2**31 - 1, (3, 2)), jnp.int32),
             "u": jnp.asarray(rng.integers(0, 2**32 - 1, (5,)), jnp.uint32),
             "b": jnp.asarray(rng.random(4) < 0.5), "f": jnp.asarray(floats),
             "h": jnp.asarray([np.nan, -0.0, np.inf, 6e-8, -3.5, 6e4], jnp.float16),
-            "map": jnp.arange(4096.0).reshape(64, 64), "s": jnp.int8(-7)}
+            "map": jnp.arange(4096.0).reshape(64, 64), "s": jnp.int8(-7),
+            "imap": jnp.asarray(rng.integers(-9, 9, (64, 64)), jnp.int32),
+            "u8": jnp.asarray([0, 255, 7], jnp.uint8),
+            "i16": jnp.asarray([-32768, 32767], jnp.int16),
+            "u16": jnp.asarray([0, 65535, 40000], jnp.uint16),
+            "a_empty": jnp.zeros((0,), jnp.int32)}  # (the first leaf: "a_" sorts first)
 
     def bits(x):
         width = {2: jnp.uint16, 4: jnp.uint32}.get(x.dtype.itemsize)
@@ -151,13 +157,16 @@ def test_running_sums_are_jnp_cumsum():
         mask = rng.random((8, n)) < rng.random((8, 1))
         xs = np.concatenate([mask / np.maximum(mask.sum(-1, keepdims=True), 1),
                              rng.standard_normal((8, n))]).astype(np.float32)
+        xs[-1, n // 3], xs[-2, n // 5], xs[-2, n // 2] = np.nan, np.inf, -np.inf
         idx = jnp.arange(n, dtype=jnp.uint32)
         got = jax.jit(jax.vmap(lambda x: jax.vmap(RunningSums(x).at)(idx)))(jnp.asarray(xs))
         sums = jnp.cumsum(jnp.asarray(xs), -1)
         np.testing.assert_array_equal(got, sums)
         # its search (cheaper reads where n / 16 is a power of 2): jnp.searchsorted's index on
         # the cumulative sum, for queries at every 7th element's value (ties) and between
-        queries = jnp.concatenate([sums[:, ::7], sums[:, ::7] + 1e-4, sums[:, -1:] * 0.999], -1)
+        queries = jnp.concatenate([sums[:, ::7], sums[:, ::7] + 1e-4, sums[:, -1:] * 0.999,
+                                   jnp.tile(jnp.asarray([np.nan, np.inf, -np.inf, 0.0, -0.0],
+                                                        jnp.float32), (len(xs), 1))], -1)
         got = jax.jit(jax.vmap(lambda x, q: jax.vmap(RunningSums(x).search_left)(q)))(
             jnp.asarray(xs), queries)
         np.testing.assert_array_equal(got, jax.vmap(jnp.searchsorted)(sums, queries))

@@ -14,7 +14,7 @@ import numpy as np
 
 import jax
 import jax.numpy as jnp
-# jnp.searchsorted's own comparison (a total order: NaN last, -0 before 0); private, so
+# jnp.searchsorted's own comparison (a total order: NaN last, -0 equal to 0); private, so
 # tests/test_fast_step.py checks `search_left` against jnp.searchsorted.
 from jax._src.lax.lax import _sort_le_comparator
 
@@ -82,8 +82,8 @@ class RunningSums:
         return acc + self.before[block]
 
     def search_left(self, query: jax.Array) -> jax.Array:
-        """== `search_left(self.at, n, query)`, each level's read cheaper. For n = 16 * 2**k (a
-        64 x 64 map's 4,096), the search's first k levels read the first element of a block
+        """== `search_left(self.at, n, query)`, each level's read cheaper. For n = 16 * 2**k, the
+        search's first k levels read the first element of a block
         (its fold: 0 + x, plus the blocks before), and the last five levels read within the one
         block they narrowed to [low, high): the block's fold up to `low` is carried, so a read
         at mid adds the elements from low to mid to it (the fold's own adds, in its order)."""

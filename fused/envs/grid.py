@@ -147,11 +147,10 @@ def any_of(mask: jax.Array) -> jax.Array:
 
 
 def once(tree, floats: bool = False):
-    """`fence(tree, floats)` where the program is compiled for a CPU, `tree` as it is elsewhere.
-    On a CPU, XLA computes a value anew in each kernel that reads it (a chain of a few hundred
-    operations copied into a dozen readers made the step's program several times larger and
-    slower to compile); on a GPU each extra kernel is a launch, and a value recomputed in
-    registers costs less."""
+    """`fence(tree, floats)` where the program is compiled for a CPU, `tree` as it is elsewhere
+    (a GPU's program as without it). XLA fuses a cheap value into each kernel that reads it; on a
+    CPU each such copy is compiled code, and a value read by many makes the program larger and
+    slower to compile; on a GPU a fence is one more kernel to launch."""
     return jax.lax.platform_dependent(tree, cpu=lambda t: fence(t, floats),
                                       default=lambda t: t)
 
@@ -161,10 +160,10 @@ def fence(tree, floats: bool = False):
     that reads it, so a long chain of small steps (mobs moving one after another) read in many
     places is copied into each: quadratic code (`lax.optimization_barrier` is gone before XLA
     fuses). An integer division by a value XLA cannot fold is not cheap, so XLA computes it once:
-    the small integer and bool leaves, packed into one vector a dtype (one division, one kernel),
-    are divided by 1, a 1 made from one of them (x | 1 is odd: never 0). Floats (unless
-    `floats`: those of 16 and 32 bits, as their bits) and arrays of more than 64 elements (maps)
-    pass as they are."""
+    the small integer (of 32 bits or fewer) and bool leaves, packed into one vector a dtype (one
+    division, one kernel), are divided by 1, a 1 made from one of them (x | 1 is odd: never 0).
+    Floats (unless `floats`: those of 16 and 32 bits, as their bits), wider integers and arrays
+    of more than 64 elements (maps) pass as they are."""
     if floats:
         leaves, treedef = jax.tree.flatten(tree)
         width = {2: jnp.uint16, 4: jnp.uint32}
@@ -176,13 +175,15 @@ def fence(tree, floats: bool = False):
                                   for x, y, f in zip(leaves, fenced, small)])
     leaves, treedef = jax.tree.flatten(tree)
     groups: dict = {}
-    for i, x in enumerate(leaves):
-        if x.size <= 64 and not jnp.issubdtype(x.dtype, jnp.floating):
+    for i, x in enumerate(leaves):  # (integers of up to 32 bits and bools: int32 holds them)
+        if (x.size <= 64 and x.dtype.itemsize <= 4
+                and (jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_)):
             kind = jnp.uint32 if x.dtype == jnp.uint32 else jnp.int32
             groups.setdefault(kind, []).append(i)
-    if not groups:
+    sized = [leaves[i] for members in groups.values() for i in members if leaves[i].size]
+    if not sized:
         return tree
-    first = leaves[next(iter(groups.values()))[0]]
+    first = sized[0]
     odd = first.reshape(-1)[0].astype(jnp.int32) | 1
     one = jax.lax.div(odd, odd)
     out = list(leaves)
