@@ -83,10 +83,10 @@ class RunningSums:
 
     def search_left(self, query: jax.Array) -> jax.Array:
         """== `search_left(self.at, n, query)`, each level's read cheaper. For n = 16 * 2**k, the
-        search's first k levels read the first element of a block
-        (its fold: 0 + x, plus the blocks before), and the last five levels read within the one
-        block they narrowed to [low, high): the block's fold up to `low` is carried, so a read
-        at mid adds the elements from low to mid to it (the fold's own adds, in its order)."""
+        search's first k levels read the first element of a block (its fold: 0 + x, plus the
+        blocks before), and the last five levels read within the one block they narrowed to
+        [low, high): the block's fold up to `low` is carried, so a read at mid adds the elements
+        from low to mid to it (the fold's own adds, in its order)."""
         n = self.x.shape[0]
         aligned = n // BASE
         if not self.blocked or aligned & (aligned - 1):
