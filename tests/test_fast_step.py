@@ -22,7 +22,7 @@ from fused.envs import make_craftax_env
 from fused.envs.classic import _in_bounds, move
 from fused.envs.curated import classic_edit
 from fused.envs.draws import RunningSums, choice, search_left
-from fused.envs.grid import Grid, fence, first_true, put
+from fused.envs.grid import Grid, any_of, fence, first_true, one_of, put
 from fused.envs.parity import (ParityReport, first_difference, leaf_names, make_parity_run,
                                 outcome, random_policy)
 
@@ -78,6 +78,28 @@ def test_grid_reads_and_writes_as_jnp_indexing():
         np.testing.assert_array_equal(put(v, jnp.int32(i), 9), v.at[i].set(9))
     for mask in ([0, 0, 1, 1], [0, 0, 0, 0], [1, 0, 1, 0]):
         assert first_true(jnp.asarray(mask, bool)) == jnp.argmax(jnp.asarray(mask, bool))
+
+
+def test_one_of_any_of_and_first_true_are_their_jnp_forms():
+    """The unrolled reads of the fast step (on a CPU their links keep an axis, `grid.link`):
+    `one_of` is jnp.isin for any int32 (the solid blocks of both games; values at 0, 31, 32 and
+    63; x outside [0, 64) and at int32's ends), `any_of` is .any() and `first_true` jnp.argmax,
+    each vmapped under jit; a value outside [0, 64) is refused."""
+    from craftax.craftax.constants import SOLID_BLOCKS as FULL_SOLID
+    from craftax.craftax_classic.constants import SOLID_BLOCKS
+
+    ends = [2**31 - 1, -2**31, -2**31 + 5, 2**31 - 33]
+    x = jnp.asarray(np.concatenate([np.arange(-300, 300), ends]), jnp.int32)
+    for values in ([int(b) for b in SOLID_BLOCKS], [int(b) for b in FULL_SOLID], [0, 31, 32, 63],
+                   [5]):
+        got = jax.jit(jax.vmap(lambda v: one_of(v, values)))(x)
+        np.testing.assert_array_equal(got, np.isin(np.asarray(x), values), err_msg=str(values))
+    with pytest.raises(ValueError, match="one_of: 64 is outside"):
+        one_of(x, [3, 64])
+    masks = jnp.asarray(np.random.default_rng(3).random((64, 9)) < 0.15)
+    masks = masks.at[0].set(False).at[1].set(True)
+    np.testing.assert_array_equal(jax.jit(jax.vmap(any_of))(masks), masks.any(1))
+    np.testing.assert_array_equal(jax.jit(jax.vmap(first_true))(masks), jnp.argmax(masks, 1))
 
 
 def test_fence_gives_every_value_back_bit_for_bit():

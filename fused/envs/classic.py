@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from craftax.craftax_classic.constants import (
     CLOSE_BLOCKS, DIRECTIONS, SOLID_BLOCKS, Achievement, Action, BlockType)
 
-from fused.envs.grid import Grid, any_of, first_true, once, put, take
+from fused.envs.grid import Grid, any_of, first_true, once, one_of, put, take
 
 B = BlockType
 A = Action
@@ -32,10 +32,7 @@ def _gain(achievements: jax.Array, which: Achievement, cond) -> jax.Array:
 
 
 def _solid(block: jax.Array) -> jax.Array:
-    out = block == _SOLID[0]
-    for b in _SOLID[1:]:
-        out = out | (block == b)
-    return out
+    return one_of(block, _SOLID)
 
 
 def _in_bounds(pos: jax.Array, shape) -> jax.Array:

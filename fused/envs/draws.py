@@ -65,10 +65,14 @@ class RunningSums:
         if not self.blocked:
             self.sums = jnp.cumsum(x)
             return
+        # The folds below add slices that keep their axis (x[k:k + 1], not x[k]) and reshape
+        # once at the end: XLA moves a squeeze's reshape down an add chain one add per round of
+        # its simplification passes (16 rounds for a fold of 16), each round every pass again.
         rows = x.reshape(n // BASE, BASE)
-        total = jnp.zeros((n // BASE,), x.dtype)
+        total = jnp.zeros((n // BASE, 1), x.dtype)
         for k in range(BASE):
-            total = total + rows[:, k]
+            total = total + rows[:, k:k + 1]
+        total = total.reshape(n // BASE)
         self.before = jnp.concatenate([jnp.zeros((1,), x.dtype), jnp.cumsum(total)[:-1]])
 
     def at(self, i: jax.Array) -> jax.Array:
@@ -76,10 +80,10 @@ class RunningSums:
             return self.sums[i]
         block, lane = i // BASE, i % BASE
         row = jax.lax.dynamic_slice(self.x, (block * BASE,), (BASE,))
-        acc = jnp.zeros((), self.x.dtype)
+        acc = jnp.zeros((1,), self.x.dtype)
         for k in range(BASE):
-            acc = jax.lax.select(k <= lane, acc + row[k], acc)
-        return acc + self.before[block]
+            acc = jax.lax.select(k <= lane, acc + row[k:k + 1], acc)
+        return acc.reshape(()) + self.before[block]
 
     def search_left(self, query: jax.Array) -> jax.Array:
         """== `search_left(self.at, n, query)`, each level's read cheaper. For n = 16 * 2**k, the
@@ -91,20 +95,21 @@ class RunningSums:
         aligned = n // BASE
         if not self.blocked or aligned & (aligned - 1):
             return search_left(self.at, n, query)
-        k, zero = aligned.bit_length() - 1, jnp.zeros((), self.x.dtype)
+        k, zero = aligned.bit_length() - 1, jnp.zeros((1,), self.x.dtype)  # [1]: see __init__
         low, high, upto = jnp.uint32(0), jnp.uint32(n), zero  # upto: the fold before low
         for level in range(int(np.ceil(np.log2(n + 1)))):
             width = (n >> level) // 2  # mid - low: the same on every path
             mid = low + width
             if level < k:  # mid is a block's first element
-                value, before_mid = (zero + self.x[mid]) + self.before[mid // BASE], zero
+                value = (zero[0] + self.x[mid]) + self.before[mid // BASE]
+                before_mid = zero
             else:
                 run = jax.lax.dynamic_slice(self.x, (low,), (width + 1,))  # x[low..mid]
                 fold = upto
                 for j in range(width + 1):
                     before_mid = fold
-                    fold = fold + run[j]
-                value = fold + self.before[mid // BASE]
+                    fold = fold + run[j:j + 1]
+                value = fold.reshape(()) + self.before[mid // BASE]
             go_left = _sort_le_comparator(query, value)
             low, high, upto = jax.lax.platform_dependent(
                 go_left, low, mid, high, upto, before_mid,

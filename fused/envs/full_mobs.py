@@ -30,7 +30,7 @@ from fused.envs import keys as fast_keys
 from fused.envs.classic import _in_bounds, _in_mob
 from fused.envs.classic_mobs import _key_chain, _relocate, _towards, _wander, ranged_moves
 from fused.envs.draws import choice
-from fused.envs.grid import Grid, any_of, fence, first_true, once, put, spawn_into, take
+from fused.envs.grid import Grid, any_of, fence, first_true, once, one_of, put, spawn_into, take
 
 B = BlockType
 _SOLID = tuple(int(b) for b in SOLID_BLOCKS)
@@ -38,10 +38,7 @@ _SOLID = tuple(int(b) for b in SOLID_BLOCKS)
 
 def _solid(block: jax.Array) -> jax.Array:
     """The full game's solid blocks (more than Classic's)."""
-    out = block == _SOLID[0]
-    for b in _SOLID[1:]:
-        out = out | (block == b)
-    return out
+    return one_of(block, _SOLID)
 
 
 def _valid(blocks: Grid, mob_map: Grid, player, pos, collision) -> jax.Array:

@@ -130,20 +130,46 @@ def spawn_into(mobs, directions, when, direction, **values):
     return mobs, fill(directions, direction)
 
 
+def link(x: jax.Array, k: int) -> jax.Array:
+    """`x[k]` as a link of an unrolled chain; on a CPU `x[k:k + 1]` (its axis kept, the chain's
+    end reshaped once): XLA moves a squeeze's reshape down such a chain one link per round of its
+    simplification passes, each round every pass again, while a GPU fuses the squeezes into
+    fewer kernels. jax's default backend picks (shapes differ, so not `platform_dependent`), as
+    for `draws.RunningSums`."""
+    return x[k:k + 1] if jax.default_backend() == "cpu" else x[k]
+
+
+def one_of(x: jax.Array, values) -> jax.Array:
+    """`(x == v0) | (x == v1) | ...` of an integer x, the values ints in [0, 64): bits of two
+    constant masks, shifted by x (XLA's logical shift by 32 or more is 0, so an x outside
+    [0, 64) is none of them). A chain of compares is as long as `values`, and XLA moves a
+    reshape of x down it one link per round of its simplification passes."""
+    bits = 0
+    for v in values:
+        if not 0 <= int(v) < 64:
+            raise ValueError(f"one_of: {int(v)} is outside [0, 64)")
+        bits |= 1 << int(v)
+    u = x.astype(jnp.uint32)
+    shift = jax.lax.shift_right_logical
+    low = shift(jnp.uint32(bits & 0xFFFFFFFF), u)
+    high = shift(jnp.uint32(bits >> 32), u - jnp.uint32(32))  # (an x below 32 wraps: 0)
+    return ((low | high) & jnp.uint32(1)) == jnp.uint32(1)
+
+
 def first_true(mask: jax.Array) -> jax.Array:
     """`jnp.argmax(mask)` of a bool vector (the first True, 0 if none), as selects."""
     out = jnp.int32(0)
     for k in reversed(range(mask.shape[0])):
-        out = jnp.where(mask[k], jnp.int32(k), out)
-    return out
+        out = jnp.where(link(mask, k), jnp.int32(k), out)
+    return out.reshape(())
 
 
 def any_of(mask: jax.Array) -> jax.Array:
     """`mask.sum() > 0` / `mask.any()` of a short bool vector, unrolled."""
-    out = mask[0]
+    out = link(mask, 0)
     for k in range(1, mask.shape[0]):
-        out = out | mask[k]
-    return out
+        out = out | link(mask, k)
+    return out.reshape(())
 
 
 def once(tree, floats: bool = False):
