@@ -65,9 +65,7 @@ class RunningSums:
         if not self.blocked:
             self.sums = jnp.cumsum(x)
             return
-        # The folds below add slices that keep their axis (x[k:k + 1], not x[k]) and reshape
-        # once at the end: XLA moves a squeeze's reshape down an add chain one add per round of
-        # its simplification passes (16 rounds for a fold of 16), each round every pass again.
+        # The folds add slices that keep their axis and reshape once at the end (`grid.link`).
         rows = x.reshape(n // BASE, BASE)
         total = jnp.zeros((n // BASE, 1), x.dtype)
         for k in range(BASE):

@@ -142,8 +142,7 @@ def link(x: jax.Array, k: int) -> jax.Array:
 def one_of(x: jax.Array, values) -> jax.Array:
     """`(x == v0) | (x == v1) | ...` of an integer x, the values ints in [0, 64): bits of two
     constant masks, shifted by x (XLA's logical shift by 32 or more is 0, so an x outside
-    [0, 64) is none of them). A chain of compares is as long as `values`, and XLA moves a
-    reshape of x down it one link per round of its simplification passes."""
+    [0, 64) is none of them); not a chain as long as `values` (see `link`)."""
     bits = 0
     for v in values:
         if not 0 <= int(v) < 64:
