@@ -11,12 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import ENCODE_LENGTHS
+from conftest import ENCODE_LENGTHS, ROOT
 from fused.commands.train import TrainConfig, WandbConfig, validate
 from fused.errors import ConfigError
 from fused.llm.config import LLMConfig
 from fused.rl.config import EnvConfig, PolicyConfig, PPOConfig
-from fused.llm.encoders import make_encoder
+from fused.llm.encoders import make_encoder, validate_llm
 from fused.text.buckets import encode_buckets
 from fused.llm.policy_input import LLMInput, init_llm_state, llm_step
 from fused.rl.envs import rollout_observations
@@ -423,9 +423,11 @@ def test_explicit_call_sizes_win(llm):
                                                         refresh_batch=2), 16, "cpu")[:2] == (4, 2)
 
 
-def test_llm_call_sizes_cost_each_gpu_kind_by_its_own_figures(caplog):
-    """A GPU is costed by its kind (not every GPU as an H100), an unknown one as an H100 with a
-    notice, and the activation budget never exceeds a quarter of the memory it reports."""
+def test_llm_call_sizes_cost_each_gpu_kind_by_its_own_figures(caplog, tmp_path):
+    """With --llm.device-costs docs/gpu/device_costs.json a GPU is costed by its kind (not every
+    GPU as an H100), an unknown one (or any, without the file) as an H100 with a notice, and the
+    activation budget never exceeds a quarter of the memory it reports; a missing or damaged
+    file is one line."""
     import logging
 
     from fused.llm import batching
@@ -440,17 +442,28 @@ def test_llm_call_sizes_cost_each_gpu_kind_by_its_own_figures(caplog):
         def memory_stats(self):
             return {"bytes_limit": self.limit} if self.limit else None
 
-    h200 = batching.device_cost(Fake("NVIDIA H200", 141 * 2**30))
+    kinds = batching.gpu_kinds(str(ROOT / "docs/gpu/device_costs.json"))
+    cost = lambda kind, limit=None: batching.device_cost(Fake(kind, limit), kinds)  # noqa: E731
+    h200 = cost("NVIDIA H200", 141 * 2**30)
     assert h200.bandwidth == 4.8e12 and h200.activation_bytes == 16 * 2**30
-    assert batching.device_cost(Fake("NVIDIA A100-SXM4-80GB")).bandwidth == 2.0e12
-    assert batching.device_cost(Fake("NVIDIA L4")).bandwidth == 3.0e11
-    assert batching.device_cost(Fake("NVIDIA L40S")).bandwidth == 8.6e11  # not L4's
-    assert batching.device_cost(Fake("NVIDIA L4", 8 * 2**30)).activation_bytes == 2 * 2**30
+    assert cost("NVIDIA A100-SXM4-80GB").bandwidth == 2.0e12
+    assert cost("NVIDIA L4").bandwidth == 3.0e11
+    assert cost("NVIDIA L40S").bandwidth == 8.6e11  # not L4's
+    assert cost("NVIDIA L4", 8 * 2**30).activation_bytes == 2 * 2**30
     with caplog.at_level(logging.INFO, logger="fused"):
-        other = batching.device_cost(Fake("Some Future GPU"))
+        other = cost("Some Future GPU")
     assert other == batching.DEVICE_COSTS["gpu"] and "no cost model" in caplog.text
+    assert batching.device_cost(Fake("NVIDIA H200")) == batching.DEVICE_COSTS["gpu"]  # no file
+    bad = tmp_path / "costs.json"
+    for text in ("{not json", '{"gpu_kinds": {"H200": [1, 2]}}', "[]"):
+        bad.write_text(text)
+        with pytest.raises(ConfigError, match="llm.device_costs=.*not a readable cost table"):
+            batching.gpu_kinds(str(bad))
+    with pytest.raises(ConfigError, match="llm.device_costs"):
+        validate_llm(LLMConfig(backend="jax", device_costs=str(tmp_path / "nothing.json")),
+                     "Craftax-Classic-Symbolic-v1", 8)
     # the sizes follow: L4's smaller budget holds fewer rows per micro-batch than an H100's
     q = Qwen3Config.shape("qwen3-4b")
     args = (q, 24, 1024, 4, 236, 1040, 790, "bfloat16")
-    assert (batching.plan(*args, batching.device_cost(Fake("NVIDIA L4"))).microbatch
+    assert (batching.plan(*args, cost("NVIDIA L4")).microbatch
             < batching.plan(*args, "gpu").microbatch)

@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 import jax
 
+from fused.errors import ConfigError
 from fused.llm.config import LLMConfig
 from llm_jax.config import Qwen3Config
 from llm_jax.memory import activation_bytes
@@ -43,28 +44,44 @@ class DeviceCost(NamedTuple):
     activation_bytes: float  # budget for one micro-batch's activations
 
 
-# The cost models, as data (fused/llm/device_costs.json; each figure's source, a data sheet or a
-# measured row: docs/BENCHMARKS.md): a platform's (f32 on a GPU runs as TF32; bf16 on a CPU is
-# emulated), and GPUs by a name in their device_kind. A GPU whose kind is not listed is costed
-# as the "gpu" platform's, with a notice.
-_COSTS = json.loads((Path(__file__).with_name("device_costs.json")).read_text())
-DEVICE_COSTS = {k: DeviceCost(*v) for k, v in _COSTS["platforms"].items()}
-GPU_KINDS = {k: DeviceCost(*v) for k, v in _COSTS["gpu_kinds"].items()}
+# A platform's cost model (f32 on a GPU runs as TF32; bf16 on a CPU is emulated); each figure's
+# source: docs/BENCHMARKS.md, "LLM call cost model".
+DEVICE_COSTS = {
+    "gpu": DeviceCost(6.6e14, 0.5, 3.35e12, 5e-6, 16 * 2**30),
+    "tpu": DeviceCost(1.97e14, 0.25, 8.2e11, 2e-6, 8 * 2**30),
+    "cpu": DeviceCost(4.6e10, 4.0, 2e10, 2e-6, 2 * 2**30),
+}
 
 
-def device_cost(device=None) -> DeviceCost:
+def gpu_kinds(path: str) -> dict[str, DeviceCost]:
+    """The cost models of a `--llm.device-costs` file: {"gpu_kinds": {NAME: [the DeviceCost
+    fields, in order]}}, a GPU matched by NAME within its device_kind (the longest match);
+    "" for none. A missing or malformed file is a ConfigError naming it."""
+    if not path:
+        return {}
+    try:
+        table = json.loads(Path(path).expanduser().read_text())["gpu_kinds"]
+        return {str(k): DeviceCost(*map(float, v)) for k, v in table.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"llm.device_costs={path!r}: not a readable cost table ({e!r}); "
+                          "pass a file like docs/gpu/device_costs.json, or none") from None
+
+
+def device_cost(device=None, kinds: dict[str, DeviceCost] | None = None) -> DeviceCost:
     """The cost model of `device` (default this process's first): its platform's, a GPU's by
-    its kind; the activation budget at most a quarter of the memory the device reports."""
+    its kind where `kinds` (`gpu_kinds`) names it; the activation budget at most a quarter of
+    the memory the device reports."""
     device = device or jax.local_devices()[0]
     dev = DEVICE_COSTS.get(device.platform, DEVICE_COSTS["gpu"])
     if device.platform == "gpu":
         kind = getattr(device, "device_kind", "")
-        known = [k for k in GPU_KINDS if k in kind]
+        known = [k for k in (kinds or {}) if k in kind]
         if known:
-            dev = GPU_KINDS[max(known, key=len)]
+            dev = kinds[max(known, key=len)]
         else:
             log.info(f"notice: no cost model for the GPU {kind!r}; LLM call sizes are the generic "
-                     "GPU's (set --llm.microbatch / --llm.refresh-batch to override)")
+                     "GPU's (--llm.device-costs FILE costs it by its kind; --llm.microbatch / "
+                     "--llm.refresh-batch set the sizes)")
     try:
         limit = (device.memory_stats() or {}).get("bytes_limit")
     except Exception:  # platforms without memory statistics
@@ -145,7 +162,7 @@ def for_calls(shape: CallShape, cfg: LLMConfig, local_envs: int,
               platform: str | None = None) -> Batching:
     """`plan` for calls of `shape` on this process's backend (or `platform`), the config's
     explicit --llm.microbatch / --llm.refresh-batch (non-zero) taking precedence."""
-    dev = platform or device_cost()
+    dev = platform or device_cost(kinds=gpu_kinds(cfg.device_costs))
     if platform is None and shape.room is not None:  # what the weights leave
         dev = dev._replace(activation_bytes=min(dev.activation_bytes, shape.room))
     auto = plan(shape.qcfg, shape.layers, local_envs, cfg.refresh_wait, shape.typical,

@@ -165,6 +165,10 @@ class LLMConfig(ModelConfig):
     microbatch: int = 0
     """Envs per micro-batch of a periodic LLM call over all envs (must divide the envs per
     device). 0 = the largest the device's activation budget allows (`fused.llm.batching`)."""
+    device_costs: str = ""
+    """A JSON file of GPU cost models by kind (docs/gpu/device_costs.json: data-sheet and
+    measured figures) that sizes the calls above on a GPU it names; empty: every GPU is costed
+    as the generic one (`fused.llm.batching`)."""
     hidden: Literal["real", "zero", "shuffle", "garbage-prompt"] = "real"
     """Ablation: the real hidden state, zeros, hidden states shuffled across envs at each call,
     or states of a prompt whose prefix tokens are shuffled into nonsense."""

@@ -14,6 +14,7 @@ from typing import Callable
 
 from fused.envspec import TEXT_ENVS, text_env
 from fused.errors import ConfigError
+from fused.llm.batching import gpu_kinds
 from fused.llm.config import (LLMConfig, check_llm_memory, is_vl, model_config, sampling_of,
                               validate_imagine, validate_model)
 from fused.llm.encoder import Encoder, EncoderKind
@@ -171,6 +172,7 @@ def validate_llm(m: LLMConfig, env_name: str, local_envs: int, num_devices: int 
     if lengths and (min(lengths) <= 0 or list(lengths) != sorted(set(lengths))):
         raise ConfigError(f"llm.encode_lengths={' '.join(map(str, lengths))}: ascending positive "
                           "token counts, e.g. 512 or 256 512 (none for the default)")
+    gpu_kinds(m.device_costs)  # (a missing or malformed file: one line)
     if m.layer is not None and m.layer < 0:
         raise ConfigError(f"llm.layer={m.layer} must be >= 0 (0 = embeddings) or None")
     if m.backend == "vllm" and m.weights is None:
