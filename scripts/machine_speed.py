@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -39,9 +40,6 @@ FLAGS = ("--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false
 
 
 def job() -> None:
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (Ctrl-C is the parent's: it stops the jobs)
     import jax
 
     jax.config.update("jax_enable_compilation_cache", False)
@@ -146,8 +144,12 @@ def main() -> None:
         sys.exit("error: --procs must be at least 1")
     env = dict(os.environ, XLA_FLAGS=FLAGS, JAX_PLATFORMS="cpu")
     start = time.perf_counter()
+    # Ctrl-C is the parent's (it stops the jobs): each job starts with SIGINT ignored, which
+    # Python keeps from its first instruction on (a handler set in the job would come after
+    # its imports, where a Ctrl-C printed a fatal error).
     procs = [subprocess.Popen([sys.executable, __file__, "--job"], env=env,
-                              stdout=subprocess.DEVNULL)  # (one line on stdout: this one's)
+                              stdout=subprocess.DEVNULL,  # (one line on stdout: this one's)
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
              for _ in range(args.procs)]
     try:
         codes = [p.wait() for p in procs]
