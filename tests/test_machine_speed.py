@@ -3,25 +3,41 @@ scaled by the reference job's seconds on the budget's machine over its mean seco
 the budget (a warning over it, a failure past --fail-over times it); unscaled, said so, where the
 job gave no time; bad input is one line."""
 
+import contextlib
 import importlib.util
+import io
 import subprocess
 import sys
 
 from conftest import ROOT
 
 SCRIPT = str(ROOT / "scripts/machine_speed.py")
+spec = importlib.util.spec_from_file_location("machine_speed", SCRIPT)
+machine_speed = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(machine_speed)
 
 
-def judge(*args):
-    return subprocess.run([sys.executable, SCRIPT, "judge", *args], capture_output=True,
-                          text=True, timeout=60)
+def judge(*args) -> subprocess.CompletedProcess:
+    """`python scripts/machine_speed.py judge ARGS`, run in this process (its output, and its
+    exit status as the interpreter makes it of `sys.exit`'s argument: a message is printed to
+    stderr, status 1)."""
+    out, err = io.StringIO(), io.StringIO()
+    argv, sys.argv = sys.argv, [SCRIPT, "judge", *args]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            machine_speed.main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        if isinstance(e.code, str):
+            err.write(e.code + "\n")
+    finally:
+        sys.argv = argv
+    return subprocess.CompletedProcess(sys.argv, code, out.getvalue(), err.getvalue())
 
 
 def test_judge_scales_the_suite_by_the_machines_speed():
-    spec = importlib.util.spec_from_file_location("machine_speed", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    ref = module.REFERENCE_SECONDS
+    ref = machine_speed.REFERENCE_SECONDS
     # a machine twice as slow as the budget's (runs of 1.5x and 2.5x): 2,400 s here is 1,200 s
     p = judge("--suite", "2400", "--speed", str(1.5 * ref), str(2.5 * ref), "--limit", "1200")
     assert p.returncode == 0 and p.stderr == "", p.stderr
