@@ -273,8 +273,8 @@ def test_classic_step_equals_craftax(tmp_path, smoke_run):
     run's policy (`--policy`: the session's smoke run), through resets. A policy trained on
     another game is refused in one line."""
     out = tmp_path / "parity.json"
-    # (under the suite's XLA flags, conftest.FAST_COMPILE: 76 CPU s; at LLVM's O1 with XLA's
-    # fusion emitters, 99 CPU s, 65 of them compiling; at O1 alone, 83)
+    # (under the suite's XLA flags: at LLVM's O1, with or without XLA's fusion emitters, its
+    # compile costs more CPU time than the faster run saves at this size)
     p = run_command([sys.executable, "bench/env_parity.py", "--transitions", "19200",
                      "--num-envs", "64", "--chunk-steps", "100", "--policy", str(smoke_run),
                      "--out", str(out)], cwd=ROOT,

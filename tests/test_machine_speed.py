@@ -22,7 +22,8 @@ def judge(*args) -> subprocess.CompletedProcess:
     exit status as the interpreter makes it of `sys.exit`'s argument: a message is printed to
     stderr, status 1)."""
     out, err = io.StringIO(), io.StringIO()
-    argv, sys.argv = sys.argv, [SCRIPT, "judge", *args]
+    command = [SCRIPT, "judge", *args]
+    argv, sys.argv = sys.argv, command
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             machine_speed.main()
@@ -33,7 +34,7 @@ def judge(*args) -> subprocess.CompletedProcess:
             err.write(e.code + "\n")
     finally:
         sys.argv = argv
-    return subprocess.CompletedProcess(sys.argv, code, out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess(command, code, out.getvalue(), err.getvalue())
 
 
 def test_judge_scales_the_suite_by_the_machines_speed():
