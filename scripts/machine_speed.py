@@ -144,14 +144,26 @@ def main() -> None:
         sys.exit("error: --procs must be at least 1")
     env = dict(os.environ, XLA_FLAGS=FLAGS, JAX_PLATFORMS="cpu")
     start = time.perf_counter()
-    # Ctrl-C is the parent's (it stops the jobs): each job starts with SIGINT ignored, which
-    # Python keeps from its first instruction on (a handler set in the job would come after
-    # its imports, where a Ctrl-C printed a fatal error).
-    procs = [subprocess.Popen([sys.executable, __file__, "--job"], env=env,
-                              stdout=subprocess.DEVNULL,  # (one line on stdout: this one's)
-                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-             for _ in range(args.procs)]
+    # Ctrl-C is the parent's (it stops the jobs). Each job starts with SIGINT ignored, which
+    # Python keeps from its first instruction on (a handler set in the job would come after its
+    # imports, where a Ctrl-C printed a fatal error). While the jobs start, SIGINT is blocked
+    # here: a Ctrl-C then (inside Popen, past its try) would leave a started job unknown to the
+    # `finally` below; it stays pending and arrives, as KeyboardInterrupt, once they all exist.
+    sigint = {signal.SIGINT}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, sigint)
+
+    def start_job():  # (in the job, between fork and exec: ignored, then the mask as it was)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+    procs = []
     try:
+        for _ in range(args.procs):
+            procs.append(subprocess.Popen(
+                [sys.executable, __file__, "--job"], env=env,
+                stdout=subprocess.DEVNULL,  # (one line on stdout: this one's)
+                preexec_fn=start_job))
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # (a pending Ctrl-C is raised here)
         codes = [p.wait() for p in procs]
     except KeyboardInterrupt:
         print("interrupted: the reference job stopped, nothing timed", file=sys.stderr)
@@ -160,6 +172,7 @@ def main() -> None:
         for p in procs:
             if p.poll() is None:
                 p.kill()
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     seconds = time.perf_counter() - start
     if any(codes):
         sys.exit(f"error: the reference job failed (exit codes {codes})")

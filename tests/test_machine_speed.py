@@ -105,3 +105,34 @@ def test_ctrl_c_is_one_line_and_leaves_no_job_running():
     time.sleep(0.5)
     assert not [j for j in jobs if os.path.exists(f"/proc/{j}")
                 and open(f"/proc/{j}/stat").read().split()[2] != "Z"], jobs
+
+
+def test_ctrl_c_while_a_job_starts_stops_every_job():
+    """Ctrl-C delivered while a job is being started (inside `subprocess.Popen`, made certain
+    here by sending it from there): the same one line and exit 130, and no job left running
+    (looked up by session, which an orphaned job keeps)."""
+    import os
+    import signal
+    import time
+
+    code = f"""
+import os, runpy, signal, subprocess, sys
+real = subprocess.Popen
+class Popen(real):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+subprocess.Popen = Popen
+sys.argv = [{SCRIPT!r}]
+runpy.run_path({SCRIPT!r}, run_name="__main__")
+"""
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and out == "", (p.returncode, out, err)
+    assert err.strip().splitlines() == ["interrupted: the reference job stopped, nothing timed"]
+    time.sleep(0.5)
+    ps = subprocess.run(["ps", "-o", "pid=,stat=", "-s", str(p.pid)], capture_output=True,
+                        text=True).stdout.splitlines()
+    left = [line for line in ps if line.split() and not line.split()[1].startswith("Z")]
+    assert not left, left
