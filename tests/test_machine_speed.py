@@ -79,6 +79,15 @@ def test_judge_scales_the_suite_by_the_machines_speed():
         assert p.returncode == 1 and p.stderr.strip() == line, p.stderr
 
 
+def as_from_a_terminal():
+    """SIGINT at its default, as a terminal's shell starts a command (the suite itself may run
+    with it ignored, as a background job of a script does, and a Python started so ignores
+    Ctrl-C)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_is_one_line_and_leaves_no_job_running():
     """Ctrl-C (SIGINT to the process group, as a terminal sends it) as soon as the jobs have
     started (while their Python is still starting up): one line, exit 130, and neither job
@@ -88,7 +97,8 @@ def test_ctrl_c_is_one_line_and_leaves_no_job_running():
     import time
 
     p = subprocess.Popen([sys.executable, SCRIPT], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+                         stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=as_from_a_terminal)
     jobs = []
     for _ in range(100):  # (the jobs started: the script's children)
         out = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True,
@@ -127,7 +137,8 @@ sys.argv = [{SCRIPT!r}]
 runpy.run_path({SCRIPT!r}, run_name="__main__")
 """
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+                         stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=as_from_a_terminal)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130 and out == "", (p.returncode, out, err)
     assert err.strip().splitlines() == ["interrupted: the reference job stopped, nothing timed"]
