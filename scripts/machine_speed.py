@@ -149,8 +149,7 @@ def main() -> None:
     # imports, where a Ctrl-C printed a fatal error). While the jobs start, SIGINT is blocked
     # here: a Ctrl-C then (inside Popen, past its try) would leave a started job unknown to the
     # `finally` below; it stays pending and arrives, as KeyboardInterrupt, once they all exist.
-    sigint = {signal.SIGINT}
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, sigint)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 
     def start_job():  # (in the job, between fork and exec: ignored, then the mask as it was)
         signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -121,8 +121,6 @@ def test_ctrl_c_while_a_job_starts_stops_every_job():
     """Ctrl-C delivered while a job is being started (inside `subprocess.Popen`, made certain
     here by sending it from there): the same one line and exit 130, and no job left running
     (looked up by session, which an orphaned job keeps)."""
-    import os
-    import signal
     import time
 
     code = f"""
