@@ -120,6 +120,7 @@ class Timed:
 
     def __init__(self, cfg):
         import jax
+        import numpy as np
 
         from fused.commands.train import build, validate
         from fused.rl.sharding import jit_init
@@ -132,9 +133,11 @@ class Timed:
         self.state = jax.block_until_ready(jit_init(tr)(jax.random.PRNGKey(0), frozen))
         t = time.perf_counter()
         # (as train.py compiles it, its CUDA graphs setting included)
-        self.compiled = loop_jit(tr.chunk, cfg.cuda_graphs).lower(self.state, frozen).compile()
+        self.length = np.int32(cfg.num_updates)
+        self.compiled = loop_jit(tr.chunk, cfg.cuda_graphs).lower(self.state, frozen,
+                                                                  self.length).compile()
         self.compile_s = time.perf_counter() - t
-        self.state, _ = jax.block_until_ready(self.compiled(self.state, frozen))  # warm-up
+        self.state, _ = jax.block_until_ready(self.compiled(self.state, frozen, self.length))
         self.host0 = self.host_seconds()
         self.times, self.metrics = [], []
 
@@ -145,7 +148,8 @@ class Timed:
         import jax
 
         t = time.perf_counter()
-        self.state, m = jax.block_until_ready(self.compiled(self.state, self.online.frozen))
+        self.state, m = jax.block_until_ready(self.compiled(self.state, self.online.frozen,
+                                                            self.length))
         self.times.append(time.perf_counter() - t)
         self.metrics.append(jax.device_get(m))
 
@@ -158,8 +162,8 @@ class Timed:
         with tempfile.TemporaryDirectory() as tmp:
             jax.profiler.start_trace(tmp, create_perfetto_trace=True)
             try:
-                self.state, _ = jax.block_until_ready(self.compiled(self.state,
-                                                                    self.online.frozen))
+                self.state, _ = jax.block_until_ready(self.compiled(
+                    self.state, self.online.frozen, self.length))
             finally:
                 jax.profiler.stop_trace()
             found = sorted(Path(tmp).rglob("perfetto_trace.json.gz"))

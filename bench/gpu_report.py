@@ -56,6 +56,7 @@ def compile_train(cfg, device, options=None):
     configs: `default`; `options` are added to them, never take them away), from shapes only
     (an LLM's weights are made on this CPU by its host setup, then passed as shapes)."""
     import jax
+    import numpy as np
 
     from fused.commands.train import build, validate
     from llm_jax.graphs import loop_jit
@@ -72,7 +73,8 @@ def compile_train(cfg, device, options=None):
         state = gpu_target.abstract(
             jax.eval_shape(online.trainer.init, jax.random.PRNGKey(0), online.frozen), device)
         chunk = loop_jit(online.trainer.chunk, cfg.cuda_graphs)  # (as train.py compiles it)
-        return chunk.lower(state, frozen).compile(options or None)
+        length = gpu_target.abstract(np.int32(cfg.num_updates), device)
+        return chunk.lower(state, frozen, length).compile(options or None)
 
 
 def ppo_config(env: str, n: int, reset_pool: int, worlds: int, num_steps: int = 64,

@@ -155,6 +155,7 @@ def digest(tree) -> str:
 
 def ppo_rows(args: Args):
     import jax
+    import numpy as np
 
     from fused.commands.train import TrainConfig, validate
     from fused.rl.config import EnvConfig, ExploreConfig, PolicyConfig, PPOConfig
@@ -184,13 +185,15 @@ def ppo_rows(args: Args):
                           explore=ExploreConfig(explore or "none"),
                           total_timesteps=n * 64 * 10_000, updates_per_chunk=args.ppo_updates)
         validate(cfg)
+        length = np.int32(cfg.num_updates)
         t = time.perf_counter()
         if args.target:  # shapes only, placed on the GPU's compile-only device
             with gpu_target.as_gpu():
                 tr = build(cfg).trainer
                 state = gpu_target.abstract(
                     jax.eval_shape(tr.init, jax.random.PRNGKey(0), None), device)
-                compiled = loop_jit(tr.chunk, graphs).lower(state, None).compile()
+                compiled = loop_jit(tr.chunk, graphs).lower(
+                    state, None, gpu_target.abstract(length, device)).compile()
         else:
             tr = build(cfg).trainer
             init = jit_init(tr)  # (as train.py makes its first state)
@@ -199,7 +202,7 @@ def ppo_rows(args: Args):
             print(f"# {variant} ({impl}) at {n} envs: init {init_s:.1f} s", file=sys.stderr,
                   flush=True)
             t = time.perf_counter()
-            compiled = loop_jit(tr.chunk, graphs).lower(state, None).compile()
+            compiled = loop_jit(tr.chunk, graphs).lower(state, None, length).compile()
         compile_s = time.perf_counter() - t
         print(f"# {variant} ({impl}) at {n} envs: compile {compile_s:.1f} s", file=sys.stderr,
               flush=True)
@@ -214,11 +217,11 @@ def ppo_rows(args: Args):
                          "compile_s": compile_s, **memory})
             print(json.dumps(rows[-1]), flush=True)
             continue
-        state, _ = jax.block_until_ready(compiled(state, None))  # warm-up
+        state, _ = jax.block_until_ready(compiled(state, None, length))  # warm-up
         times = []
         for _ in range(args.repeats):
             t = time.perf_counter()
-            state, _ = jax.block_until_ready(compiled(state, None))
+            state, _ = jax.block_until_ready(compiled(state, None, length))
             times.append(time.perf_counter() - t)
         dt = statistics.median(times)
         rows.append({"name": "ppo" if variant == "mlp" else f"ppo_{variant}", "env": args.env,
@@ -231,7 +234,7 @@ def ppo_rows(args: Args):
         if len(args.graphs) > 1 and graphs == args.graphs[0]:  # the control: the same chunks
             again = init(jax.random.PRNGKey(0), None)  # from the same start
             for _ in range(1 + args.repeats):
-                again, _ = compiled(again, None)
+                again, _ = compiled(again, None, length)
             rows[-1]["repeatable"] = digest(jax.block_until_ready(again)) == rows[-1][
                 "state_sha256"]
         if graphs != args.graphs[0]:  # (the same program but for its launching)

@@ -57,7 +57,7 @@ def test_gru_carry_is_zero_after_an_episode_ends():
     for steps, ended in ((4, True), (3, False)):
         online = build(probe_cfg("probe-memory", "gru", 1, num_steps=steps, num_minibatches=1))
         s0 = online.trainer.init(jax.random.PRNGKey(0), None)
-        s1, m = jax.jit(online.trainer.chunk)(s0, None)
+        s1, m = jax.jit(online.trainer.chunk)(s0, None, np.int32(online.cfg.num_updates))
         assert float(m["episodes"]["episodes"].sum()) == (16 if ended else 0)
         zero = np.all(np.asarray(s1.carry) == 0, axis=-1)
         assert zero.all() if ended else not zero.any()
@@ -193,7 +193,7 @@ def test_gru_takes_the_llm_state():
     validate(cfg)
     online = build(cfg)
     state = jax.jit(online.trainer.init)(jax.random.PRNGKey(0), online.frozen)
-    state, m = jax.jit(online.trainer.chunk)(state, online.frozen)
+    state, m = jax.jit(online.trainer.chunk)(state, online.frozen, np.int32(cfg.num_updates))
     assert float(np.asarray(m["ppo"]["loss/ratio_dev"]).max()) < 1e-5
     assert float(np.asarray(m["ppo"]["llm/calls"]).sum()) > 0
     embed = state.params["params"]["embed"]

@@ -79,3 +79,43 @@ def test_a_chunk_skips_updates_past_the_end_and_traces_the_update_once():
     np.testing.assert_array_equal(m["twice"], [0.0, 2.0, 4.0, 0.0, 0.0])
     np.testing.assert_array_equal(m["active"], [True, True, True, False, False])
     assert len(traces) == 1  # (twice when the skipped branch's shapes came from a second trace)
+
+
+def test_learning_rate_decay_is_optaxs_as_compiled_with_the_length_as_data():
+    """The schedule with the run's length an int32 argument gives, bit for bit, what
+    `optax.linear_schedule` compiled with the length as a constant gives, on a scalar count as
+    the optimiser has it (XLA multiplies by the constant's reciprocal there: 37 / 80 is not
+    37 * (1 / 80) in float32), and so does the schedule given a Python int; counts from before
+    the start to past the end."""
+    import optax
+
+    from fused.rl.trainer import linear_decay
+
+    traced = jax.jit(lambda c, n: linear_decay(5e-4, n)(c))
+    for steps in (3, 80, 224, 976_544):
+        want = jax.jit(optax.linear_schedule(5e-4, 0.0, steps))
+        constant = jax.jit(linear_decay(5e-4, steps))
+        for c in (*range(-2, 120), *range(steps - 100, steps + 3)):
+            w = np.asarray(want(jnp.int32(c))).view(np.int32)
+            assert np.asarray(traced(jnp.int32(c), jnp.int32(steps))).view(np.int32) == w, (steps, c)
+            assert np.asarray(constant(jnp.int32(c))).view(np.int32) == w, (steps, c)
+
+
+def test_runs_of_any_length_share_one_chunk_program():
+    """A PPO chunk takes the run's length as data: configs that differ only in
+    total_timesteps lower to the same program (the persistent cache's key), so a resume with
+    another --total-timesteps, or a run of another length, compiles nothing new."""
+    from fused.commands.train import TrainConfig, build, validate
+    from fused.rl.config import EnvConfig, PolicyConfig, PPOConfig
+
+    texts = []
+    for updates in (3, 40):
+        cfg = TrainConfig(env=EnvConfig(name="probe-memory", num_envs=4, reset="auto"),
+                          ppo=PPOConfig(num_steps=4, num_minibatches=1, update_epochs=1),
+                          policy=PolicyConfig(layer_width=8), total_timesteps=16 * updates,
+                          updates_per_chunk=2)
+        validate(cfg)
+        tr = build(cfg).trainer
+        state = jax.eval_shape(tr.init, jax.random.PRNGKey(0), None)
+        texts.append(jax.jit(tr.chunk).lower(state, None, np.int32(cfg.num_updates)).as_text())
+    assert texts[0] == texts[1]

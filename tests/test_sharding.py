@@ -26,7 +26,7 @@ def run(cfg: TrainConfig, devices: int, like=None):
     state = init(jax.random.PRNGKey(1), online.frozen)
     rows = []
     for _ in range(cfg.num_chunks):
-        state, m = chunk(state, online.frozen)
+        state, m = chunk(state, online.frozen, np.int32(cfg.num_updates))
         rows.append(jax.device_get(m))
     return jax.device_get(state), rows, online.agent
 

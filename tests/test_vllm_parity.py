@@ -63,7 +63,8 @@ def test_fused_jax_backend_matches_vllm_fallback(vllm_server):
         validate(cfg)
         online = build(cfg)
         state = jax.jit(online.trainer.init)(jax.random.PRNGKey(0), online.frozen)
-        state, metrics = jax.jit(online.trainer.chunk)(state, online.frozen)
+        state, metrics = jax.jit(online.trainer.chunk)(state, online.frozen,
+                                                       np.int32(cfg.num_updates))
         runs[name] = (online.agent.inputs.encoder, jax.device_get(state), jax.device_get(metrics))
     obs = np.asarray(runs["jax"][1].env.obs)  # the envs' last observations
     h_jax, n_jax = runs["jax"][0].encode(runs["jax"][0].frozen, obs, 2)[:2]

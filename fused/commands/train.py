@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import jax
+import numpy as np
 from jax.sharding import Mesh
 from rich.console import Console
 
@@ -316,6 +317,7 @@ def train(online: Online, run: RunDir, console: Console) -> Path:
 
     cfg, trainer, inputs = online.cfg, online.trainer, online.agent.inputs
     chunk = loop_jit(trainer.chunk, cfg.cuda_graphs, donate_argnums=0)
+    length = np.int32(cfg.num_updates)  # (data: a resume with another length, same program)
     profiled = False
 
     def step(state, update: int, first: bool) -> Chunk:
@@ -325,7 +327,7 @@ def train(online: Online, run: RunDir, console: Console) -> Path:
         if profiling:
             jax.profiler.start_trace(cfg.profile_dir)
         tc = time.time()
-        state, metrics = chunk(state, online.frozen)
+        state, metrics = chunk(state, online.frozen, length)
         metrics = jax.device_get(metrics)  # waits for the chunk
         dt = time.time() - tc
         if profiling:

@@ -66,7 +66,7 @@ def shard(trainer: Trainer, mesh: Mesh, frozen) -> Trainer:
                              check_vma=False)
 
     return Trainer(init=wrap(trainer.init, (P(), P()), specs),
-                   chunk=wrap(trainer.chunk, (specs, P()), (specs, P())),
+                   chunk=wrap(trainer.chunk, (specs, P(), P()), (specs, P())),
                    train=wrap(trainer.train, (P(), P()), (specs, P())),
                    state_specs=trainer.state_specs)
 

@@ -1,9 +1,10 @@
 """PPO assembled into pure functions: `make_train(cfg, env, network, inputs) -> Trainer`.
 
 `Trainer.init(key, frozen)` builds the full `RunnerState` (its envs `Trainer.worlds(key)`, made
-inside it or passed in as `env_state`); `Trainer.chunk(state, frozen)` runs
-`updates_per_chunk` updates (updates past the end of the run are skipped, so the last chunk needs
-no recompile); `Trainer.train(key, frozen)` is the whole run as one pure function, for `jax.vmap`
+inside it or passed in as `env_state`); `Trainer.chunk(state, frozen, num_updates)` runs
+`updates_per_chunk` updates of a run of `num_updates` (an int32 argument, not a constant of the
+program: a run of any length, or one resumed with another `--total-timesteps`, runs the same
+program; updates past the end of the run are skipped, so the last chunk needs no recompile); `Trainer.train(key, frozen)` is the whole run as one pure function, for `jax.vmap`
 over seeds. `frozen` is `inputs.frozen` (an LLM's weights and prefix cache, None for the plain
 observation), an argument rather than a closure so XLA never folds a model into the program as
 constants. Nothing is jitted here: the entry point jits, and `fused.rl.sharding.shard` wraps
@@ -43,17 +44,36 @@ class PPORun(Protocol):
 
 class Trainer(NamedTuple):
     init: Callable  # (key, frozen, env_state=None) -> RunnerState
-    chunk: Callable  # (RunnerState, frozen) -> (RunnerState, metrics [updates_per_chunk, ...])
+    chunk: Callable  # (RunnerState, frozen, num_updates) -> (RunnerState, metrics [updates_per_chunk, ...])
     train: Callable  # (key, frozen) -> (RunnerState, metrics with leading axis num_updates)
     state_specs: Callable  # (RunnerState, env_axis) -> PartitionSpecs (per-env leaves split)
     worlds: Worlds | None = None  # the envs `init(key, ...)` starts from (None under `shard`)
 
 
-def make_optimizer(cfg: PPORun) -> optax.GradientTransformation:
+def make_optimizer(cfg: PPORun, num_updates=None) -> optax.GradientTransformation:
+    """Adam after clipping the global norm; with `anneal_lr`, the learning rate decays linearly to
+    0 over the run's optimiser steps. `num_updates` (the run's updates; default
+    `cfg.num_updates`) may be a traced int32 scalar: the optimiser's state is the same either
+    way."""
     p = cfg.ppo
-    steps = cfg.num_updates * p.update_epochs * p.num_minibatches
-    lr = optax.linear_schedule(p.lr, 0.0, steps) if p.anneal_lr else p.lr
+    if num_updates is None:
+        num_updates = cfg.num_updates
+    steps = num_updates * p.update_epochs * p.num_minibatches
+    lr = linear_decay(p.lr, steps) if p.anneal_lr else p.lr
     return optax.chain(optax.clip_by_global_norm(p.max_grad_norm), optax.adam(lr, eps=p.adam_eps))
+
+
+def linear_decay(init: float, steps) -> Callable:
+    """`optax.linear_schedule(init, 0.0, steps)` as XLA runs it (optax's takes a Python int
+    only), for `steps` (>= 1) a Python int or a traced int32 scalar, with the same values either
+    way: XLA turns optax's division by the constant `steps` into a multiplication by its
+    reciprocal, so the schedule is written as that multiplication."""
+    def schedule(count):
+        count = jnp.clip(count, 0, steps)
+        frac = 1 - count * (1 / jnp.asarray(steps, jnp.float32))
+        return init * frac
+
+    return schedule
 
 
 def make_train(cfg: PPORun, env: Env, network: nn.Module, inputs: PolicyInput,
@@ -88,9 +108,10 @@ def make_train(cfg: PPORun, env: Env, network: nn.Module, inputs: PolicyInput,
         return strong_types(RunnerState(params, tx.init(params), env_state, k_run, jnp.int32(0),
                                         state, carry, ex))
 
-    def chunk(rs: RunnerState, frozen):
-        return scan_updates(lambda r, f: update_step(ctx, r, f), rs, frozen,
-                            cfg.updates_per_chunk, lambda r: r.update_step < cfg.num_updates)
+    def chunk(rs: RunnerState, frozen, num_updates):
+        run = ctx._replace(tx=make_optimizer(cfg, num_updates))
+        return scan_updates(lambda r, f: update_step(run, r, f), rs, frozen,
+                            cfg.updates_per_chunk, lambda r: r.update_step < num_updates)
 
     def train(key, frozen):
         return jax.lax.scan(lambda r, _: update_step(ctx, r, frozen), init(key, frozen), None,
