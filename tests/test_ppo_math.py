@@ -97,7 +97,8 @@ def test_learning_rate_decay_is_optaxs_as_compiled_with_the_length_as_data():
         constant = jax.jit(linear_decay(5e-4, steps))
         for c in (*range(-2, 120), *range(steps - 100, steps + 3)):
             w = np.asarray(want(jnp.int32(c))).view(np.int32)
-            assert np.asarray(traced(jnp.int32(c), jnp.int32(steps))).view(np.int32) == w, (steps, c)
+            got = traced(jnp.int32(c), jnp.int32(steps))
+            assert np.asarray(got).view(np.int32) == w, (steps, c)
             assert np.asarray(constant(jnp.int32(c))).view(np.int32) == w, (steps, c)
 
 

@@ -4,11 +4,12 @@
 inside it or passed in as `env_state`); `Trainer.chunk(state, frozen, num_updates)` runs
 `updates_per_chunk` updates of a run of `num_updates` (an int32 argument, not a constant of the
 program: a run of any length, or one resumed with another `--total-timesteps`, runs the same
-program; updates past the end of the run are skipped, so the last chunk needs no recompile); `Trainer.train(key, frozen)` is the whole run as one pure function, for `jax.vmap`
-over seeds. `frozen` is `inputs.frozen` (an LLM's weights and prefix cache, None for the plain
-observation), an argument rather than a closure so XLA never folds a model into the program as
-constants. Nothing is jitted here: the entry point jits, and `fused.rl.sharding.shard` wraps
-the same functions for several devices (build them with `axis_name` set for that).
+program; updates past the end of the run are skipped, so the last chunk needs no recompile);
+`Trainer.train(key, frozen)` is the whole run as one pure function, for `jax.vmap` over seeds.
+`frozen` is `inputs.frozen` (an LLM's weights and prefix cache, None for the plain observation),
+an argument rather than a closure so XLA never folds a model into the program as constants.
+Nothing is jitted here: the entry point jits, and `fused.rl.sharding.shard` wraps the same
+functions for several devices (build them with `axis_name` set for that).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class PPORun(Protocol):
 
 class Trainer(NamedTuple):
     init: Callable  # (key, frozen, env_state=None) -> RunnerState
-    chunk: Callable  # (RunnerState, frozen, num_updates) -> (RunnerState, metrics [updates_per_chunk, ...])
+    chunk: Callable  # (RunnerState, frozen, num_updates) -> (RunnerState, metrics [chunk, ...])
     train: Callable  # (key, frozen) -> (RunnerState, metrics with leading axis num_updates)
     state_specs: Callable  # (RunnerState, env_axis) -> PartitionSpecs (per-env leaves split)
     worlds: Worlds | None = None  # the envs `init(key, ...)` starts from (None under `shard`)
